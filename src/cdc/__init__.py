@@ -1,0 +1,3 @@
+"""Change data capture from PostgreSQL logical replication to compacted Kafka topics."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""From the replication connection to ChangeEvents: stream (transport), pgoutput (codec), changes (values)."""

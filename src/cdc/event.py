@@ -1,0 +1,168 @@
+"""The values that travel between the layers: table schemas, change events, transaction boundaries.
+
+The decoder and the snapshot produce these; the outbox and the sink consume them.
+Neither side sees the other's internals (protocol messages, Kafka records).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdc.lsn import Lsn
+
+
+class Op(enum.StrEnum):
+    """Debezium's operation codes."""
+
+    CREATE = "c"
+    UPDATE = "u"
+    DELETE = "d"
+    READ = "r"  # snapshot read
+    TRUNCATE = "t"
+    MESSAGE = "m"
+
+
+class TypeKind(enum.Enum):
+    BASE = "base"
+    ARRAY = "array"
+    ENUM = "enum"
+    DOMAIN = "domain"
+    RANGE = "range"
+    MULTIRANGE = "multirange"
+    COMPOSITE = "composite"
+    UNKNOWN = "unknown"  # the decoder does not know it: the value travels as text
+
+
+@dataclass(frozen=True, slots=True)
+class PgType:
+    """A PostgreSQL type as the decoder resolved it from the catalog."""
+
+    oid: int
+    name: str  # pg_type.typname, e.g. "int4", "_text", "mood"
+    kind: TypeKind = TypeKind.BASE
+    schema: str = "pg_catalog"
+    element: PgType | None = None  # arrays: element type; domains: base type; ranges: subtype
+    labels: tuple[str, ...] = ()  # enums, in sort order
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    type: PgType
+    modifier: int = -1  # atttypmod: length, precision/scale, time precision; -1 when none
+    key: bool = False  # part of the event key
+    nullable: bool = True
+
+    @property
+    def precision_scale(self) -> tuple[int, int] | None:
+        """numeric(p, s) from the type modifier, or None when unconstrained."""
+        if self.modifier < 4:
+            return None
+        mod = self.modifier - 4
+        return (mod >> 16) & 0xFFFF, mod & 0xFFFF
+
+
+@dataclass(frozen=True, slots=True)
+class TableSchema:
+    """A captured table's columns as of the event (changes with each Relation message)."""
+
+    schema: str
+    name: str
+    columns: tuple[Column, ...]
+    relation_id: int = 0
+    replica_identity: str = "d"  # d default, f full, i index, n nothing
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+    @property
+    def key_columns(self) -> tuple[Column, ...]:
+        return tuple(c for c in self.columns if c.key)
+
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeEvent:
+    """One row change (c, u, d) or snapshot read (r).
+
+    ``before`` is what the replica identity gives: the key columns for a delete
+    under REPLICA IDENTITY DEFAULT, the whole old row under FULL, None when the
+    server sent no old tuple. ``unchanged`` names the TOASTed columns that an
+    update did not send; they hold ``UNCHANGED_TOAST`` in ``after``.
+    """
+
+    op: Op
+    table: TableSchema
+    before: Row | None
+    after: Row | None
+    commit_lsn: Lsn  # LSN of the commit record of the transaction (snapshot: the slot's consistent point)
+    lsn: Lsn  # the event's own LSN (snapshot: the consistent point)
+    xid: int | None
+    ordinal: int  # position within its transaction, from 1
+    commit_ts_us: int  # commit time, microseconds since the Unix epoch
+    snapshot: bool = False
+    unchanged: frozenset[str] = field(default_factory=frozenset)
+
+    def key(self) -> Row:
+        """The event key: key columns from ``after``, or from ``before`` for a delete."""
+        row = self.after if self.after is not None else self.before
+        assert row is not None, "a change event has a before or an after"
+        return {c.name: row[c.name] for c in self.table.key_columns}
+
+    def old_key(self) -> Row | None:
+        """The key before an update, when the server sent the old tuple; else None."""
+        if self.before is None:
+            return None
+        return {c.name: self.before[c.name] for c in self.table.key_columns}
+
+
+@dataclass(frozen=True, slots=True)
+class TruncateEvent:
+    tables: tuple[TableSchema, ...]
+    cascade: bool
+    restart_identity: bool
+    commit_lsn: Lsn
+    lsn: Lsn
+    xid: int | None
+    ordinal: int
+    commit_ts_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class MessageEvent:
+    """A logical decoding message (``pg_logical_emit_message``)."""
+
+    prefix: str
+    content: bytes
+    transactional: bool
+    commit_lsn: Lsn | None  # None for a non-transactional message
+    lsn: Lsn
+    xid: int | None
+    ordinal: int
+    commit_ts_us: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class TxBegin:
+    xid: int
+    commit_lsn: Lsn
+    commit_ts_us: int
+
+
+@dataclass(frozen=True, slots=True)
+class TxCommit:
+    """End of a transaction: everything up to ``end_lsn`` may be confirmed once delivered."""
+
+    xid: int
+    commit_lsn: Lsn
+    end_lsn: Lsn
+    commit_ts_us: int
+    event_count: int
+
+
+Event = ChangeEvent | TruncateEvent | MessageEvent | TxBegin | TxCommit
