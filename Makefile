@@ -1,0 +1,40 @@
+# One entry point. `make demo` runs the whole thing on local services; `make test` runs the suite.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install demo test unit integration services-up services-down lint clean
+
+$(STAMP): pyproject.toml scripts/system-deps.sh
+	bash scripts/system-deps.sh
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/cdc demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider -ra tests
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider -ra tests/unit
+
+integration: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider -ra tests/integration
+
+services-up: $(STAMP)
+	$(BIN)/cdc dev up
+
+services-down: $(STAMP)
+	$(BIN)/cdc dev down
+
+lint: $(STAMP)
+	$(BIN)/mypy src/cdc
+
+clean: services-down
+	rm -rf .cdc-dev $(VENV)

@@ -1,0 +1,274 @@
+"""Start-up checks and catalog facts, read on an ordinary connection before streaming starts.
+
+Every check runs before anything is created, so a refused start leaves nothing
+half-made behind: no publication, no slot, no topic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import psycopg
+import structlog
+from psycopg import sql
+
+from cdc.config import TableConfig
+from cdc.event import PgType, TypeKind
+
+log = structlog.get_logger(__name__)
+
+
+class StartupError(Exception):
+    """The source is not ready for capture; the message names the problem and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    schema: str
+    name: str
+    oid: int
+    replica_identity: str  # d default, f full, i index, n nothing
+    key: tuple[str, ...]  # the event key columns, in table column order
+    columns: tuple[str, ...]
+    not_null: frozenset[str]
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+def check_server(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    """wal_level and the role's REPLICATION attribute."""
+    row = conn.execute("SHOW wal_level").fetchone()
+    wal_level = str(row[0]) if row else ""
+    if wal_level != "logical":
+        raise StartupError(
+            f"the server runs with wal_level={wal_level}, logical replication needs wal_level=logical. "
+            "Fix: ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL."
+        )
+    row = conn.execute(
+        "SELECT current_user, rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user"
+    ).fetchone()
+    if row is None:
+        raise StartupError("cannot read the current role from pg_roles")
+    user, replication, superuser = row
+    if not (replication or superuser):
+        raise StartupError(
+            f"role {user} lacks the REPLICATION attribute needed to stream changes. "
+            f"Fix: ALTER ROLE {user} REPLICATION; (as a superuser)."
+        )
+
+
+def describe_tables(
+    conn: psycopg.Connection[tuple[object, ...]], tables: Sequence[TableConfig]
+) -> dict[str, TableInfo]:
+    """Check every captured table and resolve its key; raise StartupError listing all problems."""
+    problems: list[str] = []
+    result: dict[str, TableInfo] = {}
+    db = conn.info.dbname
+    for t in tables:
+        row = conn.execute(
+            """
+            SELECT c.oid, c.relreplident, c.relkind,
+                   has_table_privilege(c.oid, 'SELECT')
+              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = %s AND c.relname = %s
+            """,
+            (t.schema_name, t.table_name),
+        ).fetchone()
+        if row is None:
+            problems.append(
+                f"table {t.name} does not exist in database {db}: create it, or remove it from 'tables'"
+            )
+            continue
+        oid, replident, relkind, can_select = row
+        if relkind not in ("r", "p"):
+            problems.append(f"{t.name} is not an ordinary table (relkind {relkind}): only tables can be captured")
+            continue
+        if not can_select:
+            problems.append(
+                f"role {conn.info.user} cannot SELECT from {t.name}. Fix: GRANT SELECT ON {t.name} TO {conn.info.user};"
+            )
+        cols = conn.execute(
+            """
+            SELECT attname, attnotnull FROM pg_attribute
+             WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum
+            """,
+            (oid,),
+        ).fetchall()
+        columns = tuple(str(c[0]) for c in cols)
+        not_null = frozenset(str(c[0]) for c in cols if c[1])
+        pk = _index_columns(conn, oid, "indisprimary")
+        identity_index = _index_columns(conn, oid, "indisreplident")
+        identity = {"d": pk, "i": identity_index, "f": columns, "n": ()}[str(replident)]
+        if t.key is not None:
+            missing = [k for k in t.key if k not in columns]
+            if missing:
+                problems.append(f"tables[{t.name}].key names columns that do not exist: {', '.join(missing)}")
+                continue
+            key = tuple(c for c in columns if c in t.key)
+            if replident != "f" and not set(key) <= set(identity):
+                problems.append(
+                    f"the configured key of {t.name} ({', '.join(t.key)}) is not covered by its replica identity "
+                    f"({', '.join(identity) or 'nothing'}), so deletes would arrive without it. Fix: "
+                    f"ALTER TABLE {t.name} REPLICA IDENTITY FULL; or key the table by its primary key."
+                )
+                continue
+        else:
+            key = pk or identity_index
+            if not key:
+                problems.append(
+                    f"table {t.name} has no primary key and no replica identity index, so its rows have no key "
+                    f"and its deletes cannot be captured. Fix: add a primary key; or "
+                    f"ALTER TABLE {t.name} REPLICA IDENTITY FULL; and set 'key: [columns]' for it in 'tables'."
+                )
+                continue
+        if replident == "n":
+            problems.append(
+                f"table {t.name} has REPLICA IDENTITY NOTHING, so updates and deletes cannot be captured. "
+                f"Fix: ALTER TABLE {t.name} REPLICA IDENTITY DEFAULT; (or FULL)."
+            )
+            continue
+        if replident == "d" and not pk:
+            problems.append(
+                f"table {t.name} has REPLICA IDENTITY DEFAULT but no primary key: Postgres refuses its updates "
+                f"and deletes once published. Fix: add a primary key, or ALTER TABLE {t.name} REPLICA IDENTITY FULL;"
+            )
+            continue
+        result[t.name] = TableInfo(
+            t.schema_name, t.table_name, int(str(oid)), str(replident), key, columns, not_null
+        )
+    if problems:
+        raise StartupError("cannot capture the configured tables:\n  " + "\n  ".join(problems))
+    return result
+
+
+def _index_columns(conn: psycopg.Connection[tuple[object, ...]], table_oid: object, flag: str) -> tuple[str, ...]:
+    query = sql.SQL(
+        """
+        SELECT a.attname FROM pg_index i
+          JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+         WHERE i.indrelid = %s AND i.{}
+         ORDER BY a.attnum
+        """
+    ).format(sql.Identifier(flag))
+    rows = conn.execute(query, (table_oid,)).fetchall()
+    return tuple(str(r[0]) for r in rows)
+
+
+def ensure_publication(
+    conn: psycopg.Connection[tuple[object, ...]], name: str, tables: Iterable[str]
+) -> None:
+    """Create the publication for exactly these tables, or bring an existing one to exactly them."""
+    wanted = sorted(tables)
+    row = conn.execute("SELECT puballtables FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
+    table_list = sql.SQL(", ").join(sql.Identifier(*t.split(".", 1)) for t in wanted)
+    ident = sql.Identifier(name)
+    if row is None:
+        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(ident, table_list))
+        log.info("publication_created", publication=name, tables=wanted)
+        return
+    if row[0]:
+        raise StartupError(
+            f"publication {name} is FOR ALL TABLES, but this connector publishes exactly the configured tables. "
+            f"Fix: DROP PUBLICATION {name}; (it is recreated), or configure another publication name."
+        )
+    have = sorted(
+        f"{r[0]}.{r[1]}"
+        for r in conn.execute(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (name,)
+        ).fetchall()
+    )
+    if have != wanted:
+        conn.execute(sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(ident, table_list))
+        log.info("publication_altered", publication=name, tables=wanted, previous=have)
+
+
+def slot_exists(conn: psycopg.Connection[tuple[object, ...]], slot: str) -> tuple[bool, str | None]:
+    """(exists, plugin). An existing slot of another plugin or database is a start-up error."""
+    row = conn.execute(
+        "SELECT plugin, database, wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+    ).fetchone()
+    if row is None:
+        return False, None
+    plugin, database, wal_status = row
+    if plugin != "pgoutput":
+        raise StartupError(f"slot {slot} exists with plugin {plugin}; this connector needs pgoutput. Use another slot name.")
+    if database != conn.info.dbname:
+        raise StartupError(
+            f"slot {slot} belongs to database {database}, not {conn.info.dbname}. Use another slot name."
+        )
+    if wal_status == "lost":
+        raise StartupError(
+            f"slot {slot} was invalidated (wal_status=lost): the server removed WAL it still needed, "
+            "so changes were lost. Fix: drop the slot (SELECT pg_drop_replication_slot(...)) and take a new snapshot."
+        )
+    return True, str(plugin)
+
+
+def load_types(conn: psycopg.Connection[tuple[object, ...]], oids: Iterable[int]) -> dict[int, PgType]:
+    """Resolve non-built-in types (enums, domains, arrays of them, ranges) from pg_type, recursively."""
+    resolved: dict[int, PgType] = {}
+    pending = set(oids)
+    rows_by_oid: dict[int, tuple[object, ...]] = {}
+    while pending:
+        rows = conn.execute(
+            """
+            SELECT t.oid::int, t.typname, n.nspname, t.typtype, t.typelem::int, t.typbasetype::int,
+                   t.typcategory,
+                   COALESCE(r.rngsubtype, 0)::int,
+                   ARRAY(SELECT enumlabel::text FROM pg_enum e WHERE e.enumtypid = t.oid ORDER BY e.enumsortorder)
+              FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+              LEFT JOIN pg_range r ON r.rngtypid = t.oid
+             WHERE t.oid = ANY(%s)
+            """,
+            (list(pending),),
+        ).fetchall()
+        pending = set()
+        for r in rows:
+            oid = int(str(r[0]))
+            rows_by_oid[oid] = r
+            for dep in (r[4], r[5], r[7]):
+                d = int(str(dep))
+                if d and d not in rows_by_oid:
+                    pending.add(d)
+
+    def build(oid: int) -> PgType:
+        if oid in resolved:
+            return resolved[oid]
+        r = rows_by_oid[oid]
+        name, schema, typtype, elem, base, category, subtype, labels = (
+            str(r[1]), str(r[2]), str(r[3]), int(str(r[4])), int(str(r[5])), str(r[6]), int(str(r[7])), r[8]
+        )
+        element: PgType | None = None
+        if typtype == "e":
+            kind = TypeKind.ENUM
+        elif typtype == "d":
+            kind, element = TypeKind.DOMAIN, build(base)
+        elif typtype == "r":
+            kind, element = TypeKind.RANGE, build(subtype) if subtype else None
+        elif typtype == "m":
+            kind = TypeKind.MULTIRANGE
+        elif typtype == "c":
+            kind = TypeKind.COMPOSITE
+        elif category == "A" and elem:
+            kind, element = TypeKind.ARRAY, build(elem)
+        else:
+            kind = TypeKind.BASE
+        label_tuple = tuple(str(x) for x in labels) if isinstance(labels, list) else ()
+        t = PgType(oid, name, kind, schema, element, label_tuple)
+        resolved[oid] = t
+        return t
+
+    for oid in rows_by_oid:
+        build(oid)
+    return resolved
+
+
+def column_type_oids(conn: psycopg.Connection[tuple[object, ...]], table_oids: Sequence[int]) -> set[int]:
+    rows = conn.execute(
+        "SELECT DISTINCT atttypid::int FROM pg_attribute WHERE attrelid = ANY(%s) AND attnum > 0 AND NOT attisdropped",
+        (list(table_oids),),
+    ).fetchall()
+    return {int(str(r[0])) for r in rows}

@@ -1,0 +1,264 @@
+"""The one configuration tree: a YAML file validated by pydantic, overridden by environment variables.
+
+Environment variables use the prefix ``CDC_`` and ``__`` between levels, through
+the same model: ``CDC_KAFKA__BOOTSTRAP_SERVERS=broker:9092``,
+``CDC_SOURCE__PASSWORD=...``. Unknown keys are errors.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import psycopg
+import yaml
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+_IDENT = re.compile(r"^[a-z_][a-z0-9_$]*$")
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used; the message names the key and the fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SourceConfig(_Section):
+    dsn: str = Field(description="libpq connection string or URI, without the password")
+    password: SecretStr | None = Field(
+        default=None, description="Postgres password; prefer CDC_SOURCE__PASSWORD or password_file"
+    )
+    password_file: Path | None = Field(default=None, description="file whose first line is the password")
+    slot: str = Field(description="logical replication slot name (created if missing)")
+    publication: str = Field(description="publication name (created if missing, for exactly the captured tables)")
+
+    @field_validator("slot", "publication")
+    @classmethod
+    def _identifier(cls, v: str) -> str:
+        if not _IDENT.match(v) or len(v) > 63:
+            raise ValueError(
+                "must be a lower-case identifier of at most 63 characters (letters, digits, _): "
+                f"{v!r}"
+            )
+        return v
+
+    @field_validator("dsn")
+    @classmethod
+    def _parse_dsn(cls, v: str) -> str:
+        try:
+            params = conninfo_to_dict(v)
+        except psycopg.ProgrammingError as e:
+            raise ValueError(f"not a valid libpq connection string: {e}") from None
+        if "password" in params:
+            raise ValueError(
+                "holds a password; remove it and set CDC_SOURCE__PASSWORD or source.password_file instead"
+            )
+        return v
+
+    def conninfo(self, **overrides: Any) -> str:
+        """The connection string with the password filled in from the environment or the file."""
+        params: dict[str, Any] = dict(conninfo_to_dict(self.dsn))
+        secret = self.resolved_password()
+        if secret is not None:
+            params["password"] = secret
+        params.update(overrides)
+        return make_conninfo(**params)
+
+    def resolved_password(self) -> str | None:
+        if self.password is not None:
+            return self.password.get_secret_value()
+        if self.password_file is not None:
+            try:
+                return self.password_file.read_text().splitlines()[0]
+            except (OSError, IndexError) as e:
+                raise ConfigError(
+                    f"source.password_file: cannot read a password from {self.password_file}: {e}"
+                ) from None
+        return None
+
+    @property
+    def database(self) -> str:
+        params = conninfo_to_dict(self.dsn)
+        return str(params.get("dbname") or params.get("user") or "postgres")
+
+
+class TableConfig(_Section):
+    name: str = Field(description="schema-qualified table name, e.g. public.orders")
+    key: list[str] | None = Field(
+        default=None, description="key columns; default: the primary key (or the replica identity index)"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _qualified(cls, v: str) -> str:
+        if "." not in v:
+            v = f"public.{v}"
+        schema, _, table = v.partition(".")
+        if not schema or not table or "." in table:
+            raise ValueError(f"expected schema.table, got {v!r}")
+        return v
+
+    @property
+    def schema_name(self) -> str:
+        return self.name.partition(".")[0]
+
+    @property
+    def table_name(self) -> str:
+        return self.name.partition(".")[2]
+
+
+class KafkaConfig(_Section):
+    bootstrap_servers: str = Field(description="comma-separated host:port list")
+    partitions: int = Field(default=1, ge=1, description="partitions of each table topic created by the daemon")
+    replication_factor: int = Field(default=1, ge=1, description="replication factor of created topics")
+    topic_config: dict[str, str] = Field(
+        default_factory=dict, description="extra settings of created topics (cleanup.policy is always compact)"
+    )
+    producer: dict[str, str | int | bool] = Field(
+        default_factory=dict,
+        description="librdkafka producer settings passed through (security.protocol, sasl.*, ssl.*, linger.ms, ...)",
+    )
+
+    @field_validator("topic_config")
+    @classmethod
+    def _compact(cls, v: dict[str, str]) -> dict[str, str]:
+        policy = v.get("cleanup.policy")
+        if policy is not None and "compact" not in policy.split(","):
+            raise ValueError("cleanup.policy must include compact: change topics are compacted by key")
+        return v
+
+    @field_validator("producer")
+    @classmethod
+    def _no_unsafe_producer_settings(cls, v: dict[str, str | int | bool]) -> dict[str, str | int | bool]:
+        fixed = {"enable.idempotence", "acks", "partitioner", "bootstrap.servers", "transactional.id"}
+        bad = sorted(fixed & v.keys())
+        if bad:
+            raise ValueError(
+                f"{', '.join(bad)} cannot be overridden: delivery guarantees depend on them "
+                "(set kafka.bootstrap_servers and delivery instead)"
+            )
+        return v
+
+
+class JsonFormatConfig(_Section):
+    schemas_enable: bool = Field(
+        default=False, description="wrap keys and values as {schema, payload} like Kafka Connect's JsonConverter"
+    )
+    decimal_handling: Literal["precise", "string", "double"] = "precise"
+    time_precision: Literal["adaptive", "iso"] = "adaptive"
+    interval_handling: Literal["numeric", "string"] = "numeric"
+
+
+class LimitsConfig(_Section):
+    max_inflight_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="bytes of records produced but not yet acknowledged before reading WAL pauses",
+    )
+    max_record_bytes: int = Field(default=1_000_000, ge=1024, description="largest record value accepted")
+
+
+class Config(BaseSettings):
+    model_config = SettingsConfigDict(
+        extra="forbid",
+        frozen=True,
+        env_prefix="CDC_",
+        env_nested_delimiter="__",
+        nested_model_default_partial_update=True,
+    )
+
+    source: SourceConfig
+    tables: list[TableConfig] = Field(min_length=1, description="captured tables")
+    kafka: KafkaConfig
+    topic_prefix: str = Field(description="topics are <topic_prefix>.<schema>.<table>")
+    format: Literal["json"] = Field(default="json", description="record format")
+    json_format: JsonFormatConfig = Field(default_factory=JsonFormatConfig, alias="json")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    status_interval_s: float = Field(default=10.0, gt=0, le=60, description="standby status update interval")
+    reconnect_timeout_s: float = Field(
+        default=600.0, gt=0, description="how long to retry a lost replication connection before giving up"
+    )
+    shutdown_timeout_s: float = Field(
+        default=30.0, gt=0, description="on SIGTERM, how long to wait for Kafka to acknowledge what is in flight"
+    )
+
+    @field_validator("tables", mode="before")
+    @classmethod
+    def _table_shorthand(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [{"name": t} if isinstance(t, str) else t for t in v]
+        return v
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _topic_chars(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", v):
+            raise ValueError("may hold only letters, digits, '.', '_' and '-'")
+        return v
+
+    @model_validator(mode="after")
+    def _unique_tables(self) -> Config:
+        names = [t.name for t in self.tables]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"tables: listed more than once: {', '.join(dupes)}")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The environment wins over the YAML file (passed as init arguments).
+        return (env_settings, init_settings)
+
+
+def _explain(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key (remove it, or check its spelling)"
+        elif err["type"] == "missing":
+            msg = "required key is missing"
+        lines.append(f"  {path}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read, validate and return the configuration; ConfigError explains every problem."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read the configuration file {p}: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p} is not valid YAML: {e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of keys (source, tables, kafka, ...)")
+    try:
+        return Config(**data)
+    except ValidationError as e:
+        raise ConfigError(f"{p}: invalid configuration:\n{_explain(e)}") from None

@@ -1,0 +1,298 @@
+"""The replication transport: CopyBoth frames over psycopg's libpq layer, keepalives, standby status.
+
+This module frames bytes and reports positions; it does not decode pgoutput
+(``cdc.decoder.pgoutput`` does) and knows nothing of Kafka. The positions it
+reports to the server never move backwards, and the flush position moves only
+when the pipeline says everything up to it is durable (``confirm``).
+"""
+
+from __future__ import annotations
+
+import select
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+import structlog
+from psycopg import pq
+
+from cdc.lsn import Lsn
+
+log = structlog.get_logger(__name__)
+
+_XLOGDATA_HEADER = struct.Struct(">QQq")  # after the 'w' byte: wal start, wal end, send time
+_KEEPALIVE = struct.Struct(">QqB")  # after the 'k' byte: wal end, send time, reply requested
+_STATUS = struct.Struct(">cQQQqB")
+_PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since the Unix epoch
+XLOGDATA_HEADER_SIZE = 1 + _XLOGDATA_HEADER.size  # 25: the pgoutput payload starts here
+
+
+class ReplicationError(Exception):
+    """The replication connection cannot go on; the message says why and what to do."""
+
+
+class ConnectionLost(ReplicationError):
+    """The connection dropped (network, server restart): reconnect and resume from the slot."""
+
+
+class SlotBusy(ReplicationError):
+    """Another connection still holds the slot (often a previous one of ours not yet gone): retry."""
+
+
+class SlotGone(ReplicationError):
+    """The slot was dropped or invalidated: it cannot be resumed."""
+
+
+def _now_pg_us() -> int:
+    return time.time_ns() // 1000 - _PG_EPOCH_US
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _quote_literal(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    name: str
+    consistent_point: Lsn
+    snapshot_name: str | None
+
+
+def classify_error(message: str) -> ReplicationError:
+    """Map a server error text to the kind of failure the caller must handle."""
+    text = message.strip()
+    if "is active for PID" in text:
+        return SlotBusy(text)
+    if "does not exist" in text and "replication slot" in text:
+        return SlotGone(
+            f"{text}. The slot was dropped; start again with a new slot (and a new snapshot), "
+            "or recreate it if losing the changes in between is acceptable."
+        )
+    if "can no longer get changes from replication slot" in text or "invalidated" in text:
+        return SlotGone(
+            f"{text}. The slot was invalidated (max_slot_wal_keep_size removed WAL it needed); "
+            "changes were lost on the server side: drop the slot and take a new snapshot."
+        )
+    return ReplicationError(text)
+
+
+class ReplicationStream:
+    """One replication connection: create the slot, stream from it, report positions."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        status_interval: float = 10.0,
+        on_keepalive: Callable[[Lsn], None] | None = None,
+    ) -> None:
+        self._conninfo = conninfo
+        self._status_interval = status_interval
+        self._on_keepalive = on_keepalive
+        self._conn: pq.PGconn | None = None
+        self._received = Lsn(0)
+        self._flushed = Lsn(0)
+        self._sent_flushed = Lsn(0)
+        self._last_status = 0.0
+        self._streaming = False
+
+    # -- connection -----------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        params = psycopg.conninfo.conninfo_to_dict(self._conninfo)
+        params["replication"] = "database"
+        params.setdefault("application_name", "cdc")
+        conn = pq.PGconn.connect(psycopg.conninfo.make_conninfo(**params).encode())
+        if conn.status != pq.ConnStatus.OK:
+            msg = conn.get_error_message().strip()
+            conn.finish()
+            if "no pg_hba.conf entry for replication" in msg:
+                msg += ". Allow replication connections for this user in pg_hba.conf."
+            elif "must have the replication attribute" in msg or "permission denied to start WAL sender" in msg:
+                msg += ". Grant it: ALTER ROLE <user> REPLICATION."
+            raise ConnectionLost(f"cannot open a replication connection: {msg}")
+        self._conn = conn
+        self._streaming = False
+
+    @property
+    def server_version(self) -> int:
+        return self._require().server_version
+
+    def _require(self) -> pq.PGconn:
+        if self._conn is None:
+            raise ReplicationError("the replication connection is not open")
+        return self._conn
+
+    def _command(self, sql: str) -> pq.PGresult:
+        conn = self._require()
+        res = conn.exec_(sql.encode())
+        if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK, pq.ExecStatus.COPY_BOTH):
+            message = (res.error_message or conn.get_error_message()).decode(errors="replace")
+            if conn.status != pq.ConnStatus.OK:
+                raise ConnectionLost(message.strip())
+            raise classify_error(message)
+        return res
+
+    def create_slot(self, slot: str, *, export_snapshot: bool = False) -> SlotInfo:
+        """CREATE_REPLICATION_SLOT with pgoutput; the snapshot, if exported, lives until the next command."""
+        mode = "export" if export_snapshot else "nothing"
+        res = self._command(f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} LOGICAL pgoutput (SNAPSHOT '{mode}')")
+        point = Lsn.parse((res.get_value(0, 1) or b"").decode())
+        snap = res.get_value(0, 2)
+        log.info("slot_created", slot=slot, consistent_point=str(point))
+        return SlotInfo(slot, point, snap.decode() if snap else None)
+
+    def start(
+        self,
+        slot: str,
+        publication: str,
+        start_lsn: Lsn,
+        *,
+        proto_version: int = 1,
+        messages: bool = True,
+    ) -> None:
+        opts = [f"proto_version '{proto_version}'", f"publication_names {_quote_literal(_quote_ident(publication))}"]
+        if messages:
+            opts.append("messages 'true'")
+        self._command(f"START_REPLICATION SLOT {_quote_ident(slot)} LOGICAL {start_lsn} ({', '.join(opts)})")
+        self._streaming = True
+        self._received = max(self._received, start_lsn)
+        self._flushed = max(self._flushed, start_lsn)
+        self._sent_flushed = self._flushed
+        self._last_status = time.monotonic()
+        log.info("replication_started", slot=slot, publication=publication, start_lsn=str(start_lsn))
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def read(self, timeout: float) -> memoryview | None:
+        """The next XLogData frame (pgoutput payload at ``XLOGDATA_HEADER_SIZE``), or None on timeout.
+
+        Keepalives are handled here: answered at once when the server asks, and
+        reported through ``on_keepalive``. Status updates go out on the interval.
+        """
+        conn = self._require()
+        deadline = 0.0
+        consumed = False
+        while True:
+            try:
+                n, data = conn.get_copy_data(1)
+            except psycopg.OperationalError as e:
+                raise ConnectionLost(f"replication connection lost: {e}") from None
+            if n > 0:
+                kind = data[0]
+                if kind == 0x77:  # 'w' XLogData
+                    start = _XLOGDATA_HEADER.unpack_from(data, 1)[0]
+                    if start > self._received:
+                        self._received = Lsn(start)
+                    return data
+                if kind == 0x6B:  # 'k' primary keepalive
+                    wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)
+                    if self._on_keepalive is not None:
+                        self._on_keepalive(Lsn(wal_end))
+                    if reply:
+                        self.send_status(force=True)
+                    continue
+                raise ReplicationError(f"unexpected CopyData message type {chr(kind)!r} from the server")
+            if n == 0:
+                self.send_status_if_due()
+                if not consumed:
+                    # libpq's buffer is empty, the socket may not be: read it before sleeping.
+                    self._consume(conn)
+                    consumed = True
+                    continue
+                now = time.monotonic()
+                if deadline == 0.0:
+                    deadline = now + timeout
+                remaining = min(deadline - now, self._status_interval)
+                if remaining <= 0:
+                    return None
+                ready, _, _ = select.select([conn.socket], [], [], remaining)
+                consumed = False
+                if not ready and time.monotonic() >= deadline:
+                    return None
+                continue
+            # n == -1: the server ended the copy; -2: an error
+            res = conn.get_result()
+            message = ""
+            if res is not None and res.error_message:
+                message = res.error_message.decode(errors="replace")
+            message = message or conn.get_error_message().decode(errors="replace") or "the server ended replication"
+            if conn.status != pq.ConnStatus.OK:
+                raise ConnectionLost(f"replication connection lost: {message.strip()}")
+            raise classify_error(message)
+
+    @staticmethod
+    def _consume(conn: pq.PGconn) -> None:
+        try:
+            conn.consume_input()
+        except psycopg.OperationalError as e:
+            raise ConnectionLost(f"replication connection lost: {e}") from None
+
+    # -- positions ------------------------------------------------------------------------------
+
+    @property
+    def flushed(self) -> Lsn:
+        return self._flushed
+
+    def confirm(self, lsn: Lsn) -> None:
+        """Everything up to ``lsn`` is durable downstream; tell the server soon (never backwards)."""
+        if lsn > self._flushed:
+            self._flushed = lsn
+            if lsn > self._received:
+                self._received = lsn
+
+    def send_status_if_due(self) -> None:
+        now = time.monotonic()
+        elapsed = now - self._last_status
+        if elapsed >= self._status_interval or (self._flushed > self._sent_flushed and elapsed >= 0.2):
+            self.send_status()
+
+    def send_status(self, *, force: bool = False, reply: bool = False) -> None:
+        if not self._streaming or self._conn is None:
+            return
+        conn = self._conn
+        msg = _STATUS.pack(b"r", self._received, self._flushed, self._flushed, _now_pg_us(), 1 if reply else 0)
+        try:
+            if conn.put_copy_data(msg) != 1 or conn.flush() < 0:
+                raise ConnectionLost(
+                    f"cannot send a status update: {conn.get_error_message().decode(errors='replace')}"
+                )
+        except psycopg.OperationalError as e:
+            raise ConnectionLost(f"cannot send a status update: {e}") from None
+        self._sent_flushed = self._flushed
+        self._last_status = time.monotonic()
+
+    # -- stopping -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Send the final position, end the copy, close. Safe to call twice or after a failure."""
+        conn = self._conn
+        if conn is None:
+            return
+        self._conn = None
+        try:
+            if self._streaming and conn.status == pq.ConnStatus.OK:
+                msg = _STATUS.pack(b"r", self._received, self._flushed, self._flushed, _now_pg_us(), 0)
+                conn.put_copy_data(msg)
+                conn.put_copy_end()
+                conn.flush()
+                # Drain what the server still sends until it ends the copy.
+                deadline = time.monotonic() + 5.0
+                while time.monotonic() < deadline:
+                    n, _ = conn.get_copy_data(0)
+                    if n < 0:
+                        break
+                while conn.get_result() is not None:
+                    pass
+        except psycopg.OperationalError as e:
+            log.warning("replication_close_unclean", error=str(e))
+        finally:
+            conn.finish()
+            self._streaming = False
+            log.info("replication_closed", flushed=str(self._flushed))
