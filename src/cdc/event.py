@@ -61,7 +61,8 @@ class Column:
         if self.modifier < 4:
             return None
         mod = self.modifier - 4
-        return (mod >> 16) & 0xFFFF, mod & 0xFFFF
+        # The scale is an 11-bit signed field (PostgreSQL 15 allows negative scales).
+        return (mod >> 16) & 0xFFFF, ((mod & 0x7FF) ^ 0x400) - 0x400
 
 
 @dataclass(frozen=True, slots=True)

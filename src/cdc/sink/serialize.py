@@ -1,0 +1,1127 @@
+"""Events to Kafka records in Debezium's JSON shape (JsonConverter, optionally with schemas).
+
+``JsonSerializer.records(event)`` turns a ``ChangeEvent``, ``TruncateEvent`` or
+``MessageEvent`` into the records to produce, in order. The wire shapes follow
+the Debezium 3.x PostgreSQL connector with its default settings (see
+``/work/shared/notes/debezium-envelope.md``); where this module differs, the
+difference is written down below.
+
+Records
+    * ``c``/``r``/``u``: one record. ``d``: the delete event, then a tombstone (same key,
+      value None). An update whose key changed: a ``d`` under the old key (header
+      ``__debezium.newkey``), its tombstone, and a ``c`` under the new key (header
+      ``__debezium.oldkey``); the header values are the key payloads, e.g. ``{"id":1}``.
+    * Truncate: one marker per partition of each table's topic, on that partition,
+      keyed ``{"__cdc_truncate_partition":p}`` (no row key has that field), valued with
+      the table's envelope, ``op`` ``"t"``; header ``cdc.truncate: 1``. Debezium sends a
+      null key, which a compacted topic cannot hold.
+    * Logical message: topic ``<prefix>.message``, Debezium's MessageKey/MessageValue.
+    * Every record carries ``cdc.lsn``, ``cdc.commit_lsn``, ``cdc.txid`` (when known) and
+      ``cdc.ordinal`` headers, decimal ASCII.
+
+Keys
+    A JSON object of the key columns in column order, serialized the same way for every
+    event of a row. Keys are injective: where Debezium's value encoding can map two
+    different values to one (interval as MicroDuration, numeric/money as double, timetz
+    normalized to UTC), a key column uses an exact encoding instead (interval as an ISO
+    string, numeric as a plain decimal string, timetz with its own offset). A change of
+    the key's bytes, not of Python equality, makes the update a delete plus create.
+    A table without key columns is an error: its rows cannot live on a compacted topic.
+
+Values by type (defaults = Debezium's defaults)
+    * int2/int4/int8/oid: numbers. bool: true/false.
+    * float4/float8: numbers; NaN and the infinities become the strings ``"NaN"``,
+      ``"Infinity"``, ``"-Infinity"`` (JSON has no NaN; Jackson, which Kafka Connect
+      uses, writes them the same way).
+    * numeric, ``decimal_handling="precise"``: numeric(p,s) is a Kafka Connect Decimal
+      (base64 of the big-endian two's-complement unscaled value); unconstrained numeric
+      is a VariableScaleDecimal ``{"scale":s,"value":base64}`` with trailing zeros
+      stripped. NaN and the infinities cannot be written there: ``SerializationError``.
+      ``"string"``: plain decimal text (``"NaN"``, ``"Infinity"`` too). ``"double"``: a
+      number. money: the same, with scale 2 (lc_monetary C).
+    * bytea: padded base64. uuid, json, jsonb, xml, text types, enums, inet, cidr,
+      macaddr(8), ranges: strings. hstore: the JSON text of the map.
+    * bit(1)/varbit(1): boolean. Other bit strings: Debezium Bits (little-endian bytes of
+      the bit string read as a binary number, as many bytes as its highest set bit needs).
+    * point: ``{"x","y","wkb","srid":null}``. Other geometric types: their text (Debezium
+      sends WKB structs for those; this module does not), marked as unknown types.
+    * arrays: JSON arrays of the element encodings (nested for several dimensions; the
+      schema block describes one level). Explicit lower bounds are not kept.
+    * Types this module does not know: their text, with schema parameter
+      ``__debezium.source.column.type`` naming the type.
+    * An unchanged TOASTed value: ``unavailable_value`` (bytea: its bytes; int arrays:
+      its bytes as numbers; other arrays: a one-element list), as Debezium does.
+
+Temporal values, ``time_precision="adaptive"`` (Debezium's default):
+    * date: int32 days (io.debezium.time.Date); ``infinity``/``-infinity`` become
+      2147483647 / -2147483648 (no real date reaches them: PostgreSQL's dates end at
+      day 2145042906 and begin at -2440588).
+    * time(0-3): int32 milliseconds (Time); time(4-6) or no precision: int64 µs (MicroTime).
+    * timestamp(0-3): int64 ms (Timestamp); otherwise µs (MicroTimestamp). Infinity:
+      9223372036825200000 / -9223372036832400000, Debezium's values.
+    * timestamptz: ZonedTimestamp, UTC with ``Z``, as many fraction digits as the column's
+      precision (6 when unspecified, none for precision 0); ``"infinity"``/``"-infinity"``.
+    * timetz: ZonedTime, UTC with ``Z``, fraction without trailing zeros.
+    * Years outside 0-9999 print as Java does: ``+10000-01-01``, ``-0043-03-15`` (44 BC).
+    * ``time_precision="iso"``: date, time and timestamp as io.debezium.time.IsoDate /
+      IsoTime / IsoTimestamp strings (``2024-05-01Z``, ``12:34:56.5Z``,
+      ``2024-05-01T12:34:56.5Z``; infinities as ``"infinity"``/``"-infinity"``).
+    * interval, ``interval_handling="numeric"``: MicroDuration, int64 µs with a month of
+      365.25/12 days, computed exactly in integers (Debezium's double arithmetic can be
+      one µs off). ``"string"``: io.debezium.time.Interval ``P1Y2M3DT4H5M6.78S``.
+      PostgreSQL 17's infinite intervals: int64 max/min, or ``"infinity"``/``"-infinity"``.
+
+Envelope ``ts_ms``/``ts_us``/``ts_ns`` are the serializer's clock when the event is
+serialized; ``source.ts_*`` are the commit time.
+"""
+
+from __future__ import annotations
+
+import binascii
+import functools
+import math
+import re
+import struct
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Final, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field
+
+import cdc
+from cdc.event import ChangeEvent, Column, MessageEvent, Op, PgType, TableSchema, TruncateEvent, TypeKind
+from cdc.sink.record import Record
+from cdc.values import UNCHANGED_TOAST, Infinity, Interval, Point, TimeTz
+
+__all__ = ["JsonSerializer", "JsonSettings", "SerializationError", "TRUNCATE_KEY_FIELD"]
+
+TRUNCATE_KEY_FIELD: Final = "__cdc_truncate_partition"
+"""The one field of a truncate marker's key; no row key has it."""
+
+
+class SerializationError(Exception):
+    """An event cannot be written in the configured format; the message says what to change."""
+
+
+class JsonSettings(BaseModel):
+    """The JSON format's settings (the configuration tree embeds this section)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    topic_prefix: str = Field(min_length=1)
+    database: str  # source.db
+    schemas_enable: bool = False  # Kafka Connect {"schema":..., "payload":...} for key and value
+    decimal_handling: Literal["precise", "string", "double"] = "precise"
+    time_precision: Literal["adaptive", "iso"] = "adaptive"
+    interval_handling: Literal["numeric", "string"] = "numeric"
+    unavailable_value: str = "__debezium_unavailable_value"  # placeholder for unchanged TOAST
+    connector_version: str = cdc.__version__
+
+
+# ---------------------------------------------------------------------------
+# Kafka Connect schema nodes
+# ---------------------------------------------------------------------------
+
+Encoder = Callable[[Any], Any]
+"""A column value (as ``cdc.values`` defines it, never None) -> what orjson writes."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """One Connect schema and how to encode a value for it."""
+
+    type: str  # Connect type: boolean int16 int32 int64 float double bytes string array struct
+    encode: Encoder | None  # None: the value is its own JSON
+    name: str | None = None
+    version: int | None = None
+    doc: str | None = None
+    parameters: tuple[tuple[str, str], ...] = ()
+    fields: tuple[tuple[str, _Spec, bool], ...] = ()  # struct members: (field, spec, optional)
+    items: _Spec | None = None  # arrays
+    default: str | None = None
+
+    def node(self, optional: bool, field: str | None = None) -> dict[str, Any]:
+        """The JSON schema node, keys in JsonConverter's order."""
+        node: dict[str, Any] = {"type": self.type}
+        if self.type == "struct":
+            node["fields"] = [spec.node(opt, name) for name, spec, opt in self.fields]
+        elif self.items is not None:
+            node["items"] = self.items.node(True)
+        node["optional"] = optional
+        if self.name is not None:
+            node["name"] = self.name
+        if self.version is not None:
+            node["version"] = self.version
+        if self.doc is not None:
+            node["doc"] = self.doc
+        if self.parameters:
+            node["parameters"] = dict(self.parameters)
+        if self.default is not None:
+            node["default"] = self.default
+        if field is not None:
+            node["field"] = field
+        return node
+
+
+_BOOLEAN: Final = _Spec("boolean", None)
+_INT16: Final = _Spec("int16", None)
+_INT32: Final = _Spec("int32", None)
+_INT64: Final = _Spec("int64", None)
+_STRING: Final = _Spec("string", None)
+_BYTES_NODE: Final = _Spec("bytes", None)
+_DOUBLE_NODE: Final = _Spec("double", None)
+
+_SNAPSHOT_ALLOWED: Final = "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"
+
+_SOURCE: Final = _Spec(
+    "struct",
+    None,
+    name="io.debezium.connector.postgresql.Source",
+    version=1,
+    fields=(
+        ("version", _STRING, False),
+        ("connector", _STRING, False),
+        ("name", _STRING, False),
+        ("ts_ms", _INT64, False),
+        (
+            "snapshot",
+            _Spec(
+                "string",
+                None,
+                name="io.debezium.data.Enum",
+                version=1,
+                parameters=(("allowed", _SNAPSHOT_ALLOWED),),
+                default="false",
+            ),
+            True,
+        ),
+        ("db", _STRING, False),
+        ("sequence", _STRING, True),
+        ("ts_us", _INT64, True),
+        ("ts_ns", _INT64, True),
+        ("schema", _STRING, False),
+        ("table", _STRING, False),
+        ("txId", _INT64, True),
+        ("lsn", _INT64, True),
+        ("xmin", _INT64, True),
+        ("origin", _STRING, True),
+        ("origin_lsn", _INT64, True),
+    ),
+)
+
+_TRANSACTION: Final = _Spec(
+    "struct",
+    None,
+    name="event.block",
+    version=1,
+    fields=(("id", _STRING, False), ("total_order", _INT64, False), ("data_collection_order", _INT64, False)),
+)
+
+
+def _dumps_node(node: dict[str, Any]) -> bytes:
+    return orjson.dumps(node)
+
+
+# ---------------------------------------------------------------------------
+# Value encoders
+# ---------------------------------------------------------------------------
+
+_INT32_MAX: Final = 2**31 - 1
+_INT32_MIN: Final = -(2**31)
+_INT64_MAX: Final = 2**63 - 1
+_INT64_MIN: Final = -(2**63)
+_TIMESTAMP_POSITIVE_INFINITY: Final = 9223372036825200000
+_TIMESTAMP_NEGATIVE_INFINITY: Final = -9223372036832400000
+_US_PER_DAY: Final = 86_400_000_000
+_US_PER_MONTH: Final = 2_629_800_000_000  # 365.25 / 12 days, exactly
+_INF: Final = math.inf
+_WKB_POINT: Final = struct.Struct("<BIdd")
+
+
+def _b64(data: bytes) -> str:
+    return binascii.b2a_base64(data, newline=False).decode("ascii")
+
+
+def _float(value: float) -> float | str:
+    if value != value:
+        return "NaN"
+    if value == _INF:
+        return "Infinity"
+    if value == -_INF:
+        return "-Infinity"
+    return value
+
+
+def _twos_complement(n: int) -> bytes:
+    """Java's BigInteger.toByteArray(): minimal big-endian two's complement."""
+    length = (n.bit_length() if n >= 0 else (~n).bit_length()) // 8 + 1
+    return n.to_bytes(length, "big", signed=True)
+
+
+def _special_decimal(where: str, value: Decimal) -> SerializationError:
+    return SerializationError(
+        f"{where}: numeric value {value} cannot be written with decimal_handling='precise' "
+        "(a Kafka Connect Decimal has no NaN or Infinity); set decimal_handling='string' "
+        "(or 'double') in the JSON settings"
+    )
+
+
+def _fixed_decimal(scale: int, where: str) -> Encoder:
+    # value * 10**scale = numerator * multiplier / (denominator * divisor); scale may be negative
+    multiplier = 10**scale if scale >= 0 else 1
+    divisor = 10**-scale if scale < 0 else 1
+
+    def encode(value: Decimal) -> str:
+        if not value.is_finite():
+            raise _special_decimal(where, value)
+        numerator, denominator = value.as_integer_ratio()
+        unscaled, remainder = divmod(numerator * multiplier, denominator * divisor)
+        if remainder:
+            raise SerializationError(f"{where}: {value} has more than {scale} fraction digits")
+        return _b64(_twos_complement(unscaled))
+
+    return encode
+
+
+def _variable_decimal(where: str) -> Encoder:
+    def encode(value: Decimal) -> dict[str, Any]:
+        if not value.is_finite():
+            raise _special_decimal(where, value)
+        numerator, denominator = value.as_integer_ratio()
+        # denominator is 2**a * 5**b; the smallest scale that makes the value whole is max(a, b)
+        twos = (denominator & -denominator).bit_length() - 1
+        fives = 0
+        rest = denominator >> twos
+        while rest > 1:
+            rest //= 5
+            fives += 1
+        scale = max(twos, fives)
+        unscaled = numerator * 10**scale // denominator
+        return {"scale": scale, "value": _b64(_twos_complement(unscaled))}
+
+    return encode
+
+
+def _plain_decimal(value: Decimal) -> str:
+    return format(value, "f")
+
+
+def _double_decimal(value: Decimal) -> float | str:
+    return _float(float(value))
+
+
+def _bytes(value: bytes) -> str:
+    return _b64(value)
+
+
+def _hstore(value: dict[str, str | None]) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _point(value: Point) -> dict[str, Any]:
+    return {
+        "x": _float(value.x),
+        "y": _float(value.y),
+        "wkb": _b64(_WKB_POINT.pack(1, 1, value.x, value.y)),
+        "srid": None,
+    }
+
+
+def _bit_bool(value: str) -> bool:
+    return "1" in value
+
+
+def _bits(value: str) -> str:
+    n = int(value, 2) if value else 0
+    return _b64(n.to_bytes((n.bit_length() + 7) // 8, "little"))
+
+
+# --- dates and times ---------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=8192)
+def _date_text(days: int) -> str:
+    """``YYYY-MM-DD`` of a day number, years printed as java.time does (``+10000``, ``-0043``)."""
+    # Howard Hinnant's civil_from_days.
+    z = days + 719468
+    era = z // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    day = doy - (153 * mp + 2) // 5 + 1
+    month = mp + 3 if mp < 10 else mp - 9
+    year = yoe + era * 400 + (month <= 2)
+    if 0 <= year <= 9999:
+        return f"{year:04d}-{month:02d}-{day:02d}"
+    if year > 9999:
+        return f"+{year}-{month:02d}-{day:02d}"
+    return f"-{-year:04d}-{month:02d}-{day:02d}"
+
+
+@functools.lru_cache(maxsize=8192)
+def _hms_text(seconds: int) -> str:
+    """``HH:MM:SS`` of a second of the day (cached: the times in a stream cluster)."""
+    minutes, second = divmod(seconds, 60)
+    hour, minute = divmod(minutes, 60)
+    return f"{hour:02d}:{minute:02d}:{second:02d}"
+
+
+def _clock_text(us_of_day: int, width: int | None) -> str:
+    """``HH:MM:SS`` and a fraction: ``width`` digits, or (None) as few as the value needs."""
+    seconds, fraction = divmod(us_of_day, 1_000_000)
+    text = _hms_text(seconds)
+    if width is None:
+        if fraction:
+            text += "." + f"{fraction:06d}".rstrip("0")
+    elif width > 0:
+        text += "." + f"{fraction:06d}"[:width]
+    return text
+
+
+def _timestamp_text(us: int, width: int | None) -> str:
+    days, us_of_day = divmod(us, _US_PER_DAY)
+    return f"{_date_text(days)}T{_clock_text(us_of_day, width)}Z"
+
+
+def _date_days(value: int | Infinity) -> int:
+    if type(value) is int:
+        return value
+    return _INT32_MAX if value is Infinity.POSITIVE else _INT32_MIN
+
+
+def _date_iso(value: int | Infinity) -> str:
+    if type(value) is int:
+        return _date_text(value) + "Z"
+    assert isinstance(value, Infinity)
+    return value.value
+
+
+def _time_ms(value: int) -> int:
+    return value // 1000
+
+
+def _time_iso(value: int) -> str:
+    return _clock_text(value, None) + "Z"
+
+
+def _timestamp_ms(value: int | Infinity) -> int:
+    if type(value) is int:
+        return value // 1000
+    return _TIMESTAMP_POSITIVE_INFINITY if value is Infinity.POSITIVE else _TIMESTAMP_NEGATIVE_INFINITY
+
+
+def _timestamp_us(value: int | Infinity) -> int:
+    if type(value) is int:
+        return value
+    return _TIMESTAMP_POSITIVE_INFINITY if value is Infinity.POSITIVE else _TIMESTAMP_NEGATIVE_INFINITY
+
+
+def _timestamp_iso(value: int | Infinity) -> str:
+    if type(value) is int:
+        return _timestamp_text(value, None)
+    assert isinstance(value, Infinity)
+    return value.value
+
+
+def _zoned_timestamp(width: int) -> Encoder:
+    def encode(value: int | Infinity) -> str:
+        if type(value) is int:
+            return _timestamp_text(value, width)
+        assert isinstance(value, Infinity)
+        return value.value
+
+    return encode
+
+
+def _zoned_time(value: TimeTz) -> str:
+    utc = value.microseconds - value.utc_offset_seconds * 1_000_000
+    if utc != _US_PER_DAY:  # 24:00:00+00 stays 24:00:00Z
+        utc %= _US_PER_DAY
+    return _clock_text(utc, None) + "Z"
+
+
+def _offset_time(value: TimeTz) -> str:
+    """An injective timetz text for keys: the local time and its own offset (``12:00:00+05:30``)."""
+    offset = value.utc_offset_seconds
+    sign = "-" if offset < 0 else "+"
+    hours, rest = divmod(abs(offset), 3600)
+    minutes, seconds = divmod(rest, 60)
+    suffix = f"{sign}{hours:02d}:{minutes:02d}" + (f":{seconds:02d}" if seconds else "")
+    return _clock_text(value.microseconds, None) + suffix
+
+
+def _is_infinite_interval(value: Interval) -> int:
+    """1 for PostgreSQL 17's +infinity interval, -1 for -infinity, else 0."""
+    if value.months == _INT32_MAX and value.days == _INT32_MAX and value.microseconds == _INT64_MAX:
+        return 1
+    if value.months == _INT32_MIN and value.days == _INT32_MIN and value.microseconds == _INT64_MIN:
+        return -1
+    return 0
+
+
+def _interval_micros(value: Interval) -> int:
+    infinite = _is_infinite_interval(value)
+    if infinite:
+        return _INT64_MAX if infinite > 0 else _INT64_MIN
+    return value.months * _US_PER_MONTH + value.days * _US_PER_DAY + value.microseconds
+
+
+def _interval_iso(value: Interval) -> str:
+    """Debezium's Interval text: ``P<y>Y<m>M<d>DT<h>H<m>M<s>S``, every part present."""
+    infinite = _is_infinite_interval(value)
+    if infinite:
+        return "infinity" if infinite > 0 else "-infinity"
+    years = abs(value.months) // 12 * (1 if value.months >= 0 else -1)
+    months = value.months - years * 12
+    negative = value.microseconds < 0
+    magnitude = abs(value.microseconds)
+    hours, rest = divmod(magnitude, 3_600_000_000)
+    minutes, rest = divmod(rest, 60_000_000)
+    whole, fraction = divmod(rest, 1_000_000)
+    seconds = str(whole) + ("." + f"{fraction:06d}".rstrip("0") if fraction else "")
+    if negative:
+        hours, minutes = -hours, -minutes
+        if rest:
+            seconds = "-" + seconds
+    return f"P{years}Y{months}M{value.days}DT{hours}H{minutes}M{seconds}S"
+
+
+# ---------------------------------------------------------------------------
+# Column types -> specs
+# ---------------------------------------------------------------------------
+
+_PLAIN_STRING_TYPES: Final = frozenset(
+    {"text", "varchar", "bpchar", "name", "char", "inet", "cidr", "macaddr", "macaddr8",
+     "int4range", "numrange", "tsrange", "tstzrange", "daterange", "int8range"}
+)  # fmt: skip
+_INT_ARRAY_ELEMENTS: Final = frozenset({"int2", "int4", "int8"})
+_MAX_DOMAIN_DEPTH: Final = 32
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    decimal_handling: str
+    time_precision: str
+    interval_handling: str
+
+
+def _unknown(type_name: str) -> _Spec:
+    return _Spec("string", None, parameters=(("__debezium.source.column.type", type_name),))
+
+
+def _base_type(pg_type: PgType) -> PgType | None:
+    t: PgType | None = pg_type
+    for _ in range(_MAX_DOMAIN_DEPTH):
+        if t is None or t.kind is not TypeKind.DOMAIN:
+            return t
+        t = t.element
+    return None
+
+
+def _numeric_typmod(modifier: int) -> tuple[int, int] | None:
+    """numeric(p, s) from atttypmod; the scale is 11 bits, signed (PostgreSQL 15 allows s < 0)."""
+    if modifier < 4:
+        return None
+    mod = modifier - 4
+    return (mod >> 16) & 0xFFFF, ((mod & 0x7FF) ^ 0x400) - 0x400
+
+
+def _time_precision(modifier: int) -> int:
+    return modifier if 0 <= modifier <= 6 else 6
+
+
+def _spec_for(pg_type: PgType, modifier: int, opts: _Options, key: bool, where: str) -> _Spec:
+    """The schema and encoder of a column of ``pg_type`` (``key``: an injective encoding)."""
+    base = _base_type(pg_type)
+    if base is None:
+        return _unknown(pg_type.name)
+    kind = base.kind
+    if kind is TypeKind.ARRAY:
+        if base.element is None:
+            return _unknown(base.name)
+        element = _spec_for(base.element, modifier, opts, key, where)
+        encode_element = element.encode
+        if encode_element is None:
+            return _Spec("array", None, items=element)
+
+        def encode_array(values: list[Any]) -> list[Any]:
+            return [
+                None if v is None else (encode_array(v) if type(v) is list else encode_element(v)) for v in values
+            ]
+
+        return _Spec("array", encode_array, items=element)
+    if kind is TypeKind.ENUM:
+        return _Spec("string", None, name="io.debezium.data.Enum", version=1, parameters=(("allowed", ",".join(base.labels)),))
+    if kind is TypeKind.BASE and base.schema == "pg_catalog":
+        spec = _builtin_spec(base.name, modifier, opts, key, where)
+        if spec is not None:
+            return spec
+    if kind is TypeKind.BASE:
+        if base.name == "hstore":
+            return _Spec("string", _hstore, name="io.debezium.data.Json", version=1)
+        if base.name == "citext":
+            return _STRING
+        if base.name == "ltree":
+            return _Spec("string", None, name="io.debezium.data.Ltree", version=1)
+    if kind is TypeKind.RANGE and base.schema == "pg_catalog" and base.name in _PLAIN_STRING_TYPES:
+        return _STRING
+    return _unknown(base.name)
+
+
+def _builtin_spec(name: str, modifier: int, opts: _Options, key: bool, where: str) -> _Spec | None:
+    adaptive = opts.time_precision == "adaptive"
+    match name:
+        case "bool":
+            return _BOOLEAN
+        case "int2":
+            return _INT16
+        case "int4":
+            return _INT32
+        case "int8" | "oid":
+            return _INT64
+        case "float4":
+            return _Spec("float", _float)
+        case "float8":
+            return _Spec("double", _float)
+        case "numeric" | "money":
+            handling = opts.decimal_handling
+            if handling == "double" and key:
+                handling = "string"  # a double is not injective
+            if handling == "string":
+                return _Spec("string", _plain_decimal)
+            if handling == "double":
+                return _Spec("double", _double_decimal)
+            if name == "money":
+                return _Spec(
+                    "bytes",
+                    _fixed_decimal(2, where),
+                    name="org.apache.kafka.connect.data.Decimal",
+                    version=1,
+                    parameters=(("scale", "2"),),
+                )
+            typmod = _numeric_typmod(modifier)
+            if typmod is None:
+                return _Spec(
+                    "struct",
+                    _variable_decimal(where),
+                    name="io.debezium.data.VariableScaleDecimal",
+                    version=1,
+                    doc="Variable scaled decimal",
+                    fields=(("scale", _INT32, False), ("value", _BYTES_NODE, False)),
+                )
+            precision, scale = typmod
+            return _Spec(
+                "bytes",
+                _fixed_decimal(scale, where),
+                name="org.apache.kafka.connect.data.Decimal",
+                version=1,
+                parameters=(("scale", str(scale)), ("connect.decimal.precision", str(precision))),
+            )
+        case "bytea":
+            return _Spec("bytes", _bytes)
+        case "uuid":
+            return _Spec("string", None, name="io.debezium.data.Uuid", version=1)  # orjson writes UUIDs
+        case "json" | "jsonb":
+            return _Spec("string", None, name="io.debezium.data.Json", version=1)
+        case "xml":
+            return _Spec("string", None, name="io.debezium.data.Xml", version=1)
+        case "date":
+            if adaptive:
+                return _Spec("int32", _date_days, name="io.debezium.time.Date", version=1)
+            return _Spec("string", _date_iso, name="io.debezium.time.IsoDate", version=1)
+        case "time":
+            if not adaptive:
+                return _Spec("string", _time_iso, name="io.debezium.time.IsoTime", version=1)
+            if _time_precision(modifier) <= 3:
+                return _Spec("int32", _time_ms, name="io.debezium.time.Time", version=1)
+            return _Spec("int64", None, name="io.debezium.time.MicroTime", version=1)
+        case "timestamp":
+            if not adaptive:
+                return _Spec("string", _timestamp_iso, name="io.debezium.time.IsoTimestamp", version=1)
+            if _time_precision(modifier) <= 3:
+                return _Spec("int64", _timestamp_ms, name="io.debezium.time.Timestamp", version=1)
+            return _Spec("int64", _timestamp_us, name="io.debezium.time.MicroTimestamp", version=1)
+        case "timestamptz":
+            encoder = _zoned_timestamp(_time_precision(modifier))
+            return _Spec("string", encoder, name="io.debezium.time.ZonedTimestamp", version=1)
+        case "timetz":
+            return _Spec("string", _offset_time if key else _zoned_time, name="io.debezium.time.ZonedTime", version=1)
+        case "interval":
+            if opts.interval_handling == "string" or key:
+                return _Spec("string", _interval_iso, name="io.debezium.time.Interval", version=1)
+            return _Spec("int64", _interval_micros, name="io.debezium.time.MicroDuration", version=1)
+        case "bit" | "varbit":
+            if modifier == 1:
+                return _Spec("boolean", _bit_bool)
+            length = str(modifier) if modifier > 0 else str(_INT32_MAX)
+            return _Spec("bytes", _bits, name="io.debezium.data.Bits", version=1, parameters=(("length", length),))
+        case "point":
+            return _Spec(
+                "struct",
+                _point,
+                name="io.debezium.data.geometry.Point",
+                version=1,
+                doc="Geometry (POINT)",
+                fields=(("x", _DOUBLE_NODE, False), ("y", _DOUBLE_NODE, False),
+                        ("wkb", _BYTES_NODE, True), ("srid", _INT32, True)),
+            )  # fmt: skip
+    if name in _PLAIN_STRING_TYPES:
+        return _STRING
+    return None
+
+
+def _placeholder(pg_type: PgType, spec: _Spec, text: str) -> Any:
+    """What an unchanged TOASTed value becomes in this column (Debezium's placeholders)."""
+    if spec.type == "bytes":
+        return _b64(text.encode())
+    if spec.type == "array":
+        base = _base_type(pg_type)
+        element = _base_type(base.element) if base is not None and base.element is not None else None
+        if element is not None and element.schema == "pg_catalog" and element.name in _INT_ARRAY_ELEMENTS:
+            return list(text.encode())
+        return [text]
+    return text
+
+
+# ---------------------------------------------------------------------------
+# Per-table plans
+# ---------------------------------------------------------------------------
+
+_Field = tuple[str, Encoder | None, Any]  # (column name, encoder, unchanged-TOAST placeholder)
+
+
+@dataclass(frozen=True, slots=True)
+class _TablePlan:
+    table: TableSchema
+    topic: str
+    fields: tuple[_Field, ...]
+    key_fields: tuple[_Field, ...]
+    key_prefix: bytes  # b'{"schema":<key schema>,"payload":' or b''
+    value_prefix: bytes  # the same for the envelope
+    truncate_key_prefix: bytes
+
+
+_TOPIC_CHARS: Final = re.compile(r"[^a-zA-Z0-9._-]")
+_OPS: Final[dict[Op, str]] = {op: op.value for op in Op}
+_MAX_PLANS: Final = 4096
+
+
+def _where(table: TableSchema, column: Column) -> str:
+    return f"column {column.name!r} of table {table.qualified!r}"
+
+
+class JsonSerializer:
+    """Events -> records in Debezium's JSON shape. One per sink; not thread-safe."""
+
+    def __init__(
+        self,
+        settings: JsonSettings,
+        partitions_of: Callable[[str], int],
+        *,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self._settings = settings
+        self._partitions_of = partitions_of
+        self._clock_ns = clock_ns
+        self._opts = _Options(settings.decimal_handling, settings.time_precision, settings.interval_handling)
+        self._schemas = settings.schemas_enable
+        self._prefix = settings.topic_prefix
+        self._version = settings.connector_version
+        self._database = settings.database
+        self._placeholder = settings.unavailable_value
+        self._plans_by_id: dict[int, _TablePlan] = {}
+        self._plans: dict[TableSchema, _TablePlan] = {}
+        self._topic_owner: dict[str, tuple[str, str]] = {}
+        self._message_topic = _TOPIC_CHARS.sub("_", f"{self._prefix}.message")
+        self._message_key_prefix = b""
+        self._message_value_prefix = b""
+        if self._schemas:
+            self._message_key_prefix = _schema_prefix(_MESSAGE_KEY.node(False))
+            self._message_value_prefix = _schema_prefix(_MESSAGE_VALUE.node(False))
+
+    @property
+    def settings(self) -> JsonSettings:
+        return self._settings
+
+    # --- topics and plans ---------------------------------------------------
+
+    def topic_for(self, table: TableSchema) -> str:
+        """``<prefix>.<schema>.<table>``; characters outside ``[a-zA-Z0-9._-]`` become ``_``."""
+        return self._plan(table).topic
+
+    def topic_name(self, schema: str, table: str) -> str:
+        """The topic of table ``schema.table`` (for start-up, before a TableSchema exists).
+
+        Raises ``SerializationError`` when two captured tables would share a topic.
+        """
+        topic = _TOPIC_CHARS.sub("_", f"{self._prefix}.{schema}.{table}")
+        owner = self._topic_owner.setdefault(topic, (schema, table))
+        if owner != (schema, table):
+            raise SerializationError(
+                f"tables {owner[0]}.{owner[1]} and {schema}.{table} both map to topic {topic!r} "
+                "(characters outside [a-zA-Z0-9._-] become '_'), where their keys could collide: "
+                "rename one or leave one out of the capture"
+            )
+        return topic
+
+    def _plan(self, table: TableSchema) -> _TablePlan:
+        plan = self._plans_by_id.get(id(table))
+        if plan is not None and plan.table is table:
+            return plan
+        plan = self._plans.get(table)
+        if plan is None:
+            plan = self._build_plan(table)
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.clear()
+            self._plans[table] = plan
+        if len(self._plans_by_id) >= _MAX_PLANS:
+            self._plans_by_id.clear()
+        self._plans_by_id[id(table)] = plan
+        return plan
+
+    def _build_plan(self, table: TableSchema) -> _TablePlan:
+        topic = self.topic_name(table.schema, table.name)
+        opts = self._opts
+        fields: list[_Field] = []
+        value_members: list[tuple[str, _Spec, bool]] = []
+        key_fields: list[_Field] = []
+        key_members: list[tuple[str, _Spec, bool]] = []
+        for column in table.columns:
+            where = _where(table, column)
+            spec = _spec_for(column.type, column.modifier, opts, False, where)
+            fields.append((column.name, spec.encode, _placeholder(column.type, spec, self._placeholder)))
+            value_members.append((column.name, spec, column.nullable and not column.key))
+            if column.key:
+                if column.name == TRUNCATE_KEY_FIELD:
+                    raise SerializationError(
+                        f"{where}: a key column may not be named {TRUNCATE_KEY_FIELD!r}, "
+                        "the field of truncate markers' keys"
+                    )
+                key_spec = _spec_for(column.type, column.modifier, opts, True, where)
+                key_fields.append((column.name, key_spec.encode, None))  # no placeholder: see _encode_key
+                key_members.append((column.name, key_spec, False))
+        key_prefix = value_prefix = truncate_key_prefix = b""
+        if self._schemas:
+            row = _Spec("struct", None, name=f"{topic}.Value", fields=tuple(value_members))
+            envelope = _Spec(
+                "struct",
+                None,
+                name=f"{topic}.Envelope",
+                version=2,
+                fields=(
+                    ("before", row, True),
+                    ("after", row, True),
+                    ("source", _SOURCE, False),
+                    ("transaction", _TRANSACTION, True),
+                    ("op", _STRING, False),
+                    ("ts_ms", _INT64, True),
+                    ("ts_us", _INT64, True),
+                    ("ts_ns", _INT64, True),
+                ),
+            )
+            value_prefix = _schema_prefix(envelope.node(False))
+            key = _Spec("struct", None, name=f"{topic}.Key", fields=tuple(key_members))
+            key_prefix = _schema_prefix(key.node(False))
+            truncate_key = _Spec("struct", None, name=f"{topic}.TruncateKey", fields=((TRUNCATE_KEY_FIELD, _INT32, False),))
+            truncate_key_prefix = _schema_prefix(truncate_key.node(False))
+        return _TablePlan(
+            table=table,
+            topic=topic,
+            fields=tuple(fields),
+            key_fields=tuple(key_fields),
+            key_prefix=key_prefix,
+            value_prefix=value_prefix,
+            truncate_key_prefix=truncate_key_prefix,
+        )
+
+    # --- events -------------------------------------------------------------
+
+    def records(self, event: ChangeEvent | TruncateEvent | MessageEvent) -> list[Record]:
+        """The records for one event, in the order they must be produced."""
+        if type(event) is ChangeEvent:
+            return self._change(event)
+        if type(event) is TruncateEvent:
+            return self._truncate(event)
+        if type(event) is MessageEvent:
+            return self._message(event)
+        raise TypeError(f"cannot serialize {type(event).__name__}")
+
+    def _change(self, event: ChangeEvent) -> list[Record]:
+        plan = self._plan(event.table)
+        if not plan.key_fields:
+            raise SerializationError(
+                f"table {event.table.qualified!r} has no key columns: its rows cannot be keyed on a "
+                "compacted topic; give it a primary key (or replica identity index) or configure its key columns"
+            )
+        op = event.op
+        headers = _headers(event.lsn, event.commit_lsn, event.xid, event.ordinal)
+        source = self._source(event.table, event.commit_ts_us, event.commit_lsn, event.lsn, event.xid, event.snapshot)
+        now = self._clock_ns()
+        topic = plan.topic
+        if op is Op.CREATE or op is Op.READ:
+            after = self._row(plan, event.after, "after")
+            key = self._key(plan, event.after)
+            return [Record(topic, key, self._envelope(plan, None, after, source, _OPS[op], now), headers)]
+        if op is Op.DELETE:
+            before = self._row(plan, event.before, "before")
+            key = self._key(plan, event.before)
+            value = self._envelope(plan, before, None, source, "d", now)
+            return [Record(topic, key, value, headers), Record(topic, key, None, headers)]
+        if op is Op.UPDATE:
+            old_row = self._row(plan, event.before, "before") if event.before is not None else None
+            new_row = self._row(plan, event.after, "after")
+            key = self._key(plan, event.after)
+            if event.before is not None:
+                old_key = self._key(plan, event.before)
+                if old_key != key:
+                    new_payload = self._key_payload(plan, event.after)
+                    old_payload = self._key_payload(plan, event.before)
+                    delete_headers = (*headers, ("__debezium.newkey", new_payload))
+                    create_headers = (*headers, ("__debezium.oldkey", old_payload))
+                    return [
+                        Record(topic, old_key, self._envelope(plan, old_row, None, source, "d", now), delete_headers),
+                        Record(topic, old_key, None, delete_headers),
+                        Record(topic, key, self._envelope(plan, None, new_row, source, "c", now), create_headers),
+                    ]
+            return [Record(topic, key, self._envelope(plan, old_row, new_row, source, "u", now), headers)]
+        raise SerializationError(f"a ChangeEvent cannot have op {op.value!r} (truncates and messages have their own events)")
+
+    def _truncate(self, event: TruncateEvent) -> list[Record]:
+        headers = (*_headers(event.lsn, event.commit_lsn, event.xid, event.ordinal), ("cdc.truncate", b"1"))
+        now = self._clock_ns()
+        records: list[Record] = []
+        for table in event.tables:
+            plan = self._plan(table)
+            source = self._source(table, event.commit_ts_us, event.commit_lsn, event.lsn, event.xid, False)
+            value = self._envelope(plan, None, None, source, "t", now)
+            partitions = self._partitions_of(plan.topic)
+            if partitions < 1:
+                raise SerializationError(f"topic {plan.topic!r} has {partitions} partitions: nowhere to put truncate markers")
+            for partition in range(partitions):
+                payload = orjson.dumps({TRUNCATE_KEY_FIELD: partition})
+                key = plan.truncate_key_prefix + payload + b"}" if self._schemas else payload
+                records.append(Record(plan.topic, key, value, headers, partition=partition))
+        return records
+
+    def _message(self, event: MessageEvent) -> list[Record]:
+        now = self._clock_ns()
+        commit_ts_us = event.commit_ts_us if event.commit_ts_us is not None else now // 1000
+        source = {
+            "version": self._version,
+            "connector": "postgresql",
+            "name": self._prefix,
+            "ts_ms": commit_ts_us // 1000,
+            "snapshot": "false",
+            "db": self._database,
+            "sequence": _sequence(event.commit_lsn, event.lsn),
+            "ts_us": commit_ts_us,
+            "ts_ns": commit_ts_us * 1000,
+            "schema": "",
+            "table": "",
+            "txId": event.xid,
+            "lsn": int(event.lsn),
+            "xmin": None,
+            "origin": None,
+            "origin_lsn": None,
+        }
+        value = orjson.dumps(
+            {
+                "op": "m",
+                "ts_ms": now // 1_000_000,
+                "source": source,
+                "message": {"prefix": event.prefix, "content": _b64(event.content)},
+            }
+        )
+        key = orjson.dumps({"prefix": event.prefix})
+        if self._schemas:
+            key = self._message_key_prefix + key + b"}"
+            value = self._message_value_prefix + value + b"}"
+        return [Record(self._message_topic, key, value, _headers(event.lsn, event.commit_lsn, event.xid, event.ordinal))]
+
+    # --- pieces -------------------------------------------------------------
+
+    def _source(
+        self,
+        table: TableSchema,
+        commit_ts_us: int,
+        commit_lsn: int | None,
+        lsn: int,
+        xid: int | None,
+        snapshot: bool,
+    ) -> dict[str, Any]:
+        return {
+            "version": self._version,
+            "connector": "postgresql",
+            "name": self._prefix,
+            "ts_ms": commit_ts_us // 1000,
+            "snapshot": "true" if snapshot else "false",
+            "db": self._database,
+            "sequence": _sequence(commit_lsn, lsn),
+            "ts_us": commit_ts_us,
+            "ts_ns": commit_ts_us * 1000,
+            "schema": table.schema,
+            "table": table.name,
+            "txId": xid,
+            "lsn": int(lsn),
+            "xmin": None,
+            "origin": None,
+            "origin_lsn": None,
+        }
+
+    def _envelope(
+        self,
+        plan: _TablePlan,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        source: dict[str, Any],
+        op: str,
+        now_ns: int,
+    ) -> bytes:
+        payload = {
+            "before": before,
+            "after": after,
+            "source": source,
+            "transaction": None,
+            "op": op,
+            "ts_ms": now_ns // 1_000_000,
+            "ts_us": now_ns // 1000,
+            "ts_ns": now_ns,
+        }
+        try:
+            body = orjson.dumps(payload)
+        except orjson.JSONEncodeError as exc:
+            raise SerializationError(f"table {plan.table.qualified!r}: a value cannot be written as JSON: {exc}") from exc
+        if self._schemas:
+            return plan.value_prefix + body + b"}"
+        return body
+
+    def _row(self, plan: _TablePlan, row: dict[str, Any] | None, which: str) -> dict[str, Any]:
+        if row is None:
+            raise SerializationError(f"table {plan.table.qualified!r}: the event has no {which} row")
+        try:
+            return _encode_row(plan.fields, row)
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise _value_error(plan, plan.fields, row, exc) from exc
+
+    def _key_payload(self, plan: _TablePlan, row: dict[str, Any] | None) -> bytes:
+        if row is None:
+            raise SerializationError(f"table {plan.table.qualified!r}: the event has no row to take the key from")
+        try:
+            return orjson.dumps(_encode_key(plan, row))
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise _value_error(plan, plan.key_fields, row, exc) from exc
+
+    def _key(self, plan: _TablePlan, row: dict[str, Any] | None) -> bytes:
+        payload = self._key_payload(plan, row)
+        if self._schemas:
+            return plan.key_prefix + payload + b"}"
+        return payload
+
+
+def _encode_row(fields: Sequence[_Field], row: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    toast = UNCHANGED_TOAST
+    for name, encode, placeholder in fields:
+        value = row.get(name)
+        if value is None:
+            out[name] = None
+        elif value is toast:
+            out[name] = placeholder
+        elif encode is None:
+            out[name] = value
+        else:
+            out[name] = encode(value)
+    return out
+
+
+def _encode_key(plan: _TablePlan, row: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, encode, _ in plan.key_fields:
+        value = row.get(name)
+        if value is UNCHANGED_TOAST:
+            raise SerializationError(
+                f"key column {name!r} of table {plan.table.qualified!r} is an unchanged TOASTed value: "
+                "the key is unknown; fill unchanged TOAST values before serializing (replica identity full or re-read)"
+            )
+        out[name] = value if value is None or encode is None else encode(value)
+    return out
+
+
+def _value_error(plan: _TablePlan, fields: Sequence[_Field], row: dict[str, Any], exc: Exception) -> Exception:
+    """Name the column whose value failed to encode (the slow path after a failure)."""
+    if isinstance(exc, SerializationError):
+        return exc
+    for name, encode, _ in fields:
+        value = row.get(name)
+        if value is None or value is UNCHANGED_TOAST or encode is None:
+            continue
+        try:
+            encode(value)
+        except (TypeError, ValueError, AttributeError, OverflowError) as column_exc:
+            return SerializationError(
+                f"column {name!r} of table {plan.table.qualified!r}: cannot encode {type(value).__name__} "
+                f"value {value!r:.80}: {column_exc}"
+            )
+    return SerializationError(f"table {plan.table.qualified!r}: cannot encode a row: {exc}")
+
+
+def _sequence(commit_lsn: int | None, lsn: int) -> str:
+    first = "null" if commit_lsn is None else f'"{int(commit_lsn)}"'
+    return f'[{first},"{int(lsn)}"]'
+
+
+def _headers(lsn: int, commit_lsn: int | None, xid: int | None, ordinal: int) -> tuple[tuple[str, bytes], ...]:
+    if commit_lsn is not None and xid is not None:
+        return (
+            ("cdc.lsn", b"%d" % lsn),
+            ("cdc.commit_lsn", b"%d" % commit_lsn),
+            ("cdc.txid", b"%d" % xid),
+            ("cdc.ordinal", b"%d" % ordinal),
+        )
+    headers: list[tuple[str, bytes]] = [("cdc.lsn", b"%d" % lsn)]
+    if commit_lsn is not None:
+        headers.append(("cdc.commit_lsn", b"%d" % commit_lsn))
+    if xid is not None:
+        headers.append(("cdc.txid", b"%d" % xid))
+    headers.append(("cdc.ordinal", b"%d" % ordinal))
+    return tuple(headers)
+
+
+def _schema_prefix(node: dict[str, Any]) -> bytes:
+    return b'{"schema":' + _dumps_node(node) + b',"payload":'
+
+
+_MESSAGE_KEY: Final = _Spec(
+    "struct",
+    None,
+    name="io.debezium.connector.postgresql.MessageKey",
+    version=1,
+    fields=(("prefix", _STRING, True),),
+)
+
+_MESSAGE_VALUE: Final = _Spec(
+    "struct",
+    None,
+    name="io.debezium.connector.postgresql.MessageValue",
+    version=1,
+    fields=(
+        ("op", _STRING, False),
+        ("ts_ms", _INT64, True),
+        ("source", _SOURCE, False),
+        (
+            "message",
+            _Spec(
+                "struct",
+                None,
+                name="io.debezium.connector.postgresql.Message",
+                version=1,
+                fields=(("prefix", _STRING, True), ("content", _BYTES_NODE, True)),
+            ),
+            False,
+        ),
+    ),
+)
