@@ -1,0 +1,95 @@
+"""The ``cdc`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import structlog
+
+from cdc import log as logsetup
+
+log = structlog.get_logger("cdc")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from cdc.pipeline import run
+
+    return run(Path(args.config))
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from cdc.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.file)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    print(f"{args.file}: valid ({len(config.tables)} tables, topic prefix {config.topic_prefix})")
+    return 0
+
+
+def _cmd_dev(args: argparse.Namespace) -> int:
+    from cdc import dev
+
+    state = Path(args.state) if args.state else dev.default_state_dir()
+    if args.action == "up":
+        endpoints = dev.up(state, registry=not args.no_registry)
+        print(json.dumps(dev.status(state) if args.json else endpoints.__dict__, indent=2))
+    elif args.action == "down":
+        dev.down(state)
+    else:
+        st = dev.status(state)
+        if args.json:
+            print(json.dumps(st))
+        else:
+            for key, value in st.items():
+                print(f"{key}: {value}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from cdc.demo import main as demo_main
+
+    return demo_main(keep_services=args.keep_services)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cdc", description="PostgreSQL change data capture to Kafka")
+    parser.add_argument("--log-format", choices=["auto", "json", "console"], default="auto")
+    parser.add_argument("--log-level", default="info")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="stream changes from Postgres to Kafka")
+    p.add_argument("--config", "-c", required=True, help="YAML configuration file")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("validate", help="check a configuration file and explain every error")
+    p.add_argument("file")
+    p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("dev", help="local Postgres, Kafka and schema registry for development and tests")
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p.add_argument("--state", help="state folder (default: .cdc-dev in the repository, or $CDC_DEV_STATE)")
+    p.add_argument("--no-registry", action="store_true", help="do not start the schema registry")
+    p.set_defaults(func=_cmd_dev)
+
+    p = sub.add_parser("demo", help="run the end-to-end demo on local services")
+    p.add_argument("--keep-services", action="store_true", help="leave Postgres and Kafka running afterwards")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logsetup.configure(args.log_format, args.log_level)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

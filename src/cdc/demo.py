@@ -1,0 +1,217 @@
+"""The demo: local Postgres and Kafka, a small shop, the connector, some changes, what arrived in Kafka."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import structlog
+import yaml
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from psycopg import sql
+
+from cdc import dev
+
+log = structlog.get_logger("cdc.demo")
+
+DATABASE = "shop"
+SLOT = "shop_cdc"
+PREFIX = "shop"
+TABLES = ["public.customers", "public.products", "public.orders", "public.order_lines"]
+
+SCHEMA = """
+CREATE TABLE customers (
+    id          serial PRIMARY KEY,
+    name        text NOT NULL,
+    email       text UNIQUE,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE products (
+    id          serial PRIMARY KEY,
+    sku         text NOT NULL UNIQUE,
+    title       text NOT NULL,
+    price       numeric(10,2) NOT NULL,
+    tags        text[] NOT NULL DEFAULT '{}'
+);
+CREATE TABLE orders (
+    id          bigserial PRIMARY KEY,
+    customer_id int NOT NULL REFERENCES customers(id),
+    status      text NOT NULL DEFAULT 'new',
+    placed_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE order_lines (
+    order_id    bigint NOT NULL REFERENCES orders(id) ON DELETE CASCADE,
+    line_no     int NOT NULL,
+    product_id  int NOT NULL REFERENCES products(id),
+    quantity    int NOT NULL,
+    unit_price  numeric(10,2) NOT NULL,
+    PRIMARY KEY (order_id, line_no)
+);
+"""
+
+WORKLOAD = [
+    "INSERT INTO customers (name, email) VALUES ('Ada Lovelace', 'ada@example.org'), "
+    "('Grace Hopper', 'grace@example.org'), ('Alan Turing', 'alan@example.org')",
+    "INSERT INTO products (sku, title, price, tags) VALUES "
+    "('KB-01', 'Mechanical keyboard', 89.90, '{hardware,input}'), "
+    "('MS-02', 'Wireless mouse', 24.50, '{hardware,input}'), "
+    "('BK-03', 'The Art of Computer Programming', 199.00, '{books}')",
+    "INSERT INTO orders (customer_id) VALUES (1), (2)",
+    "INSERT INTO order_lines VALUES (1, 1, 1, 1, 89.90), (1, 2, 2, 2, 24.50), (2, 1, 3, 1, 199.00)",
+    "UPDATE orders SET status = 'paid' WHERE id = 1",
+    "UPDATE products SET price = 79.90 WHERE sku = 'KB-01'",
+    "UPDATE customers SET email = 'alan.turing@example.org' WHERE id = 3",
+    "DELETE FROM order_lines WHERE order_id = 2",
+    "DELETE FROM orders WHERE id = 2",
+]
+
+
+def _reset_database(admin_dsn: str) -> str:
+    """Drop what a previous demo run left (its slot and database), then create the shop database."""
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        for _ in range(50):
+            row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)).fetchone()
+            if row is None:
+                break
+            if row[0] is not None:
+                conn.execute("SELECT pg_terminate_backend(%s)", (row[0],))
+                time.sleep(0.2)
+                continue
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (SLOT,))
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
+    params = psycopg.conninfo.conninfo_to_dict(admin_dsn)
+    params["dbname"] = DATABASE
+    return psycopg.conninfo.make_conninfo(**params)
+
+
+def _delete_topics(bootstrap: str) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topics = [t for t in admin.list_topics(timeout=15).topics if t.startswith(f"{PREFIX}.")]
+    if topics:
+        for future in admin.delete_topics(topics, operation_timeout=30).values():
+            future.result()
+        time.sleep(1.0)
+
+
+def _read_topics(bootstrap: str, topics: list[str]) -> dict[str, list[Any]]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "cdc-demo", "enable.auto.commit": False})
+    out: dict[str, list[Any]] = {t: [] for t in topics}
+    try:
+        meta = consumer.list_topics(timeout=15)
+        todo: dict[tuple[str, int], int] = {}
+        assignment = []
+        for t in topics:
+            for p in meta.topics[t].partitions:
+                _, high = consumer.get_watermark_offsets(TopicPartition(t, p), timeout=15)
+                if high > 0:
+                    todo[(t, p)] = high
+                    assignment.append(TopicPartition(t, p, 0))
+        consumer.assign(assignment)
+        deadline = time.monotonic() + 30
+        while todo and time.monotonic() < deadline:
+            msg = consumer.poll(1.0)
+            if msg is None or msg.error():
+                continue
+            out[msg.topic()].append(msg)
+            if msg.offset() + 1 >= todo.get((msg.topic(), msg.partition()), 0):
+                todo.pop((msg.topic(), msg.partition()), None)
+    finally:
+        consumer.close()
+    return out
+
+
+def _wait_for_slot(dsn: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise SystemExit(f"the connector exited with {proc.returncode}; see its log above")
+            row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (SLOT,)).fetchone()
+            if row and row[0]:
+                return
+            time.sleep(0.2)
+    raise SystemExit("the connector did not start streaming within 60 s")
+
+
+def _wait_confirmed(dsn: str, target: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                (target, SLOT),
+            ).fetchone()
+            if row and row[0]:
+                return
+            time.sleep(0.2)
+    raise SystemExit("the connector did not confirm the demo's changes within 60 s")
+
+
+def main(*, keep_services: bool = False) -> int:
+    started = time.monotonic()
+    state = dev.default_state_dir()
+    log.info("demo_services_starting", state_dir=str(state))
+    endpoints = dev.up(state, registry=False)
+    dsn = _reset_database(endpoints.postgres_dsn)
+    _delete_topics(endpoints.kafka_bootstrap)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+    config_path = state / "demo.yaml"
+    config_path.write_text(
+        yaml.safe_dump(
+            {
+                "source": {"dsn": dsn, "slot": SLOT, "publication": SLOT},
+                "tables": TABLES,
+                "kafka": {"bootstrap_servers": endpoints.kafka_bootstrap, "partitions": 3},
+                "topic_prefix": PREFIX,
+                "format": "json",
+                "status_interval_s": 1.0,
+            },
+            sort_keys=False,
+        )
+    )
+    log.info("demo_connector_starting", config=str(config_path))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cdc.cli", "run", "--config", str(config_path)], env={**os.environ}
+    )
+    try:
+        _wait_for_slot(dsn, proc)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for statement in WORKLOAD:
+                conn.execute(statement)  # type: ignore[arg-type]
+            end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert end is not None
+        _wait_confirmed(dsn, str(end[0]))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    topics = [f"{PREFIX}.{t}" for t in TABLES]
+    arrived = _read_topics(endpoints.kafka_bootstrap, topics)
+
+    print("\n=== what arrived in Kafka ===")
+    for topic, msgs in arrived.items():
+        ops = Counter(json.loads(m.value())["op"] if m.value() is not None else "tombstone" for m in msgs)
+        print(f"\n{topic}: {len(msgs)} records ({', '.join(f'{k}={v}' for k, v in sorted(ops.items()))})")
+        for m in msgs:
+            key = m.key().decode()
+            if m.value() is None:
+                print(f"  p{m.partition()} {key:<32} tombstone")
+                continue
+            v = json.loads(m.value())
+            row = v["after"] if v["after"] is not None else v["before"]
+            print(f"  p{m.partition()} {key:<32} op={v['op']} lsn={v['source']['lsn']} {json.dumps(row)}")
+    print(f"\nconnector exit code: {code} (0 = clean stop after SIGTERM)")
+    if not keep_services:
+        dev.down(state)
+    print(f"demo finished in {time.monotonic() - started:.1f}s")
+    return 0 if code == 0 else 1

@@ -1,0 +1,81 @@
+"""Runs the daemon as a real process, as users do: `cdc run --config FILE`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import yaml
+
+
+def write_config(path: Path, **sections: Any) -> Path:
+    path.write_text(yaml.safe_dump(sections, sort_keys=False))
+    return path
+
+
+class Connector:
+    def __init__(self, config: Path, log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.log_path = log_path
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Connector:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "cdc.cli", "--log-format", "json", "run", "--config", str(self.config)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+        )
+        return self
+
+    def wait_streaming(self, dsn: str, slot: str, timeout: float = 60.0) -> None:
+        """Until the slot is active (the daemon is streaming) or the process died."""
+        deadline = time.monotonic() + timeout
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                assert self.proc is not None
+                if self.proc.poll() is not None:
+                    raise AssertionError(f"connector exited with {self.proc.returncode}:\n{self.output()}")
+                row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+                if row and row[0]:
+                    return
+                time.sleep(0.1)
+        raise AssertionError(f"connector not streaming after {timeout}s:\n{self.output()}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"connector did not stop within {timeout}s after {sig}:\n{self.output()}") from None
+        self._log.close()
+        return code
+
+    def wait_exit(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
+        code = self.proc.wait(timeout)
+        self._log.close()
+        return code
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_events(self) -> list[dict[str, Any]]:
+        events = []
+        for line in self.output().splitlines():
+            if line.startswith("{"):
+                events.append(json.loads(line))
+        return events
