@@ -4,33 +4,34 @@
 XLogData ``'w'`` header) into one frozen dataclass per message type. It covers
 every message that protocol versions 1 to 4 carry on PostgreSQL 14 to 17:
 
-=====  ==================  =========================================================
-byte   class               sent
-=====  ==================  =========================================================
-``B``  ``Begin``           start of a transaction
-``C``  ``Commit``          end of a transaction
-``O``  ``Origin``          after Begin, when the transaction came from a replication origin
-``R``  ``Relation``        before the first change of a table (again after DDL or TRUNCATE)
-``Y``  ``Type``            before a Relation that has a column of a user-defined type
-``I``  ``Insert``          a new row
-``U``  ``Update``          a changed row: optional old key or old row, then the new row
-``D``  ``Delete``          a deleted row: its key or (REPLICA IDENTITY FULL) its old row
-``T``  ``Truncate``        TRUNCATE of one or more tables
-``M``  ``LogicalMessage``  ``pg_logical_emit_message`` (option ``messages 'true'``)
-``S``  ``StreamStart``     proto 2+: start of a block of an in-progress transaction
-``E``  ``StreamStop``      proto 2+: end of that block
-``c``  ``StreamCommit``    proto 2+: a streamed transaction committed
-``A``  ``StreamAbort``     proto 2+: a streamed (sub)transaction aborted
-``b``  ``BeginPrepare``    proto 3+: start of a prepared transaction
-``P``  ``Prepare``         proto 3+: PREPARE TRANSACTION
-``K``  ``CommitPrepared``  proto 3+: COMMIT PREPARED
-``r``  ``RollbackPrepared``  proto 3+: ROLLBACK PREPARED
-``p``  ``StreamPrepare``   proto 3+: PREPARE TRANSACTION of a streamed transaction
-=====  ==================  =========================================================
+======  ====================  ================================================================
+byte    class                 sent
+======  ====================  ================================================================
+``B``   ``Begin``             start of a transaction
+``C``   ``Commit``            end of a transaction
+``O``   ``Origin``            after Begin, when the transaction came from a replication origin
+``R``   ``Relation``          before the first change of a table (again after DDL or TRUNCATE)
+``Y``   ``Type``              before a Relation with a column of a user-defined type
+``I``   ``Insert``            a new row
+``U``   ``Update``            a changed row: optional old key or old row, then the new row
+``D``   ``Delete``            a deleted row: its key or (REPLICA IDENTITY FULL) its old row
+``T``   ``Truncate``          TRUNCATE of one or more tables
+``M``   ``LogicalMessage``    ``pg_logical_emit_message`` (option ``messages 'true'``)
+``S``   ``StreamStart``       proto 2+: start of a block of an in-progress transaction
+``E``   ``StreamStop``        proto 2+: end of that block
+``c``   ``StreamCommit``      proto 2+: a streamed transaction committed
+``A``   ``StreamAbort``       proto 2+: a streamed (sub)transaction aborted
+``b``   ``BeginPrepare``      proto 3+: start of a prepared transaction
+``P``   ``Prepare``           proto 3+: PREPARE TRANSACTION
+``K``   ``CommitPrepared``    proto 3+: COMMIT PREPARED
+``r``   ``RollbackPrepared``  proto 3+: ROLLBACK PREPARED
+``p``   ``StreamPrepare``     proto 3+: PREPARE TRANSACTION of a streamed transaction
+======  ====================  ================================================================
 
 Between a Stream Start and a Stream Stop, Relation, Type, Insert, Update,
 Delete, Truncate and LogicalMessage carry the xid of the (sub)transaction that
-made the change right after their type byte; the caller says so with
+made the change right after their type byte (a subtransaction's own xid, not
+the top-level one of the Stream Start); the caller says so with
 ``in_stream=True`` and the value lands in their ``xid`` field (None outside a
 stream). The codec keeps no state: the caller tracks Stream Start/Stop.
 
@@ -52,6 +53,7 @@ from typing import Final, TypeAlias
 from cdc.lsn import Lsn
 
 __all__ = [
+    "POSTGRES_EPOCH_US",
     "UNCHANGED",
     "Begin",
     "BeginPrepare",
@@ -392,7 +394,7 @@ def decode(payload: bytes | memoryview, *, in_stream: bool = False) -> Message:
     buf = payload if type(payload) is bytes else _to_bytes(payload)
     if not buf:
         raise DecodeError("empty", 0, "no message type byte")
-    match buf[0]:
+    match buf[0]:  # the row changes first: they are most of the traffic
         case 0x49:  # 'I'
             return _decode_insert(buf, in_stream)
         case 0x55:  # 'U'
