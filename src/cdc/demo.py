@@ -89,9 +89,7 @@ def _reset_database(admin_dsn: str) -> str:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (SLOT,))
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE)))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
-    params = psycopg.conninfo.conninfo_to_dict(admin_dsn)
-    params["dbname"] = DATABASE
-    return psycopg.conninfo.make_conninfo(**params)
+    return psycopg.conninfo.make_conninfo(admin_dsn, dbname=DATABASE)
 
 
 def _delete_topics(bootstrap: str) -> None:
@@ -122,9 +120,10 @@ def _read_topics(bootstrap: str, topics: list[str]) -> dict[str, list[Any]]:
             msg = consumer.poll(1.0)
             if msg is None or msg.error():
                 continue
-            out[msg.topic()].append(msg)
-            if msg.offset() + 1 >= todo.get((msg.topic(), msg.partition()), 0):
-                todo.pop((msg.topic(), msg.partition()), None)
+            topic, partition, offset = str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0)
+            out[topic].append(msg)
+            if offset + 1 >= todo.get((topic, partition), 0):
+                todo.pop((topic, partition), None)
     finally:
         consumer.close()
     return out
@@ -175,6 +174,7 @@ def main(*, keep_services: bool = False) -> int:
                 "kafka": {"bootstrap_servers": endpoints.kafka_bootstrap, "partitions": 3},
                 "topic_prefix": PREFIX,
                 "format": "json",
+                "json": {"decimal_handling": "string"},  # readable prices in the printout
                 "status_interval_s": 1.0,
             },
             sort_keys=False,
@@ -188,7 +188,7 @@ def main(*, keep_services: bool = False) -> int:
         _wait_for_slot(dsn, proc)
         with psycopg.connect(dsn, autocommit=True) as conn:
             for statement in WORKLOAD:
-                conn.execute(statement)  # type: ignore[arg-type]
+                conn.execute(statement)
             end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
         assert end is not None
         _wait_confirmed(dsn, str(end[0]))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import psycopg
 import structlog
 from psycopg import pq
+from psycopg.pq.abc import PGconn, PGresult
 
 from cdc.lsn import Lsn
 
@@ -57,6 +58,14 @@ def _quote_literal(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def _error_text(conn: PGconn, res: PGresult | None) -> str:
+    """The server's error for a result, else the connection's, as text."""
+    if res is not None and res.error_message:
+        return res.error_message.decode(errors="replace").strip()
+    raw: bytes | str = conn.get_error_message()
+    return (raw.decode(errors="replace") if isinstance(raw, bytes) else raw).strip()
+
+
 @dataclass(frozen=True, slots=True)
 class SlotInfo:
     name: str
@@ -95,7 +104,7 @@ class ReplicationStream:
         self._conninfo = conninfo
         self._status_interval = status_interval
         self._on_keepalive = on_keepalive
-        self._conn: pq.PGconn | None = None
+        self._conn: PGconn | None = None
         self._received = Lsn(0)
         self._flushed = Lsn(0)
         self._sent_flushed = Lsn(0)
@@ -106,15 +115,16 @@ class ReplicationStream:
 
     def connect(self) -> None:
         params = psycopg.conninfo.conninfo_to_dict(self._conninfo)
-        params["replication"] = "database"
-        params.setdefault("application_name", "cdc")
-        conn = pq.PGconn.connect(psycopg.conninfo.make_conninfo(**params).encode())
+        conninfo = psycopg.conninfo.make_conninfo(
+            self._conninfo, replication="database", application_name=params.get("application_name") or "cdc"
+        )
+        conn = pq.PGconn.connect(conninfo.encode())
         if conn.status != pq.ConnStatus.OK:
-            msg = conn.get_error_message().strip()
+            msg = _error_text(conn, None)
             conn.finish()
             if "no pg_hba.conf entry for replication" in msg:
                 msg += ". Allow replication connections for this user in pg_hba.conf."
-            elif "must have the replication attribute" in msg or "permission denied to start WAL sender" in msg:
+            elif "replication role" in msg or "REPLICATION attribute" in msg:
                 msg += ". Grant it: ALTER ROLE <user> REPLICATION."
             raise ConnectionLost(f"cannot open a replication connection: {msg}")
         self._conn = conn
@@ -122,18 +132,18 @@ class ReplicationStream:
 
     @property
     def server_version(self) -> int:
-        return self._require().server_version
+        return int(self._require().server_version)
 
-    def _require(self) -> pq.PGconn:
+    def _require(self) -> PGconn:
         if self._conn is None:
             raise ReplicationError("the replication connection is not open")
         return self._conn
 
-    def _command(self, sql: str) -> pq.PGresult:
+    def _command(self, sql: str) -> PGresult:
         conn = self._require()
         res = conn.exec_(sql.encode())
         if res.status not in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK, pq.ExecStatus.COPY_BOTH):
-            message = (res.error_message or conn.get_error_message()).decode(errors="replace")
+            message = _error_text(conn, res)
             if conn.status != pq.ConnStatus.OK:
                 raise ConnectionLost(message.strip())
             raise classify_error(message)
@@ -190,7 +200,7 @@ class ReplicationStream:
                     start = _XLOGDATA_HEADER.unpack_from(data, 1)[0]
                     if start > self._received:
                         self._received = Lsn(start)
-                    return data
+                    return memoryview(data)
                 if kind == 0x6B:  # 'k' primary keepalive
                     wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)
                     if self._on_keepalive is not None:
@@ -218,17 +228,13 @@ class ReplicationStream:
                     return None
                 continue
             # n == -1: the server ended the copy; -2: an error
-            res = conn.get_result()
-            message = ""
-            if res is not None and res.error_message:
-                message = res.error_message.decode(errors="replace")
-            message = message or conn.get_error_message().decode(errors="replace") or "the server ended replication"
+            message = _error_text(conn, conn.get_result()) or "the server ended replication"
             if conn.status != pq.ConnStatus.OK:
                 raise ConnectionLost(f"replication connection lost: {message.strip()}")
             raise classify_error(message)
 
     @staticmethod
-    def _consume(conn: pq.PGconn) -> None:
+    def _consume(conn: PGconn) -> None:
         try:
             conn.consume_input()
         except psycopg.OperationalError as e:
@@ -261,7 +267,7 @@ class ReplicationStream:
         try:
             if conn.put_copy_data(msg) != 1 or conn.flush() < 0:
                 raise ConnectionLost(
-                    f"cannot send a status update: {conn.get_error_message().decode(errors='replace')}"
+                    f"cannot send a status update: {_error_text(conn, None)}"
                 )
         except psycopg.OperationalError as e:
             raise ConnectionLost(f"cannot send a status update: {e}") from None

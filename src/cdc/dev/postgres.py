@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,9 @@ def _socket_dir_setting(state_dir: Path, port: int, log: FilteringBoundLogger) -
     return "'" + str(run).replace("'", "''") + "'"
 
 
-def _write_config(state_dir: Path, port: int, log: FilteringBoundLogger) -> None:
+def _write_config(
+    state_dir: Path, port: int, log: FilteringBoundLogger, overrides: Mapping[str, str] | None = None
+) -> None:
     data = data_dir(state_dir)
     conf = data / "postgresql.conf"
     include = "include_if_exists = 'cdc_dev.conf'"
@@ -173,6 +176,7 @@ def _write_config(state_dir: Path, port: int, log: FilteringBoundLogger) -> None
     if include not in text:
         conf.write_text(text.rstrip("\n") + f"\n\n# settings of the cdc dev service\n{include}\n")
     settings = dict(SETTINGS, port=str(port), unix_socket_directories=_socket_dir_setting(state_dir, port, log))
+    settings.update(overrides or {})
     body = "".join(f"{key} = {value}\n" for key, value in settings.items())
     (data / "cdc_dev.conf").write_text("# written by cdc.dev.postgres on every start; edits are lost\n" + body)
 
@@ -201,8 +205,11 @@ def running(state_dir: Path) -> tuple[int, int] | None:
     return _postmaster_pid(state_dir)
 
 
-def up(state_dir: Path, log: FilteringBoundLogger) -> str:
-    """Start (or reuse) the server; returns its superuser DSN."""
+def up(state_dir: Path, log: FilteringBoundLogger, settings: Mapping[str, str] | None = None) -> str:
+    """Start (or reuse) the server; returns its superuser DSN.
+
+    ``settings`` override the defaults (tests use it for a server without wal_level=logical).
+    """
     state_dir = state_dir.resolve()
     current = _postmaster_pid(state_dir)
     if current is not None:
@@ -243,7 +250,7 @@ def up(state_dir: Path, log: FilteringBoundLogger) -> str:
     for attempt in (1, 2):
         port = _proc.choose_port(saved if attempt == 1 else None, log, "postgres")
         try:
-            _start(state_dir, port, postgres_bin, pg_ctl, user, log)
+            _start(state_dir, port, postgres_bin, pg_ctl, user, log, settings)
         except DevServiceError as exc:
             if attempt == 2 or not _proc.port_in_use(exc):
                 raise
@@ -253,9 +260,17 @@ def up(state_dir: Path, log: FilteringBoundLogger) -> str:
     return dsn(port)
 
 
-def _start(state_dir: Path, port: int, postgres_bin: str, pg_ctl: str, user: _User | None, log: FilteringBoundLogger) -> None:
+def _start(
+    state_dir: Path,
+    port: int,
+    postgres_bin: str,
+    pg_ctl: str,
+    user: _User | None,
+    log: FilteringBoundLogger,
+    settings: Mapping[str, str] | None = None,
+) -> None:
     root = root_dir(state_dir)
-    _write_config(state_dir, port, log)
+    _write_config(state_dir, port, log, settings)
     (root / "run").mkdir(exist_ok=True)
     if user is not None:
         os.chown(root / "run", user.uid, user.gid)

@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
 from cdc.lsn import Lsn
 from cdc.sink.record import Record

@@ -1,0 +1,138 @@
+"""Bad input at start-up: a clear message naming problem and fix, a non-zero exit, nothing half-created."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import structlog
+
+from cdc.dev import postgres as dev_postgres
+from tests.integration.connector import Connector, write_config
+
+pytestmark = pytest.mark.integration
+
+
+def run_once(tmp_path: Path, config: Path, env: dict[str, str] | None = None, timeout: float = 90) -> tuple[int, str]:
+    c = Connector(config, tmp_path / "cdc.log", env=env).start()
+    code = c.wait_exit(timeout)
+    return code, c.output()
+
+
+def nothing_created(dsn: str, slot: str, publication: str, kafka_admin: Any, prefix: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() is None
+        assert conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None
+    if kafka_admin is not None:
+        topics = kafka_admin.list_topics(timeout=10).topics
+        assert not [t for t in topics if t.startswith(prefix + ".")]
+
+
+@pytest.fixture
+def base(tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix):
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE customers (id int PRIMARY KEY, name text)")
+        conn.execute("CREATE TABLE nokey (a int, b text)")
+
+    def make(**over: Any) -> Path:
+        sections: dict[str, Any] = {
+            "source": {"dsn": pg_dsn, "slot": slot_name, "publication": publication_name},
+            "tables": ["public.customers"],
+            "kafka": {"bootstrap_servers": services.kafka_bootstrap},
+            "topic_prefix": topic_prefix,
+        }
+        sections.update(over)
+        return write_config(tmp_path / "cdc.yaml", **sections)
+
+    return make
+
+
+def test_a_table_that_does_not_exist_is_named_and_nothing_is_created(
+    tmp_path, base, pg_dsn, slot_name, publication_name, topic_prefix, kafka_admin
+):
+    code, out = run_once(tmp_path, base(tables=["public.customers", "public.missing"]))
+    assert code == 1
+    assert "table public.missing does not exist in database" in out
+    assert "remove it from 'tables'" in out
+    nothing_created(pg_dsn, slot_name, publication_name, kafka_admin, topic_prefix)
+    # The next start, with the configuration fixed, works.
+    c = Connector(base(), tmp_path / "ok.log").start()
+    c.wait_streaming(pg_dsn, slot_name)
+    assert c.stop() == 0
+
+
+def test_a_table_without_a_key_is_refused_with_the_fix(tmp_path, base, pg_dsn, slot_name, publication_name, topic_prefix, kafka_admin):
+    code, out = run_once(tmp_path, base(tables=["public.nokey"]))
+    assert code == 1
+    assert "has no primary key" in out and "REPLICA IDENTITY FULL" in out
+    nothing_created(pg_dsn, slot_name, publication_name, kafka_admin, topic_prefix)
+
+
+def test_a_role_without_replication_is_told_to_grant_it(tmp_path, base, pg_dsn, slot_name, publication_name, topic_prefix, kafka_admin):
+    role = f"norepl_{slot_name[-8:]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"GRANT SELECT ON customers TO {role}")
+    try:
+        dsn = psycopg.conninfo.make_conninfo(pg_dsn, user=role)
+        code, out = run_once(tmp_path, base(source={"dsn": dsn, "slot": slot_name, "publication": publication_name}))
+        assert code == 1
+        assert f"role {role} lacks the REPLICATION attribute" in out
+        assert f"ALTER ROLE {role} REPLICATION" in out
+        nothing_created(pg_dsn, slot_name, publication_name, kafka_admin, topic_prefix)
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
+
+
+def test_an_unreachable_broker_is_named_and_no_slot_is_left(tmp_path, base, pg_dsn, slot_name, publication_name, topic_prefix):
+    code, out = run_once(tmp_path, base(kafka={"bootstrap_servers": "127.0.0.1:1"}))
+    assert code == 1
+    assert "cannot reach Kafka at 127.0.0.1:1" in out and "kafka.bootstrap_servers" in out
+    nothing_created(pg_dsn, slot_name, publication_name, None, topic_prefix)
+
+
+def test_malformed_yaml_exits_2_with_a_message(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("source:\n  dsn: [unclosed\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "cdc.cli", "run", "--config", str(bad)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert "is not valid YAML" in proc.stderr
+
+
+def test_validate_explains_errors_with_the_key_path(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("source:\n  dsn: postgresql://x@h/db\n  slot: s\ntables: [public.t]\nkafka: {bootstrap_servers: a:1, partitons: 3}\ntopic_prefix: p\n")
+    proc = subprocess.run([sys.executable, "-m", "cdc.cli", "validate", str(bad)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "source.publication: required key is missing" in proc.stderr
+    assert "kafka.partitons: unknown key" in proc.stderr
+
+
+def test_a_server_without_logical_wal_level_is_refused_with_the_fix(tmp_path, services, kafka_admin):
+    state = tmp_path / "pg-replica"
+    log = structlog.get_logger("test")
+    dsn = dev_postgres.up(state, log, settings={"wal_level": "replica"})
+    try:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE customers (id int PRIMARY KEY)")
+        config = write_config(
+            tmp_path / "cdc.yaml",
+            source={"dsn": dsn, "slot": "s_walcheck", "publication": "p_walcheck"},
+            tables=["public.customers"],
+            kafka={"bootstrap_servers": services.kafka_bootstrap},
+            topic_prefix="walcheck",
+        )
+        code, out = run_once(tmp_path, config)
+        assert code == 1
+        assert "wal_level=replica" in out and "ALTER SYSTEM SET wal_level = logical" in out
+        nothing_created(dsn, "s_walcheck", "p_walcheck", kafka_admin, "walcheck")
+    finally:
+        dev_postgres.down(state, log)
