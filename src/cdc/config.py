@@ -153,6 +153,21 @@ class KafkaConfig(_Section):
         return v
 
 
+class DeliveryConfig(_Section):
+    mode: Literal["at_least_once", "exactly_once"] = Field(
+        default="at_least_once",
+        description="at_least_once: idempotent producer, Postgres holds the position; exactly_once: Kafka "
+        "transactions with the position in the offsets topic (consumers must read with read_committed)",
+    )
+    offsets_topic: str = Field(
+        default="__cdc_offsets", description="compacted topic holding the committed position (exactly_once)"
+    )
+    commit_interval_ms: int = Field(
+        default=100, ge=1, description="exactly_once: how long a Kafka transaction stays open to batch source ones"
+    )
+    commit_records: int = Field(default=10_000, ge=1, description="exactly_once: records per Kafka transaction")
+
+
 class JsonFormatConfig(_Section):
     schemas_enable: bool = Field(
         default=False, description="wrap keys and values as {schema, payload} like Kafka Connect's JsonConverter"
@@ -169,6 +184,11 @@ class LimitsConfig(_Section):
         description="bytes of records produced but not yet acknowledged before reading WAL pauses",
     )
     max_record_bytes: int = Field(default=1_000_000, ge=1024, description="largest record value accepted")
+    dead_letter_topic: str | None = Field(
+        default=None,
+        description="where a record over max_record_bytes goes (its key, size and reason; counted and logged); "
+        "unset: such a record stops the pipeline with an error naming table and key",
+    )
 
 
 class Config(BaseSettings):
@@ -187,6 +207,7 @@ class Config(BaseSettings):
     format: Literal["json"] = Field(default="json", description="record format")
     json_format: JsonFormatConfig = Field(default_factory=JsonFormatConfig, alias="json")
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     status_interval_s: float = Field(default=10.0, gt=0, le=60, description="standby status update interval")
     reconnect_timeout_s: float = Field(
         default=600.0, gt=0, description="how long to retry a lost replication connection before giving up"

@@ -41,9 +41,15 @@ from cdc.decoder.stream import (
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.event import ChangeEvent, Event, MessageEvent, TruncateEvent, TxBegin, TxCommit
 from cdc.lsn import Lsn
+from cdc.sink.delivery import (
+    AtLeastOnce,
+    DeadLetters,
+    Delivery,
+    ExactlyOnce,
+    RetryableSinkError,
+    read_position,
+)
 from cdc.sink.kafka import (
-    AckTracker,
-    KafkaSink,
     SinkError,
     TopicSpec,
     admin_client,
@@ -64,8 +70,7 @@ class Pipeline:
         self.config = config
         self._stop = False
         self._tables: dict[str, TableInfo] = {}
-        self._tracker = AckTracker()
-        self._sink: KafkaSink | None = None
+        self._delivery: Delivery | None = None
         self._serializer: JsonSerializer | None = None
         self._decoder: ChangeDecoder | None = None
         self._partitions: dict[str, int] = {}
@@ -106,16 +111,7 @@ class Pipeline:
                 ),
                 self._partitions_of,
             )
-            specs = [
-                TopicSpec(
-                    self._serializer.topic_name(t.schema, t.name),
-                    cfg.kafka.partitions,
-                    cfg.kafka.replication_factor,
-                    cfg.kafka.topic_config,
-                )
-                for t in self._tables.values()
-            ]
-            self._partitions = ensure_topics(admin, specs)
+            self._partitions = ensure_topics(admin, self._topic_specs(self._serializer))
 
             ensure_publication(conn, cfg.source.publication, self._tables.keys())
             if not has_slot:
@@ -126,12 +122,56 @@ class Pipeline:
                 finally:
                     stream.close()
         self._decoder = ChangeDecoder(self._tables, types)
-        self._sink = KafkaSink(
-            producer_config(cfg.kafka.bootstrap_servers, cfg.kafka.producer, cfg.limits.max_record_bytes),
-            self._tracker,
-            max_record_bytes=cfg.limits.max_record_bytes,
+        self._delivery = self._make_delivery()
+        log.info(
+            "ready",
+            tables=sorted(self._tables),
+            slot=cfg.source.slot,
+            topics=sorted(self._partitions),
+            delivery=cfg.delivery.mode,
         )
-        log.info("ready", tables=sorted(self._tables), slot=cfg.source.slot, topics=sorted(self._partitions))
+
+    def _make_delivery(self) -> Delivery:
+        cfg = self.config
+        producer = producer_config(cfg.kafka.bootstrap_servers, cfg.kafka.producer, cfg.limits.max_record_bytes)
+        dead = DeadLetters(cfg.limits.dead_letter_topic) if cfg.limits.dead_letter_topic else None
+        if cfg.delivery.mode == "at_least_once":
+            return AtLeastOnce(producer, max_record_bytes=cfg.limits.max_record_bytes, dead_letters=dead)
+        start = read_position(
+            cfg.kafka.bootstrap_servers, cfg.kafka.producer, cfg.delivery.offsets_topic, cfg.source.slot
+        )
+        return ExactlyOnce(
+            producer,
+            slot=cfg.source.slot,
+            offsets_topic=cfg.delivery.offsets_topic,
+            start=start,
+            max_record_bytes=cfg.limits.max_record_bytes,
+            commit_interval_s=cfg.delivery.commit_interval_ms / 1000,
+            commit_records=cfg.delivery.commit_records,
+            dead_letters=dead,
+        )
+
+    def _topic_specs(self, serializer: JsonSerializer) -> list[TopicSpec]:
+        cfg = self.config
+        specs = [
+            TopicSpec(
+                serializer.topic_name(t.schema, t.name),
+                cfg.kafka.partitions,
+                cfg.kafka.replication_factor,
+                cfg.kafka.topic_config,
+            )
+            for t in self._tables.values()
+        ]
+        if cfg.delivery.mode == "exactly_once":
+            specs.append(TopicSpec(cfg.delivery.offsets_topic, 1, cfg.kafka.replication_factor))
+        if cfg.limits.dead_letter_topic:
+            # Every dead letter is kept: compaction would keep only the last one of each key.
+            specs.append(
+                TopicSpec(
+                    cfg.limits.dead_letter_topic, 1, cfg.kafka.replication_factor, {"retention.ms": "-1"}, compacted=False
+                )
+            )
+        return specs
 
     def _partitions_of(self, topic: str) -> int:
         return self._partitions[topic]
@@ -141,7 +181,7 @@ class Pipeline:
     def run(self) -> None:
         self.prepare()
         retry = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type((ConnectionLost, SlotBusy)),
+            retry=tenacity.retry_if_exception_type((ConnectionLost, SlotBusy, RetryableSinkError)),
             wait=tenacity.wait_exponential(multiplier=0.5, max=30),
             stop=tenacity.stop_after_delay(self.config.reconnect_timeout_s),
             before_sleep=lambda rs: log.warning(
@@ -156,81 +196,81 @@ class Pipeline:
                 self._session()
 
     def _session(self) -> None:
+        """One replication connection, from the slot's confirmed position until stop or failure."""
         cfg = self.config
-        assert self._sink is not None and self._decoder is not None and self._serializer is not None
-        sink, decoder, serializer = self._sink, self._decoder, self._serializer
+        assert self._delivery is not None and self._decoder is not None and self._serializer is not None
+        delivery, serializer = self._delivery, self._serializer
         stream = ReplicationStream(
-            cfg.source.conninfo(), status_interval=cfg.status_interval_s, on_keepalive=self._on_keepalive
+            cfg.source.conninfo(), status_interval=cfg.status_interval_s, on_keepalive=delivery.position
         )
         budget = cfg.limits.max_inflight_bytes
         decode = pgoutput.decode
-        handle = decoder.handle
+        handle = self._decoder.handle
         try:
             stream.connect()
-            stream.start(cfg.source.slot, cfg.source.publication, Lsn(0), messages=False)
-            decoder.reset()
-            stream.confirm(self._tracker.acknowledged())
-            entry = None
-            paused_since = 0.0
+            stream.start(cfg.source.slot, cfg.source.publication, delivery.acknowledged(), messages=False)
+            self._decoder.reset()
+            skipping = False
             while not self._stop:
                 frame = stream.read(0.2)
                 if frame is not None:
                     lsn = Lsn(_WAL_START.unpack_from(frame, 1)[0])
                     event: Event | None = handle(decode(frame[XLOGDATA_HEADER_SIZE:]), lsn)
-                    if event is not None:
-                        if isinstance(event, ChangeEvent | TruncateEvent | MessageEvent):
-                            if entry is None:
-                                raise ChangeError(f"a {type(event).__name__} arrived outside a transaction")
+                    if event is None:
+                        pass
+                    elif isinstance(event, ChangeEvent | TruncateEvent | MessageEvent):
+                        if not skipping:
+                            describe = _describe(event)
                             for record in serializer.records(event):
-                                sink.send(record, entry, describe=_describe(event))
+                                delivery.send(record, describe)
                             self.events += 1
-                        elif isinstance(event, TxBegin):
-                            entry = self._tracker.begin()
-                        elif isinstance(event, TxCommit):
-                            if entry is None:
-                                raise ChangeError("a Commit arrived without its Begin")
-                            self._tracker.commit(entry, event.end_lsn)
-                            entry = None
-                sink.poll(0)
-                stream.confirm(self._tracker.acknowledged())
-                if sink.inflight_bytes > budget:
-                    paused_since = time.monotonic()
-                    log.info("backpressure_on", inflight_bytes=sink.inflight_bytes, budget=budget)
-                    while sink.inflight_bytes > budget // 2 and not self._stop:
-                        sink.poll(0.1)
-                        stream.confirm(self._tracker.acknowledged())
-                        stream.send_status_if_due()
-                    log.info("backpressure_off", paused_s=round(time.monotonic() - paused_since, 3))
+                    elif isinstance(event, TxBegin):
+                        skipping = not delivery.begin(event)
+                    elif isinstance(event, TxCommit):
+                        delivery.commit(event)
+                        skipping = False
+                delivery.tick()
+                stream.confirm(delivery.acknowledged())
+                if delivery.inflight_bytes > budget:
+                    self._wait_for_kafka(stream, budget)
             self._drain(stream)
-        except ConnectionLost:
+        except (ConnectionLost, RetryableSinkError):
             self._recover(stream)
             raise
         except BaseException:
             stream.close()
             raise
 
-    def _on_keepalive(self, wal_end: Lsn) -> None:
-        self._tracker.position(wal_end)
+    def _wait_for_kafka(self, stream: ReplicationStream, budget: int) -> None:
+        """Backpressure: stop reading WAL (Postgres keeps it) until Kafka took half the budget back."""
+        assert self._delivery is not None
+        delivery = self._delivery
+        paused = time.monotonic()
+        log.info("backpressure_on", inflight_bytes=delivery.inflight_bytes, budget=budget)
+        while delivery.inflight_bytes > budget // 2 and not self._stop:
+            delivery.tick()
+            time.sleep(0.01)
+            stream.confirm(delivery.acknowledged())
+            stream.send_status_if_due()
+        log.info("backpressure_off", paused_s=round(time.monotonic() - paused, 3))
 
     def _drain(self, stream: ReplicationStream) -> None:
         """Clean stop: deliver what is in flight, confirm it, close."""
-        assert self._sink is not None
-        log.info("stopping", inflight_records=self._sink.inflight_records)
-        remaining = self._sink.flush(self.config.shutdown_timeout_s)
-        stream.confirm(self._tracker.acknowledged())
+        assert self._delivery is not None
+        log.info("stopping", inflight_records=self._delivery.inflight_records)
+        remaining = self._delivery.drain(self.config.shutdown_timeout_s)
+        stream.confirm(self._delivery.acknowledged())
         stream.close()
         log.info("stopped", confirmed=str(stream.flushed), undelivered=remaining, events=self.events)
 
     def _recover(self, stream: ReplicationStream) -> None:
-        """After a lost connection: deliver what was sent, then start a fresh tracker at the acknowledged LSN."""
-        assert self._sink is not None
+        """After a lost connection or an aborted Kafka transaction: deliver what was sent, then start afresh."""
+        assert self._delivery is not None
         stream.close()
-        while self._sink.flush(5.0) and not self._stop:
-            log.warning("waiting_for_kafka", inflight_records=self._sink.inflight_records)
-        acked = self._tracker.acknowledged()
-        self._tracker = AckTracker(acked)
-        self._sink.retarget(self._tracker)
-        log.warning("replication_reconnecting", acknowledged=str(acked))
+        while self._delivery.drain(5.0) and not self._stop:
+            log.warning("waiting_for_kafka", inflight_records=self._delivery.inflight_records)
+        self._delivery.reset()
+        log.warning("replication_reconnecting", acknowledged=str(self._delivery.acknowledged()))
 
 
 def _describe(event: ChangeEvent | TruncateEvent | MessageEvent) -> str:

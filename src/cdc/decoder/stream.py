@@ -256,7 +256,11 @@ class ReplicationStream:
     def send_status_if_due(self) -> None:
         now = time.monotonic()
         elapsed = now - self._last_status
-        if elapsed >= self._status_interval or (self._flushed > self._sent_flushed and elapsed >= 0.2):
+        if elapsed >= self._status_interval:
+            # Ask for a keepalive back: its WAL end lets an idle pipeline confirm past WAL that held
+            # nothing for it (other tables, other databases), so the slot does not pin WAL.
+            self.send_status(reply=True)
+        elif self._flushed > self._sent_flushed and elapsed >= 0.2:
             self.send_status()
 
     def send_status(self, *, force: bool = False, reply: bool = False) -> None:

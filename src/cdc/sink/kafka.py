@@ -1,32 +1,22 @@
-"""The Kafka side: topics, the idempotent producer, and the acknowledged position.
+"""The Kafka side: topics, producer settings, and the acknowledgment tracker.
 
-The commit order that keeps invariant 1 (Postgres is told an LSN is flushed
-only after everything up to it is durable in Kafka):
-
-1. Each source transaction gets an entry in the ``AckTracker``'s FIFO at Begin.
-2. Every record of it is produced with that entry's delivery callback; the
-   entry counts records not yet acknowledged by the broker (``acks=all``).
-3. At Commit the entry is closed with the commit's end LSN.
-4. ``AckTracker.acknowledged()`` is the end LSN of the longest prefix of closed
-   entries with nothing pending. Only that LSN is ever confirmed to Postgres.
-5. A failed delivery poisons the tracker: nothing after it is confirmed, and
-   the pipeline stops (``DeliveryFailed``), so a restart resends from the last
-   confirmed LSN.
+How records are produced and positions confirmed (at least once, exactly once)
+is in ``cdc.sink.delivery``.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
 from cdc.lsn import Lsn
-from cdc.sink.record import Record
 
 log = structlog.get_logger(__name__)
 
@@ -110,6 +100,7 @@ class TopicSpec:
     partitions: int
     replication_factor: int
     config: Mapping[str, str] = field(default_factory=dict)
+    compacted: bool = True  # change topics are; a dead-letter topic keeps every record
 
 
 def producer_config(bootstrap_servers: str, extra: Mapping[str, Any], max_record_bytes: int) -> dict[str, Any]:
@@ -135,78 +126,26 @@ def producer_config(bootstrap_servers: str, extra: Mapping[str, Any], max_record
     return conf
 
 
-class KafkaSink:
-    """Produces records and tracks their acknowledgment; reports in-flight bytes for backpressure."""
+class _ToStructlog(logging.Handler):
+    """librdkafka's own log lines, as structured events instead of raw stderr."""
 
-    def __init__(self, config: Mapping[str, Any], tracker: AckTracker, *, max_record_bytes: int) -> None:
-        self._producer = Producer(dict(config))
-        self._tracker = tracker
-        self._max_record_bytes = max_record_bytes
-        self.inflight_bytes = 0
-        self.inflight_records = 0
-        self.delivered = 0
+    def emit(self, record: logging.LogRecord) -> None:
+        log.log(record.levelno, "librdkafka", message=record.getMessage())
 
-    def send(self, record: Record, entry: _Entry, *, describe: str = "") -> None:
-        """Hand one record to the producer, charged to ``entry``. Blocks (polling) while librdkafka's queue is full."""
-        value = record.value
-        if value is not None and len(value) > self._max_record_bytes:
-            raise RecordTooLarge(
-                f"record for {describe or record.topic} key {record.key[:200]!r} is {len(value)} bytes, "
-                f"over limits.max_record_bytes={self._max_record_bytes}. Raise limits.max_record_bytes (and the "
-                "topic's max.message.bytes), or exclude the large column."
-            )
-        size = record.size
-        entry.pending += 1
-        kwargs: dict[str, Any] = {}
-        if record.partition is not None:
-            kwargs["partition"] = record.partition
-        if record.headers:
-            kwargs["headers"] = list(record.headers)
 
-        def delivered(err: KafkaError | None, msg: Message, _entry: _Entry = entry, _size: int = size) -> None:
-            self.inflight_bytes -= _size
-            self.inflight_records -= 1
-            if err is not None:
-                self._tracker.fail(
-                    f"delivery to {msg.topic()} failed: {err.str()} (code {err.name()}); "
-                    "nothing after the last acknowledged transaction is confirmed"
-                )
-                return
-            _entry.pending -= 1
-            self.delivered += 1
-
-        while True:
-            try:
-                self._producer.produce(record.topic, value, record.key, on_delivery=delivered, **kwargs)
-                break
-            except BufferError:
-                self._producer.poll(0.05)
-            except KafkaException as e:
-                entry.pending -= 1
-                raise SinkError(f"cannot produce to {record.topic}: {e}") from None
-        self.inflight_bytes += size
-        self.inflight_records += 1
-
-    def retarget(self, tracker: AckTracker) -> None:
-        """Charge later deliveries to a new tracker (after a reconnect, once everything was flushed)."""
-        self._tracker = tracker
-
-    def poll(self, timeout: float = 0.0) -> None:
-        self._producer.poll(timeout)
-        if self._tracker.failure is not None:
-            raise DeliveryFailed(self._tracker.failure)
-
-    def flush(self, timeout: float) -> int:
-        """Wait for outstanding deliveries; returns how many are still outstanding."""
-        remaining: int = self._producer.flush(timeout)
-        if self._tracker.failure is not None:
-            raise DeliveryFailed(self._tracker.failure)
-        return remaining
+def librdkafka_logger() -> logging.Logger:
+    logger = logging.getLogger("cdc.librdkafka")
+    if not logger.handlers:
+        logger.addHandler(_ToStructlog())
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger
 
 
 def admin_client(bootstrap_servers: str, extra: Mapping[str, Any]) -> AdminClient:
     conf = {k: v for k, v in extra.items() if k.startswith(("security.", "sasl.", "ssl.", "client."))}
     conf["bootstrap.servers"] = bootstrap_servers
+    conf["logger"] = librdkafka_logger()
     return AdminClient(conf)
 
 
@@ -239,9 +178,9 @@ def ensure_topics(admin: AdminClient, specs: Iterable[TopicSpec], timeout: float
                     f"kafka.partitions to {existing[spec.name]} (or a per-table override), or delete the topic."
                 )
             continue
-        config = {"cleanup.policy": "compact", **spec.config}
+        config = {"cleanup.policy": "compact" if spec.compacted else "delete", **spec.config}
         to_create.append(NewTopic(spec.name, spec.partitions, spec.replication_factor, config=config))
-    existing_specs = [s for s in specs if s.name in existing]
+    existing_specs = [s for s in specs if s.name in existing and s.compacted]
     if existing_specs:
         resources = [ConfigResource(ConfigResource.Type.TOPIC, s.name) for s in existing_specs]
         for resource, future in admin.describe_configs(resources, request_timeout=timeout).items():

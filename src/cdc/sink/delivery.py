@@ -1,0 +1,438 @@
+"""How records reach Kafka and when a source position counts as delivered: at least once, or exactly once.
+
+Both strategies answer the pipeline through the same small interface
+(``Delivery``): the pipeline opens and closes source transactions, hands over
+records, and asks for the LSN it may confirm to Postgres. Nothing in here
+knows pgoutput.
+
+At least once (default), the order of things:
+
+1. Each source transaction gets an entry in the ``AckTracker`` at Begin.
+2. Its records are produced (idempotent producer, ``acks=all``); each delivery
+   report decrements the entry's pending count.
+3. At Commit the entry is closed with the commit's end LSN.
+4. The LSN confirmed to Postgres is the end LSN of the longest prefix of closed
+   entries with nothing pending (invariant 1). A failed delivery freezes it and
+   stops the pipeline; a restart resends from there.
+
+Exactly once, the order of things:
+
+1. At start, ``init_transactions`` fences any older producer with the same
+   ``transactional.id`` (derived from the slot) and aborts its open transaction.
+2. The last committed position is read (``read_committed``) from the compacted
+   offsets topic, key = slot. Source transactions whose commit LSN is at or
+   below it are skipped: they are already in Kafka.
+3. Whole source transactions are appended to one open Kafka transaction.
+4. When the open Kafka transaction is due (age or record count, always at a
+   source transaction boundary), the position record (commit LSN and end LSN of
+   the last included source transaction) is produced to the offsets topic, last.
+5. ``commit_transaction``; only after it returns is that end LSN confirmable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+import structlog
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from cdc.event import TxBegin, TxCommit
+from cdc.lsn import Lsn
+from cdc.sink.kafka import AckTracker, DeliveryFailed, RecordTooLarge, SinkError, librdkafka_logger
+from cdc.sink.record import Record
+
+log = structlog.get_logger(__name__)
+
+
+class RetryableSinkError(SinkError):
+    """Kafka aborted the open transaction; resume from the last committed position."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetters:
+    """Where records that cannot be delivered go instead of stopping the pipeline."""
+
+    topic: str
+
+
+class Delivery(Protocol):
+    inflight_bytes: int
+    inflight_records: int
+    dead_lettered: int
+
+    def begin(self, tx: TxBegin) -> bool: ...  # False: already delivered, skip the transaction
+    def send(self, record: Record, describe: str) -> None: ...
+    def commit(self, tx: TxCommit) -> None: ...
+    def position(self, lsn: Lsn) -> None: ...  # the server sent everything up to lsn (keepalive)
+    def tick(self) -> None: ...  # serve delivery reports; finish what is due
+    def acknowledged(self) -> Lsn: ...
+    def drain(self, timeout: float) -> int: ...  # deliver what is in flight; returns what is left
+    def reset(self) -> None: ...  # after a lost replication connection, once drained
+
+
+class _Producing:
+    """What both strategies share: produce with accounting, the size limit, dead letters."""
+
+    def __init__(self, producer: Producer, max_record_bytes: int, dead_letters: DeadLetters | None) -> None:
+        self._producer = producer
+        self._max_record_bytes = max_record_bytes
+        self._dead_letters = dead_letters
+        self.inflight_bytes = 0
+        self.inflight_records = 0
+        self.dead_lettered = 0
+        self.delivered = 0
+        self.failure: str | None = None
+
+    def _oversized(self, record: Record, describe: str) -> Record | None:
+        """The record to send in place of an oversized one, or an error."""
+        assert record.value is not None
+        size = len(record.value)
+        if self._dead_letters is None:
+            raise RecordTooLarge(
+                f"record for {describe} key {record.key[:200]!r} is {size} bytes, over "
+                f"limits.max_record_bytes={self._max_record_bytes}. Fix: raise limits.max_record_bytes (and the "
+                "topic's max.message.bytes), exclude the large column, or set limits.dead_letter_topic."
+            )
+        self.dead_lettered += 1
+        log.error(
+            "record_dead_lettered",
+            table=describe,
+            topic=record.topic,
+            key=record.key[:200].decode(errors="replace"),
+            size=size,
+            limit=self._max_record_bytes,
+            dead_letter_topic=self._dead_letters.topic,
+        )
+        reason = {
+            "reason": "record_too_large",
+            "topic": record.topic,
+            "size": size,
+            "limit": self._max_record_bytes,
+            "table": describe,
+        }
+        return Record(
+            self._dead_letters.topic,
+            record.key,
+            orjson.dumps(reason),
+            record.headers + (("cdc.dead_letter.reason", b"record_too_large"),),
+        )
+
+    def _produce(self, record: Record, describe: str, on_done: Any) -> None:
+        if record.value is not None and len(record.value) > self._max_record_bytes:
+            replacement = self._oversized(record, describe)
+            if replacement is None:
+                return
+            record = replacement
+        size = record.size
+        kwargs: dict[str, Any] = {}
+        if record.partition is not None:
+            kwargs["partition"] = record.partition
+        if record.headers:
+            kwargs["headers"] = list(record.headers)
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            self.inflight_bytes -= size
+            self.inflight_records -= 1
+            if err is not None:
+                if self.failure is None:
+                    self.failure = (
+                        f"delivery to {msg.topic()} failed: {err.str()} ({err.name()}); "
+                        "nothing after the last delivered transaction is confirmed"
+                    )
+                on_done(False)
+                return
+            self.delivered += 1
+            on_done(True)
+
+        while True:
+            try:
+                self._producer.produce(record.topic, record.value, record.key, on_delivery=delivered, **kwargs)
+                break
+            except BufferError:
+                self._producer.poll(0.05)
+            except KafkaException as e:
+                raise _classify(e, f"cannot produce to {record.topic}") from None
+        self.inflight_bytes += size
+        self.inflight_records += 1
+
+
+def _classify(e: KafkaException, what: str) -> SinkError:
+    err = e.args[0] if e.args else None
+    if isinstance(err, KafkaError):
+        text = f"{what}: {err.str()} ({err.name()})"
+        if err.txn_requires_abort() or err.retriable():
+            return RetryableSinkError(text)
+        if err.code() in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED):
+            return SinkError(text + ". Fix: grant this client WRITE on the topics (and the transactional id).")
+        return SinkError(text)
+    return SinkError(f"{what}: {e}")
+
+
+class AtLeastOnce(_Producing):
+    """Idempotent producer; Postgres holds the durable position (the slot's confirmed LSN)."""
+
+    def __init__(
+        self, config: Mapping[str, Any], *, max_record_bytes: int, dead_letters: DeadLetters | None = None
+    ) -> None:
+        super().__init__(Producer(dict(config), logger=librdkafka_logger()), max_record_bytes, dead_letters)
+        self._tracker = AckTracker()
+        self._entry: Any = None
+
+    def begin(self, tx: TxBegin) -> bool:
+        self._entry = self._tracker.begin()
+        return True
+
+    def send(self, record: Record, describe: str) -> None:
+        entry = self._entry
+        if entry is None:
+            raise SinkError(f"a record for {describe} arrived outside a source transaction")
+        entry.pending += 1
+
+        def done(ok: bool, _entry: Any = entry) -> None:
+            if ok:
+                _entry.pending -= 1
+            else:
+                self._tracker.fail(self.failure or "delivery failed")
+
+        try:
+            self._produce(record, describe, done)
+        except BaseException:
+            entry.pending -= 1
+            raise
+
+    def commit(self, tx: TxCommit) -> None:
+        if self._entry is None:
+            raise SinkError("a Commit arrived without its Begin")
+        self._tracker.commit(self._entry, tx.end_lsn)
+        self._entry = None
+
+    def position(self, lsn: Lsn) -> None:
+        self._tracker.position(lsn)
+
+    def tick(self) -> None:
+        self._producer.poll(0)
+        if self.failure is not None:
+            raise DeliveryFailed(self.failure)
+
+    def acknowledged(self) -> Lsn:
+        return self._tracker.acknowledged()
+
+    def drain(self, timeout: float) -> int:
+        remaining: int = self._producer.flush(timeout)
+        if self.failure is not None:
+            raise DeliveryFailed(self.failure)
+        return remaining
+
+    def reset(self) -> None:
+        """A new replication session resends from the confirmed LSN: start a fresh tracker there."""
+        self._tracker = AckTracker(self._tracker.acknowledged())
+        self._entry = None
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    commit_lsn: Lsn
+    end_lsn: Lsn
+
+
+def read_position(bootstrap: str, extra: Mapping[str, Any], topic: str, slot: str, timeout: float = 30.0) -> Position | None:
+    """The last committed position of ``slot`` in the offsets topic, read as read_committed consumers see it."""
+    conf = {k: v for k, v in extra.items() if k.startswith(("security.", "sasl.", "ssl.", "client."))}
+    conf.update(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"cdc-offsets-reader-{slot}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+    )
+    consumer = Consumer(conf, logger=librdkafka_logger())
+    key = slot.encode()
+    found: Position | None = None
+    try:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout)
+        if high <= 0:
+            return None
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    break
+                raise SinkError(f"cannot read the offsets topic {topic}: {err.str()}")
+            value = msg.value()
+            if msg.key() == key and value is not None:
+                data = orjson.loads(value)
+                found = Position(Lsn(int(data["commit_lsn"])), Lsn(int(data["end_lsn"])))
+        else:
+            raise SinkError(f"reading the offsets topic {topic} did not finish within {timeout:.0f}s")
+    finally:
+        consumer.close()
+    return found
+
+
+class ExactlyOnce(_Producing):
+    """Transactional producer: records and the committed position share one Kafka transaction."""
+
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        slot: str,
+        offsets_topic: str,
+        start: Position | None,
+        max_record_bytes: int,
+        commit_interval_s: float = 0.1,
+        commit_records: int = 10_000,
+        dead_letters: DeadLetters | None = None,
+    ) -> None:
+        conf = dict(config)
+        conf["transactional.id"] = f"cdc-{slot}"
+        conf.setdefault("transaction.timeout.ms", 900_000)
+        conf["message.timeout.ms"] = min(int(conf.get("message.timeout.ms", 900_000)), int(conf["transaction.timeout.ms"]))
+        producer = Producer(conf, logger=librdkafka_logger())
+        super().__init__(producer, max_record_bytes, dead_letters)
+        try:
+            producer.init_transactions(60)  # step 1: fence zombies, finish or abort their transaction
+        except KafkaException as e:
+            raise _classify(e, "cannot initialise the transactional producer") from None
+        self._slot_key = slot.encode()
+        self._offsets_topic = offsets_topic
+        self._committed = start or Position(Lsn(0), Lsn(0))
+        self._acked = self._committed.end_lsn
+        self._commit_interval = commit_interval_s
+        self._commit_records = commit_records
+        self._open = False
+        self._opened_at = 0.0
+        self._records = 0
+        self._last: TxCommit | None = None
+        self._in_source_tx = False  # records of an unfinished source transaction are in the open Kafka one
+        self._skipping = False
+        self.kafka_commits = 0
+        self.skipped_transactions = 0
+        log.info("exactly_once_resume", commit_lsn=str(self._committed.commit_lsn), end_lsn=str(self._committed.end_lsn))
+
+    @property
+    def committed(self) -> Position:
+        return self._committed
+
+    def begin(self, tx: TxBegin) -> bool:
+        if tx.commit_lsn <= self._committed.commit_lsn:  # step 2: already in Kafka
+            self._skipping = True
+            self.skipped_transactions += 1
+            return False
+        self._skipping = False
+        self._in_source_tx = True
+        if not self._open:
+            try:
+                self._producer.begin_transaction()
+            except KafkaException as e:
+                raise _classify(e, "cannot begin a Kafka transaction") from None
+            self._open = True
+            self._opened_at = time.monotonic()
+            self._records = 0
+        return True
+
+    def send(self, record: Record, describe: str) -> None:
+        if self._skipping:
+            return
+        self._produce(record, describe, _ignore)
+        self._records += 1
+
+    def commit(self, tx: TxCommit) -> None:
+        if self._skipping:
+            self._skipping = False
+            return
+        self._last = tx  # step 3: the open Kafka transaction now ends at this source transaction
+        self._in_source_tx = False
+        if self._records >= self._commit_records or time.monotonic() - self._opened_at >= self._commit_interval:
+            self._commit_kafka()
+
+    def position(self, lsn: Lsn) -> None:
+        if not self._open and lsn > self._acked:
+            self._acked = lsn
+
+    def tick(self) -> None:
+        self._producer.poll(0)
+        if (
+            self._open
+            and not self._in_source_tx
+            and self._last is not None
+            and time.monotonic() - self._opened_at >= self._commit_interval
+        ):
+            self._commit_kafka()
+
+    def _commit_kafka(self) -> None:
+        last = self._last
+        assert last is not None and self._open
+        value = orjson.dumps(
+            {"commit_lsn": int(last.commit_lsn), "end_lsn": int(last.end_lsn), "xid": last.xid, "slot": self._slot_key.decode()}
+        )
+        try:
+            # step 4: the position record goes last
+            self._producer.produce(self._offsets_topic, value, self._slot_key, partition=0)
+            while True:
+                try:
+                    self._producer.commit_transaction(60)  # step 5
+                    break
+                except KafkaException as e:
+                    err = e.args[0]
+                    if isinstance(err, KafkaError) and err.retriable() and not err.txn_requires_abort():
+                        log.warning("kafka_commit_retry", error=err.str())
+                        continue
+                    raise
+        except KafkaException as e:
+            problem = _classify(e, "cannot commit the Kafka transaction")
+            if isinstance(problem, RetryableSinkError):
+                self._abort()
+            raise problem from None
+        if self.failure is not None:
+            raise DeliveryFailed(self.failure)
+        self._open = False
+        self._last = None
+        self._committed = Position(last.commit_lsn, last.end_lsn)
+        if last.end_lsn > self._acked:
+            self._acked = last.end_lsn
+        self.kafka_commits += 1
+
+    def _abort(self) -> None:
+        try:
+            self._producer.abort_transaction(60)
+        except KafkaException as e:
+            raise _classify(e, "cannot abort the Kafka transaction") from None
+        self._open = False
+        self._last = None
+        self._in_source_tx = False
+        self.failure = None
+        log.warning("kafka_transaction_aborted", resume_from=str(self._committed.end_lsn))
+
+    def acknowledged(self) -> Lsn:
+        return self._acked
+
+    def drain(self, timeout: float) -> int:
+        if self._open:
+            if self._in_source_tx or self._last is None:
+                # A source transaction was cut off mid-way (stop or lost connection): Kafka must not keep
+                # part of it, so the whole open Kafka transaction goes; Postgres resends it.
+                self._abort()
+            else:
+                self._commit_kafka()
+        remaining: int = self._producer.flush(timeout)
+        return remaining
+
+    def reset(self) -> None:
+        self._skipping = False
+        self._in_source_tx = False
+
+
+def _ignore(ok: bool) -> None:
+    """Exactly-once: a failed delivery surfaces at commit_transaction, not per record."""
