@@ -32,6 +32,20 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    from cdc import status
+    from cdc.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    st = status.collect(config)
+    print(json.dumps(st, default=str) if args.json else status.render(st))
+    return 0
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
     from cdc import dev
 
@@ -70,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a configuration file and explain every error")
     p.add_argument("file")
     p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser("status", help="the slot, its lag, the confirmed position and per-table record counts")
+    p.add_argument("--config", "-c", required=True)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser("dev", help="local Postgres, Kafka and schema registry for development and tests")
     p.add_argument("action", choices=["up", "down", "status"])

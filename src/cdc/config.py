@@ -177,6 +177,12 @@ class JsonFormatConfig(_Section):
     interval_handling: Literal["numeric", "string"] = "numeric"
 
 
+class HttpConfig(_Section):
+    enabled: bool = Field(default=True, description="serve /healthz, /readyz and Prometheus /metrics")
+    host: str = Field(default="0.0.0.0", description="address to listen on")
+    port: int = Field(default=8080, ge=0, le=65535, description="port to listen on (0: any free port, logged)")
+
+
 class LimitsConfig(_Section):
     max_inflight_bytes: int = Field(
         default=64 * 1024 * 1024,
@@ -208,6 +214,7 @@ class Config(BaseSettings):
     json_format: JsonFormatConfig = Field(default_factory=JsonFormatConfig, alias="json")
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
+    http: HttpConfig = Field(default_factory=HttpConfig)
     status_interval_s: float = Field(default=10.0, gt=0, le=60, description="standby status update interval")
     reconnect_timeout_s: float = Field(
         default=600.0, gt=0, description="how long to retry a lost replication connection before giving up"

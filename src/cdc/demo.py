@@ -176,6 +176,7 @@ def main(*, keep_services: bool = False) -> int:
                 "format": "json",
                 "json": {"decimal_handling": "string"},  # readable prices in the printout
                 "status_interval_s": 1.0,
+                "http": {"host": "127.0.0.1", "port": 0},
             },
             sort_keys=False,
         )

@@ -50,6 +50,7 @@ from cdc.sink.delivery import (
     read_position,
 )
 from cdc.sink.kafka import (
+    DeliveryFailed,
     SinkError,
     TopicSpec,
     admin_client,
@@ -58,6 +59,8 @@ from cdc.sink.kafka import (
     producer_config,
 )
 from cdc.sink.serialize import JsonSerializer, JsonSettings, SerializationError
+from cdc.instance import InstanceLock
+from cdc.observe import HttpEndpoint, Stats
 
 log = structlog.get_logger("cdc.pipeline")
 
@@ -74,10 +77,23 @@ class Pipeline:
         self._serializer: JsonSerializer | None = None
         self._decoder: ChangeDecoder | None = None
         self._partitions: dict[str, int] = {}
-        self.events = 0
+        self._reload_requested = False
+        self._config_path: Path | None = None
+        self._lock = InstanceLock(config.source.conninfo(), config.source.slot)
+        self.stats = Stats()
+        self._lag_conn: psycopg.Connection[tuple[object, ...]] | None = None
+
+    @property
+    def events(self) -> int:
+        return sum(self.stats.events.values())
 
     def stop(self) -> None:
         self._stop = True
+
+    def request_reload(self, config_path: Path) -> None:
+        """SIGHUP: re-read the table list at the next transaction boundary."""
+        self._config_path = config_path
+        self._reload_requested = True
 
     # -- start-up -------------------------------------------------------------------------------
 
@@ -93,6 +109,7 @@ class Pipeline:
             ) from None
         with conn:
             check_server(conn)
+            self._lock.acquire()
             self._tables = describe_tables(conn, cfg.tables)
             has_slot, _ = slot_exists(conn, cfg.source.slot)
             oids = column_type_oids(conn, [t.oid for t in self._tables.values()])
@@ -179,7 +196,21 @@ class Pipeline:
     # -- streaming ------------------------------------------------------------------------------
 
     def run(self) -> None:
-        self.prepare()
+        http = None
+        try:
+            self.prepare()
+            if self.config.http.enabled:
+                http = HttpEndpoint(self.stats, self.config.http.host, self.config.http.port)
+                http.start()
+            self._stream_with_retries()
+        finally:
+            if http is not None:
+                http.stop()
+            self._lock.release()
+            if self._lag_conn is not None:
+                self._lag_conn.close()
+
+    def _stream_with_retries(self) -> None:
         retry = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type((ConnectionLost, SlotBusy, RetryableSinkError)),
             wait=tenacity.wait_exponential(multiplier=0.5, max=30),
@@ -206,11 +237,20 @@ class Pipeline:
         budget = cfg.limits.max_inflight_bytes
         decode = pgoutput.decode
         handle = self._decoder.handle
+        stats = self.stats
+        counts = stats.events
+        stats.inflight_bytes = lambda: delivery.inflight_bytes
+        stats.inflight_records = lambda: delivery.inflight_records
+        stats.confirmed_lsn = lambda: int(stream.flushed)
+        stats.slot_lag_bytes = self._slot_lag
         try:
+            self._lock.ensure()
             stream.connect()
             stream.start(cfg.source.slot, cfg.source.publication, delivery.acknowledged(), messages=False)
             self._decoder.reset()
+            stats.streaming = True
             skipping = False
+            in_tx = False
             while not self._stop:
                 frame = stream.read(0.2)
                 if frame is not None:
@@ -218,28 +258,105 @@ class Pipeline:
                     event: Event | None = handle(decode(frame[XLOGDATA_HEADER_SIZE:]), lsn)
                     if event is None:
                         pass
-                    elif isinstance(event, ChangeEvent | TruncateEvent | MessageEvent):
+                    elif isinstance(event, ChangeEvent):
+                        if not skipping:
+                            describe = event.table.qualified
+                            for record in serializer.records(event):
+                                delivery.send(record, describe)
+                            counts[(describe, event.op.value)] += 1
+                    elif isinstance(event, TruncateEvent | MessageEvent):
                         if not skipping:
                             describe = _describe(event)
                             for record in serializer.records(event):
                                 delivery.send(record, describe)
-                            self.events += 1
+                            counts[(describe, "t" if isinstance(event, TruncateEvent) else "m")] += 1
                     elif isinstance(event, TxBegin):
                         skipping = not delivery.begin(event)
+                        in_tx = True
                     elif isinstance(event, TxCommit):
                         delivery.commit(event)
-                        skipping = False
+                        skipping = in_tx = False
+                        stats.last_commit_ts_us = event.commit_ts_us
+                        stats.last_processed_us = time.time_ns() // 1000
                 delivery.tick()
                 stream.confirm(delivery.acknowledged())
+                stats.heartbeat = time.monotonic()
+                stats.dead_letters = delivery.dead_lettered
                 if delivery.inflight_bytes > budget:
                     self._wait_for_kafka(stream, budget)
+                if self._reload_requested and not in_tx:
+                    self._reload()
             self._drain(stream)
         except (ConnectionLost, RetryableSinkError):
+            stats.streaming = False
             self._recover(stream)
             raise
-        except BaseException:
+        except DeliveryFailed:
+            stats.delivery_errors += 1
+            stats.streaming = False
             stream.close()
             raise
+        except BaseException:
+            stats.streaming = False
+            stream.close()
+            raise
+
+    def _slot_lag(self) -> int | None:
+        """Bytes of WAL the slot holds back (read at scrape time, on a connection of its own)."""
+        try:
+            if self._lag_conn is None or self._lag_conn.closed or self._lag_conn.broken:
+                self._lag_conn = psycopg.connect(
+                    self.config.source.conninfo(application_name="cdc-metrics"), autocommit=True, connect_timeout=5
+                )
+            row = self._lag_conn.execute(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
+                "FROM pg_replication_slots WHERE slot_name = %s",
+                (self.config.source.slot,),
+            ).fetchone()
+        except psycopg.Error as e:
+            log.warning("slot_lag_unavailable", error=str(e).strip())
+            return None
+        return int(str(row[0])) if row and row[0] is not None else None
+
+    def _reload(self) -> None:
+        """Pick up a changed table list without a restart; other changes need one."""
+        self._reload_requested = False
+        assert self._config_path is not None and self._decoder is not None and self._serializer is not None
+        try:
+            new = load_config(self._config_path)
+        except ConfigError as e:
+            log.error("reload_rejected", error=str(e))
+            return
+        old_names = [t.name for t in self.config.tables]
+        new_names = [t.name for t in new.tables]
+        others_changed = new.model_copy(update={"tables": self.config.tables}) != self.config
+        if others_changed:
+            log.warning("reload_needs_restart", reason="settings other than 'tables' changed; they apply at restart")
+        if new.tables == self.config.tables:
+            log.info("reload_no_table_change")
+            return
+        cfg = self.config
+        with psycopg.connect(cfg.source.conninfo(application_name="cdc-reload"), autocommit=True) as conn:
+            try:
+                tables = describe_tables(conn, new.tables)
+            except StartupError as e:
+                log.error("reload_rejected", error=str(e))
+                return
+            oids = column_type_oids(conn, [t.oid for t in tables.values()])
+            types = load_types(conn, [o for o in oids if o not in BUILTIN_TYPES])
+            admin = admin_client(cfg.kafka.bootstrap_servers, cfg.kafka.producer)
+            self._tables = tables
+            self._partitions.update(ensure_topics(admin, self._topic_specs(self._serializer)))
+            self._decoder.update_tables(tables, types)
+            ensure_publication(conn, cfg.source.publication, tables.keys())
+        self.config = self.config.model_copy(update={"tables": new.tables})
+        added = sorted(set(new_names) - set(old_names))
+        log.info(
+            "reload_tables",
+            added=added,
+            removed=sorted(set(old_names) - set(new_names)),
+            note="added tables are captured from now on; their existing rows need a snapshot",
+        )
 
     def _wait_for_kafka(self, stream: ReplicationStream, budget: int) -> None:
         """Backpressure: stop reading WAL (Postgres keeps it) until Kafka took half the budget back."""
@@ -294,11 +411,19 @@ def run(config_path: Path) -> int:
         log.info("signal", signal=signal.Signals(signum).name)
         pipeline.stop()
 
+    def on_hangup(signum: int, frame: FrameType | None) -> None:
+        log.info("signal", signal="SIGHUP")
+        pipeline.request_reload(config_path)
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)
     try:
         pipeline.run()
     except FATAL as e:
+        log.error("fatal", error=str(e), kind=type(e).__name__)
+        return 1
+    except OSError as e:  # e.g. the HTTP port is taken
         log.error("fatal", error=str(e), kind=type(e).__name__)
         return 1
     return 0

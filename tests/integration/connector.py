@@ -16,6 +16,8 @@ import yaml
 
 
 def write_config(path: Path, **sections: Any) -> Path:
+    """A configuration file; the HTTP endpoint listens on a free port unless the test says otherwise."""
+    sections.setdefault("http", {"port": 0, "host": "127.0.0.1"})
     path.write_text(yaml.safe_dump(sections, sort_keys=False))
     return path
 

@@ -1,20 +1,54 @@
-"""From pgoutput messages to events: the relation cache and the typed values of each row.
+"""From pgoutput messages to events, in commit order: the relation cache and the typed values of each row.
 
-Pure with respect to I/O: the catalog facts it needs (key columns, resolved
-types) are handed in at construction; the only runtime input is messages.
+``ChangeDecoder.feed(payload, lsn)`` takes every pgoutput payload the server
+sends and returns the events it releases. A message of an ordinary
+transaction releases its event at once. A streamed transaction (protocol 2+,
+``streaming 'on'``) arrives in Stream Start/Stop blocks before it commits,
+interleaved with other transactions: its payloads go to the spool
+(``cdc.decoder.spool``) untouched, and its Stream Commit releases all of its
+events, read back from disk lazily, as TxBegin, the changes with their
+ordinals, then TxCommit, exactly as if it had not been streamed. Changes of
+rolled-back subtransactions are left out; a Stream Abort of the whole
+transaction deletes its file.
+
+Relation messages inside a stream block describe the table as that streamed
+transaction sees it, so they are applied when the transaction is replayed, to a
+copy of the relation cache used for its changes. The server counts such a
+message as sent for later transactions too once the streamed transaction
+commits (pgoutput's ``cleanup_rel_sync_cache``) and sends those no Relation
+again, so at the end of the replay each table's last in-stream Relation
+becomes the table's entry in the cache, unless a Relation for the table
+arrived after it (a later schema, seen by the transactions in between, for
+instance after DDL that ran once the streamed transaction had rolled back the
+savepoint holding its lock). Receipt order decides, with a counter.
+
+Pure with respect to I/O but for the injected spool: the catalog facts it
+needs (key columns, resolved types) are handed in at construction; the only
+runtime input is messages. Catalog types created after start-up arrive as Type
+messages with a name only: such columns travel as their text, with the type's
+name and kind UNKNOWN (resolving them fully, an enum's labels or a domain's
+base type, needs the catalog, read again at the next start-up).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+import struct
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Final
 
 import structlog
 
 from cdc.catalog import TableInfo
 from cdc.decoder import pgoutput as pg
-from cdc.decoder.types import BUILTIN_TYPES, ValueConversionError, converter_for
+from cdc.decoder.spool import Spool, SpooledTransaction
+from cdc.decoder.types import (
+    BUILTIN_TYPES,
+    CATALOG_TEXT_TYPES,
+    EXTENSION_TYPE_NAMES,
+    ValueConversionError,
+    converter_for,
+)
 from cdc.event import (
     ChangeEvent,
     Column,
@@ -45,28 +79,216 @@ class _Relation:
     names: tuple[str, ...]
     converters: tuple[Callable[[bytes], Any], ...]
     key_names: tuple[str, ...]
+    seq: int = 0  # receipt order of the Relation message it came from
+
+
+_XID: Final = struct.Struct(">I")
+_RELATION_ID_IN_STREAM: Final = struct.Struct(">II")  # xid, relation id (after the type byte)
+_NO_EVENTS: Final[tuple[Event, ...]] = ()
+
+# Type bytes of the messages a stream block carries, each followed by a (sub)transaction xid.
+_IN_STREAM_CHANGE: Final = frozenset(b"IUDTM")  # data: left out when their subtransaction aborted
+_IN_STREAM_SCHEMA: Final = frozenset(b"RY")  # Relation, Type: applied whatever became of their subtransaction
+_STREAM_STOP: Final = 0x45  # 'E'
+_ORIGIN: Final = 0x4F  # 'O'
+_MESSAGE: Final = 0x4D  # 'M'
+_RELATION: Final = 0x52  # 'R'
 
 
 class ChangeDecoder:
-    """Turns a stream of decoded pgoutput messages into events, in commit order."""
+    """Turns the pgoutput messages of a replication connection into events, in commit order.
 
-    def __init__(self, tables: Mapping[str, TableInfo], types: Mapping[int, PgType]) -> None:
+    ``feed`` takes raw payloads (streamed transactions need a ``spool``);
+    ``handle`` takes one decoded message of an ordinary transaction.
+    """
+
+    def __init__(
+        self, tables: Mapping[str, TableInfo], types: Mapping[int, PgType], *, spool: Spool | None = None
+    ) -> None:
         self._tables = tables
-        self._types: dict[int, PgType] = {**BUILTIN_TYPES, **types}
+        self._types: dict[int, PgType] = {**CATALOG_TEXT_TYPES, **BUILTIN_TYPES, **types}
         self._relations: dict[int, _Relation] = {}
         self._xid: int | None = None
         self._commit_lsn = Lsn(0)
         self._commit_ts = 0
         self._ordinal = 0
+        self._spool = spool
+        self._seq = 0  # Relation messages received so far, streamed or not
+        self._block: _Streamed | None = None  # the transaction of the open Stream Start block
+        self._streamed: dict[int, _Streamed] = {}
+        self._replaying = False
+
+    def update_tables(self, tables: Mapping[str, TableInfo], types: Mapping[int, PgType]) -> None:
+        """A reloaded table list; Relation messages that follow use it."""
+        self._tables = tables
+        self._types.update(types)
 
     def reset(self) -> None:
-        """Forget per-connection state: the server resends Relation messages on a new connection."""
+        """Forget per-connection state: the server resends Relation messages and streamed transactions."""
         self._relations.clear()
         self._xid = None
         self._ordinal = 0
+        self._block = None
+        self._streamed.clear()
+        self._replaying = False
+        if self._spool is not None:
+            self._spool.discard_all()
 
     def table(self, relation_id: int) -> TableSchema:
         return self._relation(relation_id).schema
+
+    # -- raw payloads, streamed transactions included ---------------------------------------------
+
+    def feed(self, payload: bytes | memoryview, lsn: Lsn) -> Iterable[Event]:
+        """The events one pgoutput payload releases, in commit order.
+
+        Usually zero or one. A Stream Commit releases the whole streamed
+        transaction, read back from the spool as the result is iterated: iterate
+        it to the end before feeding the next payload. ``payload`` may be a
+        memoryview into a buffer that is reused afterwards.
+        """
+        if self._replaying:
+            raise ChangeError(
+                "a payload was fed while the events of a streamed transaction were still being read: "
+                "iterate the result of feed() to the end first"
+            )
+        block = self._block
+        if block is not None:
+            return self._in_block(block, payload, lsn)
+        message = pg.decode(payload)
+        kind = type(message)
+        if kind is pg.StreamStart or kind is pg.StreamCommit or kind is pg.StreamAbort or kind is pg.StreamStop:
+            return self._stream_control(message, lsn)
+        event = self.handle(message, lsn)
+        return _NO_EVENTS if event is None else (event,)
+
+    def _in_block(self, block: _Streamed, payload: bytes | memoryview, lsn: Lsn) -> Iterable[Event]:
+        kind = payload[0] if len(payload) else -1
+        if kind == _STREAM_STOP:
+            pg.decode(payload, in_stream=True)  # checks it is exactly one byte
+            self._block = None
+            return _NO_EVENTS
+        if kind in _IN_STREAM_CHANGE or kind in _IN_STREAM_SCHEMA:
+            if kind == _MESSAGE and len(payload) > 5 and not payload[5] & 1:
+                # A non-transactional logical message belongs to no transaction: it goes out now.
+                event = self.handle(pg.decode(payload, in_stream=True), lsn)
+                return _NO_EVENTS if event is None else (event,)
+            if len(payload) < 5:
+                pg.decode(payload, in_stream=True)  # raises DecodeError naming the message
+            (subxid,) = _XID.unpack_from(payload, 1)
+            if kind == _RELATION:
+                if len(payload) < 9:
+                    pg.decode(payload, in_stream=True)
+                _, relation_id = _RELATION_ID_IN_STREAM.unpack_from(payload, 1)
+                self._seq += 1
+                block.relation_seqs[relation_id] = self._seq
+            block.file.append(payload, lsn, subxid)
+            return _NO_EVENTS
+        if kind == _ORIGIN:
+            pg.decode(payload, in_stream=True)  # checked, not needed: events carry no origin
+            return _NO_EVENTS
+        message = pg.decode(payload, in_stream=True)
+        raise ChangeError(
+            f"a {type(message).__name__} message arrived inside the stream block of transaction {block.file.xid} "
+            "(protocol violation)"
+        )
+
+    def _stream_control(self, message: pg.Message, lsn: Lsn) -> Iterable[Event]:
+        match message:
+            case pg.StreamStart(xid=xid, first_segment=first):
+                if self._xid is not None:
+                    raise ChangeError(
+                        f"a Stream Start of transaction {xid} arrived inside transaction {self._xid} (protocol violation)"
+                    )
+                streamed = self._streamed.get(xid)
+                if first or streamed is None:
+                    if not first:
+                        raise ChangeError(
+                            f"a stream block of transaction {xid} arrived without its first block: its earlier "
+                            "changes were not received (protocol violation)"
+                        )
+                    if streamed is not None:
+                        streamed.file.discard()
+                    streamed = _Streamed(self._require_spool(xid).begin(xid))
+                    self._streamed[xid] = streamed
+                self._block = streamed
+                return _NO_EVENTS
+            case pg.StreamStop():
+                raise ChangeError("a Stream Stop arrived outside a stream block (protocol violation)")
+            case pg.StreamAbort(xid=xid, subxid=subxid):
+                streamed = self._streamed.get(xid)
+                if subxid == xid:
+                    if streamed is not None:
+                        del self._streamed[xid]
+                        self._forget(streamed)
+                    log.debug("streamed_transaction_aborted", xid=xid)
+                elif streamed is not None:
+                    streamed.file.abort_subtransaction(subxid)
+                return _NO_EVENTS
+            case pg.StreamCommit(xid=xid):
+                streamed = self._streamed.pop(xid, None)
+                if streamed is None:
+                    raise ChangeError(
+                        f"a Stream Commit of transaction {xid} arrived, but none of its stream blocks did "
+                        "(protocol violation)"
+                    )
+                assert isinstance(message, pg.StreamCommit)
+                self._replaying = True  # until the replay has run to its end
+                return self._replay(streamed, message)
+            case _:
+                raise AssertionError(f"not a stream control message: {message!r}")
+
+    def _require_spool(self, xid: int) -> Spool:
+        if self._spool is None:
+            raise ChangeError(
+                f"the server streams in-progress transaction {xid}, but this decoder has no spool: "
+                "give it one, or do not ask for streaming 'on'"
+            )
+        return self._spool
+
+    def _forget(self, streamed: _Streamed) -> None:
+        if self._spool is not None:
+            self._spool.pop(streamed.file.xid)
+        streamed.file.discard()
+
+    def _replay(self, streamed: _Streamed, commit: pg.StreamCommit) -> Iterator[Event]:
+        """The streamed transaction's events, read back from its file as they are consumed."""
+        shared = self._relations
+        own = dict(shared)  # this transaction's view of the tables: its own Relation messages win
+        self._relations = own
+        handle = self.handle
+        decode = pg.decode
+        try:
+            yield TxBegin(commit.xid, commit.commit_lsn, commit.commit_ts_us)
+            self._xid, self._commit_lsn, self._commit_ts, self._ordinal = (
+                commit.xid,
+                commit.commit_lsn,
+                commit.commit_ts_us,
+                0,
+            )
+            for payload, lsn, aborted in streamed.file.replay():
+                if aborted and payload[0] in _IN_STREAM_CHANGE:
+                    continue
+                event = handle(decode(payload, in_stream=True), lsn)
+                if event is not None:
+                    yield event
+            count = self._ordinal
+            self._xid, self._ordinal = None, 0
+            # What the server now takes as sent: each table's last Relation in this transaction,
+            # unless a later one arrived meanwhile.
+            for relation_id, seq in streamed.relation_seqs.items():
+                current = shared.get(relation_id)
+                mine = own.get(relation_id)
+                if mine is not None and (current is None or current.seq < seq):
+                    shared[relation_id] = replace(mine, seq=seq)
+            yield TxCommit(commit.xid, commit.commit_lsn, commit.end_lsn, commit.commit_ts_us, count)
+        finally:
+            self._relations = shared
+            self._replaying = False
+            self._xid, self._ordinal = None, 0
+            self._forget(streamed)
+
+    # -- one message of an ordinary transaction ---------------------------------------------------
 
     def handle(self, message: pg.Message, lsn: Lsn) -> Event | None:
         """The event for one message (None for messages that only update state)."""
@@ -112,11 +334,16 @@ class ChangeDecoder:
                 self._xid, self._ordinal = None, 0
                 return TxCommit(xid, commit_lsn, end_lsn, ts, count)
             case pg.Relation():
-                self._relations[message.relation_id] = self._build_relation(message)
+                self._seq += 1
+                self._relations[message.relation_id] = self._build_relation(message, self._seq)
                 return None
             case pg.Type(type_oid=oid, namespace=ns, name=name):
                 if oid not in self._types:
-                    self._types[oid] = PgType(oid, name, TypeKind.UNKNOWN, ns)
+                    # Created after start-up: only its name is known. An extension type converted by
+                    # name (hstore) is a base type; anything else travels as its text.
+                    kind = TypeKind.BASE if name in EXTENSION_TYPE_NAMES else TypeKind.UNKNOWN
+                    self._types[oid] = PgType(oid, name, kind, ns)
+                    log.info("type_announced", type=f"{ns}.{name}", oid=oid, kind=kind.value)
                 return None
             case pg.Truncate(relation_ids=rids, cascade=cascade, restart_identity=restart):
                 self._ordinal += 1
@@ -139,10 +366,15 @@ class ChangeDecoder:
                 )
             case pg.Origin():
                 return None
+            case pg.StreamStart() | pg.StreamStop() | pg.StreamCommit() | pg.StreamAbort():
+                raise ChangeError(
+                    f"a {type(message).__name__} message was handed to handle(), which takes the messages of "
+                    "ordinary transactions: feed() the raw payloads of a streaming connection"
+                )
             case _:
                 raise ChangeError(
-                    f"unexpected {type(message).__name__} message: streaming and two-phase decoding are not "
-                    "enabled on this connection"
+                    f"unexpected {type(message).__name__} message: two-phase decoding is not enabled on this "
+                    "connection (prepared transactions arrive at COMMIT PREPARED)"
                 )
 
     # -- helpers --------------------------------------------------------------------------------
@@ -204,7 +436,7 @@ class ChangeDecoder:
         full = self._row(rel, data)
         return {c.name: full[c.name] for c in rel.schema.columns if c.key}
 
-    def _build_relation(self, msg: pg.Relation) -> _Relation:
+    def _build_relation(self, msg: pg.Relation, seq: int) -> _Relation:
         qualified = f"{msg.namespace}.{msg.name}"
         info = self._tables.get(qualified)
         if info is None:
@@ -229,4 +461,14 @@ class ChangeDecoder:
             converters.append(converter_for(pg_type, c.type_modifier))
         schema = TableSchema(msg.namespace, msg.name, tuple(columns), msg.relation_id, str(msg.replica_identity))
         log.info("relation", table=qualified, columns=len(columns), replica_identity=str(msg.replica_identity))
-        return _Relation(schema, names, tuple(converters), info.key)
+        return _Relation(schema, names, tuple(converters), info.key, seq)
+
+
+class _Streamed:
+    """A streamed transaction not yet committed or aborted: its spool file and its Relation messages."""
+
+    __slots__ = ("file", "relation_seqs")
+
+    def __init__(self, file: SpooledTransaction) -> None:
+        self.file = file
+        self.relation_seqs: dict[int, int] = {}  # relation id -> receipt order of its last Relation here

@@ -1,0 +1,126 @@
+"""What an operator can see of a running daemon: /healthz, /readyz and Prometheus /metrics.
+
+The hot path only bumps plain counters on ``Stats``; Prometheus reads them at
+scrape time through a collector, so metrics cost nothing per event.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Stats:
+    """Counters the pipeline updates; read by the metrics collector and ``cdc status``."""
+
+    events: Counter[tuple[str, str]] = field(default_factory=Counter)  # (table, op) -> count
+    delivery_errors: int = 0
+    dead_letters: int = 0
+    snapshot_rows: Counter[str] = field(default_factory=Counter)
+    inflight_bytes: Callable[[], int] = lambda: 0
+    inflight_records: Callable[[], int] = lambda: 0
+    confirmed_lsn: Callable[[], int] = lambda: 0
+    slot_lag_bytes: Callable[[], int | None] = lambda: None
+    last_commit_ts_us: int = 0
+    last_processed_us: int = 0
+    streaming: bool = False
+    heartbeat: float = field(default_factory=time.monotonic)  # the main loop touches it every pass
+
+    def source_lag_ms(self) -> float:
+        if not self.last_commit_ts_us:
+            return 0.0
+        return max(0.0, (self.last_processed_us - self.last_commit_ts_us) / 1000)
+
+
+class _StatsCollector(Collector):
+    def __init__(self, stats: Stats) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        s = self._stats
+        events = CounterMetricFamily("cdc_events", "Change events published", labels=["table", "op"])
+        for (table, op), n in sorted(s.events.items()):
+            events.add_metric([table, op], n)
+        yield events
+        yield CounterMetricFamily("cdc_delivery_errors", "Records Kafka did not accept", value=s.delivery_errors)
+        yield CounterMetricFamily("cdc_dead_letters", "Records sent to the dead-letter topic", value=s.dead_letters)
+        snap = CounterMetricFamily("cdc_snapshot_rows", "Rows read by snapshots", labels=["table"])
+        for table, n in sorted(s.snapshot_rows.items()):
+            snap.add_metric([table], n)
+        yield snap
+        yield GaugeMetricFamily("cdc_queue_bytes", "Bytes produced, not yet acknowledged", value=s.inflight_bytes())
+        yield GaugeMetricFamily(
+            "cdc_inflight_records", "Records produced, not yet acknowledged", value=s.inflight_records()
+        )
+        yield GaugeMetricFamily("cdc_confirmed_lsn", "LSN confirmed to Postgres", value=s.confirmed_lsn())
+        yield GaugeMetricFamily(
+            "cdc_source_lag_ms", "Commit-to-processing time of the last transaction", value=s.source_lag_ms()
+        )
+        lag = s.slot_lag_bytes()
+        if lag is not None:
+            yield GaugeMetricFamily("cdc_slot_lag_bytes", "WAL the slot retains for us", value=lag)
+        yield GaugeMetricFamily("cdc_streaming", "1 while the replication stream runs", value=1 if s.streaming else 0)
+
+
+class HttpEndpoint:
+    """/healthz: the main loop is alive. /readyz: streaming. /metrics: Prometheus text format."""
+
+    def __init__(self, stats: Stats, host: str, port: int, *, stall_after_s: float = 120.0) -> None:
+        self.stats = stats
+        self.registry = CollectorRegistry()
+        self.registry.register(_StatsCollector(stats))
+        registry = self.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                if self.path == "/metrics":
+                    self._reply(200, generate_latest(registry), "text/plain; version=0.0.4")
+                elif self.path == "/healthz":
+                    stalled = time.monotonic() - stats.heartbeat > stall_after_s
+                    self._reply(503 if stalled else 200, b"stalled\n" if stalled else b"ok\n")
+                elif self.path == "/readyz":
+                    self._reply(200 if stats.streaming else 503, b"ready\n" if stats.streaming else b"not ready\n")
+                else:
+                    self._reply(404, b"not found\n")
+
+            def _reply(self, code: int, body: bytes, ctype: str = "text/plain") -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
+                pass
+
+        try:
+            self._server = ThreadingHTTPServer((host, port), Handler)
+        except OSError as e:
+            raise OSError(
+                f"cannot listen on {host}:{port} for /healthz, /readyz and /metrics: {e.strerror}. "
+                "Fix: set http.port to a free port (0 picks one), or http.enabled: false."
+            ) from None
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, name="cdc-http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        log.info("http_listening", port=self.port, paths=["/healthz", "/readyz", "/metrics"])
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,98 @@
+"""``cdc status``: the slot, its lag, the confirmed position and per-table counts, from Postgres and Kafka."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from cdc.config import Config
+from cdc.sink.kafka import librdkafka_logger
+from cdc.sink.serialize import JsonSerializer, JsonSettings
+
+
+def collect(config: Config) -> dict[str, Any]:
+    """Everything ``cdc status`` prints; holds no secret (the DSN never carries the password)."""
+    out: dict[str, Any] = {"slot": config.source.slot, "publication": config.source.publication}
+    with psycopg.connect(config.source.conninfo(application_name="cdc-status"), autocommit=True, connect_timeout=10) as conn:
+        row = conn.execute(
+            """
+            SELECT active, active_pid, confirmed_flush_lsn::text, restart_lsn::text, wal_status,
+                   pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
+                   pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint
+              FROM pg_replication_slots WHERE slot_name = %s
+            """,
+            (config.source.slot,),
+        ).fetchone()
+        if row is None:
+            out["slot_exists"] = False
+        else:
+            out.update(
+                slot_exists=True,
+                active=row[0],
+                active_pid=row[1],
+                confirmed_flush_lsn=row[2],
+                restart_lsn=row[3],
+                wal_status=row[4],
+                lag_bytes=row[5],
+                retained_wal_bytes=row[6],
+            )
+        naming = JsonSerializer(
+            JsonSettings(topic_prefix=config.topic_prefix, database=config.source.database), lambda _: 1
+        )
+        tables = {}
+        for t in config.tables:
+            est = conn.execute(
+                "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", (t.name,)
+            ).fetchone()
+            tables[t.name] = {
+                "topic": naming.topic_name(t.schema_name, t.table_name),
+                "estimated_rows": est[0] if est else None,
+            }
+    consumer = Consumer(
+        {"bootstrap.servers": config.kafka.bootstrap_servers, "group.id": "cdc-status", **_security(config)},
+        logger=librdkafka_logger(),
+    )
+    try:
+        meta = consumer.list_topics(timeout=10)
+        for info in tables.values():
+            topic = meta.topics.get(info["topic"])
+            if topic is None or topic.error is not None:
+                info["records"] = None
+                continue
+            total = 0
+            for p in topic.partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(str(info["topic"]), p), timeout=10)
+                total += high - low
+            info["records"] = total
+    except KafkaException as e:
+        out["kafka_error"] = str(e.args[0].str() if e.args else e)
+    finally:
+        consumer.close()
+    out["tables"] = tables
+    return out
+
+
+def _security(config: Config) -> dict[str, Any]:
+    return {k: v for k, v in config.kafka.producer.items() if k.startswith(("security.", "sasl.", "ssl."))}
+
+
+def render(status: dict[str, Any]) -> str:
+    lines = [f"slot {status['slot']} (publication {status['publication']})"]
+    if not status.get("slot_exists"):
+        lines.append("  slot: missing (created at the first `cdc run`)")
+    else:
+        lines.append(
+            f"  active: {status['active']} (pid {status['active_pid']})  wal_status: {status['wal_status']}"
+        )
+        lines.append(f"  confirmed: {status['confirmed_flush_lsn']}  lag: {status['lag_bytes']} bytes")
+        lines.append(f"  retained WAL: {status['retained_wal_bytes']} bytes (restart_lsn {status['restart_lsn']})")
+    if "kafka_error" in status:
+        lines.append(f"  kafka: {status['kafka_error']}")
+    lines.append("tables:")
+    for name, info in status["tables"].items():
+        lines.append(
+            f"  {name:<32} topic {info['topic']:<40} records {info.get('records')}  rows ~{info['estimated_rows']}"
+        )
+    return "\n".join(lines)
