@@ -100,6 +100,32 @@ class TableConfig(_Section):
     key: list[str] | None = Field(
         default=None, description="key columns; default: the primary key (or the replica identity index)"
     )
+    columns: list[str] | None = Field(
+        default=None, description="columns to publish (default: all); key columns are always published"
+    )
+    exclude_columns: list[str] = Field(default_factory=list, description="columns never published")
+    mask: dict[str, Literal["fixed", "hash"]] = Field(
+        default_factory=dict,
+        description="columns published masked: 'fixed' replaces the value with masking.fixed_value, 'hash' with "
+        "the hex SHA-256 of masking.salt and the value's text",
+    )
+    partitions: int | None = Field(default=None, ge=1, description="overrides kafka.partitions for this table")
+    replication_factor: int | None = Field(default=None, ge=1, description="overrides kafka.replication_factor")
+    topic_config: dict[str, str] = Field(
+        default_factory=dict, description="topic settings for this table, over kafka.topic_config"
+    )
+
+    @model_validator(mode="after")
+    def _columns_consistent(self) -> TableConfig:
+        key = set(self.key or ())
+        clash = key & (set(self.exclude_columns) | set(self.mask))
+        if clash:
+            raise ValueError(f"key columns cannot be excluded or masked: {', '.join(sorted(clash))}")
+        if self.columns is not None:
+            both = set(self.columns) & set(self.exclude_columns)
+            if both:
+                raise ValueError(f"columns both included and excluded: {', '.join(sorted(both))}")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -177,6 +203,13 @@ class JsonFormatConfig(_Section):
     interval_handling: Literal["numeric", "string"] = "numeric"
 
 
+class MaskingConfig(_Section):
+    fixed_value: str = Field(default="****", description="what a 'fixed' mask publishes")
+    salt: SecretStr | None = Field(
+        default=None, description="salt of 'hash' masks; prefer CDC_MASKING__SALT; required when any hash mask is set"
+    )
+
+
 class HttpConfig(_Section):
     enabled: bool = Field(default=True, description="serve /healthz, /readyz and Prometheus /metrics")
     host: str = Field(default="0.0.0.0", description="address to listen on")
@@ -215,6 +248,7 @@ class Config(BaseSettings):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
+    masking: MaskingConfig = Field(default_factory=MaskingConfig)
     status_interval_s: float = Field(default=10.0, gt=0, le=60, description="standby status update interval")
     reconnect_timeout_s: float = Field(
         default=600.0, gt=0, description="how long to retry a lost replication connection before giving up"
@@ -243,6 +277,8 @@ class Config(BaseSettings):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"tables: listed more than once: {', '.join(dupes)}")
+        if self.masking.salt is None and any("hash" in t.mask.values() for t in self.tables):
+            raise ValueError("a 'hash' mask needs masking.salt (set CDC_MASKING__SALT)")
         return self
 
     @classmethod

@@ -28,6 +28,7 @@ from cdc.catalog import (
     load_types,
     slot_exists,
 )
+from cdc.columns import ColumnPolicy, ColumnPolicyError, policies
 from cdc.config import Config, ConfigError, load_config
 from cdc.decoder import pgoutput
 from cdc.decoder.changes import ChangeDecoder, ChangeError
@@ -79,6 +80,7 @@ class Pipeline:
         self._partitions: dict[str, int] = {}
         self._reload_requested = False
         self._config_path: Path | None = None
+        self._policies: dict[str, ColumnPolicy] = {}
         self._lock = InstanceLock(config.source.conninfo(), config.source.slot)
         self.stats = Stats()
         self._lag_conn: psycopg.Connection[tuple[object, ...]] | None = None
@@ -111,6 +113,7 @@ class Pipeline:
             check_server(conn)
             self._lock.acquire()
             self._tables = describe_tables(conn, cfg.tables)
+            self._policies = self._column_policies()
             has_slot, _ = slot_exists(conn, cfg.source.slot)
             oids = column_type_oids(conn, [t.oid for t in self._tables.values()])
             types = load_types(conn, [o for o in oids if o not in BUILTIN_TYPES])
@@ -148,6 +151,25 @@ class Pipeline:
             delivery=cfg.delivery.mode,
         )
 
+    def _column_policies(self) -> dict[str, ColumnPolicy]:
+        cfg = self.config
+        salt = cfg.masking.salt.get_secret_value() if cfg.masking.salt is not None else None
+        result = policies(cfg.tables, cfg.masking.fixed_value, salt)
+        problems = []
+        for name, policy in result.items():
+            info = self._tables[name]
+            try:
+                policy.check(info.columns)
+            except ColumnPolicyError as e:
+                problems.append(str(e))
+            table = next(t for t in cfg.tables if t.name == name)
+            hidden = set(info.key) & (set(table.exclude_columns) | set(table.mask))
+            if hidden:
+                problems.append(f"tables[{name}]: key columns cannot be excluded or masked: {', '.join(sorted(hidden))}")
+        if problems:
+            raise StartupError("column settings do not fit the tables:\n  " + "\n  ".join(problems))
+        return result
+
     def _make_delivery(self) -> Delivery:
         cfg = self.config
         producer = producer_config(cfg.kafka.bootstrap_servers, cfg.kafka.producer, cfg.limits.max_record_bytes)
@@ -170,15 +192,18 @@ class Pipeline:
 
     def _topic_specs(self, serializer: JsonSerializer) -> list[TopicSpec]:
         cfg = self.config
-        specs = [
-            TopicSpec(
-                serializer.topic_name(t.schema, t.name),
-                cfg.kafka.partitions,
-                cfg.kafka.replication_factor,
-                cfg.kafka.topic_config,
+        by_name = {t.name: t for t in cfg.tables}
+        specs = []
+        for info in self._tables.values():
+            t = by_name[info.qualified]
+            specs.append(
+                TopicSpec(
+                    serializer.topic_name(info.schema, info.name),
+                    t.partitions or cfg.kafka.partitions,
+                    t.replication_factor or cfg.kafka.replication_factor,
+                    {**cfg.kafka.topic_config, **t.topic_config},
+                )
             )
-            for t in self._tables.values()
-        ]
         if cfg.delivery.mode == "exactly_once":
             specs.append(TopicSpec(cfg.delivery.offsets_topic, 1, cfg.kafka.replication_factor))
         if cfg.limits.dead_letter_topic:
@@ -239,6 +264,7 @@ class Pipeline:
         handle = self._decoder.handle
         stats = self.stats
         counts = stats.events
+        column_policies = self._policies
         stats.inflight_bytes = lambda: delivery.inflight_bytes
         stats.inflight_records = lambda: delivery.inflight_records
         stats.confirmed_lsn = lambda: int(stream.flushed)
@@ -261,6 +287,9 @@ class Pipeline:
                     elif isinstance(event, ChangeEvent):
                         if not skipping:
                             describe = event.table.qualified
+                            policy = column_policies.get(describe)
+                            if policy is not None:
+                                event = policy.apply(event)
                             for record in serializer.records(event):
                                 delivery.send(record, describe)
                             counts[(describe, event.op.value)] += 1
@@ -345,11 +374,18 @@ class Pipeline:
             oids = column_type_oids(conn, [t.oid for t in tables.values()])
             types = load_types(conn, [o for o in oids if o not in BUILTIN_TYPES])
             admin = admin_client(cfg.kafka.bootstrap_servers, cfg.kafka.producer)
+            old_tables = self._tables
             self._tables = tables
+            self.config = cfg.model_copy(update={"tables": new.tables})
+            try:
+                self._policies = self._column_policies()
+            except StartupError as e:
+                self._tables, self.config = old_tables, cfg
+                log.error("reload_rejected", error=str(e))
+                return
             self._partitions.update(ensure_topics(admin, self._topic_specs(self._serializer)))
             self._decoder.update_tables(tables, types)
             ensure_publication(conn, cfg.source.publication, tables.keys())
-        self.config = self.config.model_copy(update={"tables": new.tables})
         added = sorted(set(new_names) - set(old_names))
         log.info(
             "reload_tables",

@@ -93,7 +93,7 @@ class _Producing:
         size = len(record.value)
         if self._dead_letters is None:
             raise RecordTooLarge(
-                f"record for {describe} key {record.key[:200]!r} is {size} bytes, over "
+                f"record for {describe} key {record.key[:200].decode(errors='replace')} is {size} bytes, over "
                 f"limits.max_record_bytes={self._max_record_bytes}. Fix: raise limits.max_record_bytes (and the "
                 "topic's max.message.bytes), exclude the large column, or set limits.dead_letter_topic."
             )

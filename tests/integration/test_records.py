@@ -1,0 +1,197 @@
+"""What lands on the topics through the real daemon: key changes, truncates, column policies, limits."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka.admin import NewTopic
+
+from tests.integration.connector import Connector, write_config
+
+pytestmark = pytest.mark.integration
+
+
+def config(tmp_path: Path, services: Any, dsn: str, slot: str, pub: str, prefix: str, **extra: Any) -> Path:
+    kafka = {"bootstrap_servers": services.kafka_bootstrap, **extra.pop("kafka", {})}
+    return write_config(
+        tmp_path / "cdc.yaml",
+        source={"dsn": dsn, "slot": slot, "publication": pub},
+        tables=extra.pop("tables", ["public.people"]),
+        kafka=kafka,
+        topic_prefix=prefix,
+        status_interval_s=1.0,
+        **extra,
+    )
+
+
+def read_until(consume_all: Any, topic: str, n: int, timeout: float = 60) -> list[Any]:
+    deadline = time.monotonic() + timeout
+    msgs: list[Any] = []
+    while time.monotonic() < deadline:
+        msgs = consume_all([topic], timeout=10.0)
+        if len(msgs) >= n:
+            return msgs
+        time.sleep(0.3)
+    raise AssertionError(f"{topic}: {len(msgs)} records, expected {n}")
+
+
+@pytest.fixture
+def people(pg_dsn: str) -> str:
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE people (id int PRIMARY KEY, name text, email text, ssn text, notes text)")
+    return pg_dsn
+
+
+def test_a_primary_key_change_is_a_delete_its_tombstone_and_a_create(
+    tmp_path, services, people, slot_name, publication_name, topic_prefix, consume_all
+):
+    c = Connector(config(tmp_path, services, people, slot_name, publication_name, topic_prefix), tmp_path / "l").start()
+    try:
+        c.wait_streaming(people, slot_name)
+        with psycopg.connect(people, autocommit=True) as conn:
+            conn.execute("INSERT INTO people VALUES (1, 'a', 'a@x', '1', 'n')")
+            conn.execute("UPDATE people SET id = 2 WHERE id = 1")
+        msgs = read_until(consume_all, f"{topic_prefix}.public.people", 4)
+    finally:
+        assert c.stop() == 0
+    assert [m.key() for m in msgs] == [b'{"id":1}', b'{"id":1}', b'{"id":1}', b'{"id":2}']
+    ops = [json.loads(m.value())["op"] if m.value() else None for m in msgs]
+    assert ops == ["c", "d", None, "c"]
+    assert dict(msgs[1].headers())["__debezium.newkey"] == b'{"id":2}'
+    assert dict(msgs[3].headers())["__debezium.oldkey"] == b'{"id":1}'
+
+
+def test_a_truncate_leaves_one_marker_per_partition_with_a_key(
+    tmp_path, services, people, slot_name, publication_name, topic_prefix, consume_all
+):
+    cfg = config(tmp_path, services, people, slot_name, publication_name, topic_prefix, kafka={"partitions": 3})
+    c = Connector(cfg, tmp_path / "l").start()
+    try:
+        c.wait_streaming(people, slot_name)
+        with psycopg.connect(people, autocommit=True) as conn:
+            for i in range(6):
+                conn.execute("INSERT INTO people (id, name) VALUES (%s, 'n')", (i,))
+            conn.execute("TRUNCATE people")
+        msgs = read_until(consume_all, f"{topic_prefix}.public.people", 9)
+    finally:
+        assert c.stop() == 0
+    markers = [m for m in msgs if dict(m.headers() or []).get("cdc.truncate") == b"1"]
+    assert sorted(m.partition() for m in markers) == [0, 1, 2]
+    for m in markers:
+        assert m.key() == json.dumps({"__cdc_truncate_partition": m.partition()}, separators=(",", ":")).encode()
+        assert json.loads(m.value())["op"] == "t"
+        # the marker comes after every row of its partition
+        assert all(r.offset() < m.offset() for r in msgs if r.partition() == m.partition() and r is not m)
+
+
+def test_column_lists_and_masks_shape_what_is_published(
+    tmp_path, services, people, slot_name, publication_name, topic_prefix, consume_all
+):
+    cfg = config(
+        tmp_path,
+        services,
+        people,
+        slot_name,
+        publication_name,
+        topic_prefix,
+        tables=[{"name": "public.people", "exclude_columns": ["notes"], "mask": {"ssn": "fixed", "email": "hash"}, "partitions": 2}],
+        masking={"fixed_value": "###"},
+    )
+    c = Connector(cfg, tmp_path / "l", env={"CDC_MASKING__SALT": "pepper"}).start()
+    try:
+        c.wait_streaming(people, slot_name)
+        with psycopg.connect(people, autocommit=True) as conn:
+            conn.execute("INSERT INTO people VALUES (1, 'Ada', 'ada@x.org', '123-45-6789', 'private')")
+        msgs = read_until(consume_all, f"{topic_prefix}.public.people", 1)
+    finally:
+        assert c.stop() == 0
+    after = json.loads(msgs[0].value())["after"]
+    assert after == {
+        "id": 1,
+        "name": "Ada",
+        "email": hashlib.sha256(b"pepper" + b"ada@x.org").hexdigest(),
+        "ssn": "###",
+    }
+    assert "pepper" not in c.output()
+
+
+def test_per_table_partitions_are_used_when_creating_the_topic(
+    tmp_path, services, people, slot_name, publication_name, topic_prefix, kafka_admin
+):
+    cfg = config(
+        tmp_path, services, people, slot_name, publication_name, topic_prefix,
+        tables=[{"name": "public.people", "partitions": 4}],
+    )
+    c = Connector(cfg, tmp_path / "l").start()
+    try:
+        c.wait_streaming(people, slot_name)
+    finally:
+        assert c.stop() == 0
+    meta = kafka_admin.list_topics(timeout=10).topics[f"{topic_prefix}.public.people"]
+    assert len(meta.partitions) == 4
+
+
+def test_an_existing_topic_with_the_wrong_cleanup_policy_stops_start_up(
+    tmp_path, services, people, slot_name, publication_name, topic_prefix, kafka_admin
+):
+    topic = f"{topic_prefix}.public.people"
+    kafka_admin.create_topics([NewTopic(topic, 1, 1, config={"cleanup.policy": "delete"})])[topic].result()
+    c = Connector(config(tmp_path, services, people, slot_name, publication_name, topic_prefix), tmp_path / "l").start()
+    assert c.wait_exit(60) == 1
+    assert f"topic {topic} has cleanup.policy=delete" in c.output()
+    assert "cleanup.policy=compact" in c.output()
+
+
+def test_an_oversized_record_stops_the_pipeline_naming_table_and_key_and_confirms_nothing_past_it(
+    tmp_path, services, people, slot_name, publication_name, topic_prefix, consume_all
+):
+    cfg = config(tmp_path, services, people, slot_name, publication_name, topic_prefix, limits={"max_record_bytes": 4096})
+    c = Connector(cfg, tmp_path / "l").start()
+    c.wait_streaming(people, slot_name)
+    with psycopg.connect(people, autocommit=True) as conn:
+        conn.execute("INSERT INTO people (id, name) VALUES (1, 'small')")
+        read_until(consume_all, f"{topic_prefix}.public.people", 1)
+        before = conn.execute(
+            "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s", (slot_name,)
+        ).fetchone()[0]
+        conn.execute("INSERT INTO people (id, notes) VALUES (2, repeat('x', 10000))")
+        assert c.wait_exit(60) == 1
+        after = conn.execute(
+            "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s", (slot_name,)
+        ).fetchone()[0]
+    fatal = [e for e in c.log_events() if e.get("event") == "fatal"]
+    assert len(fatal) == 1 and fatal[0]["kind"] == "RecordTooLarge"
+    error = fatal[0]["error"]
+    assert 'public.people key {"id":2}' in error and "limits.max_record_bytes=4096" in error
+    assert after == before
+
+
+def test_an_oversized_record_goes_to_the_dead_letter_topic_when_configured(
+    tmp_path, services, people, slot_name, publication_name, topic_prefix, consume_all
+):
+    dlq = f"{topic_prefix}.dlq"
+    cfg = config(
+        tmp_path, services, people, slot_name, publication_name, topic_prefix,
+        limits={"max_record_bytes": 4096, "dead_letter_topic": dlq},
+    )
+    c = Connector(cfg, tmp_path / "l").start()
+    try:
+        c.wait_streaming(people, slot_name)
+        with psycopg.connect(people, autocommit=True) as conn:
+            conn.execute("INSERT INTO people (id, notes) VALUES (2, repeat('x', 10000))")
+            conn.execute("INSERT INTO people (id, name) VALUES (3, 'after')")
+        letters = read_until(consume_all, dlq, 1)
+        rows = read_until(consume_all, f"{topic_prefix}.public.people", 1)
+    finally:
+        assert c.stop() == 0
+    assert letters[0].key() == b'{"id":2}'
+    reason = json.loads(letters[0].value())
+    assert reason["reason"] == "record_too_large" and reason["size"] > 10000
+    assert [m.key() for m in rows] == [b'{"id":3}']
+    assert any(e.get("event") == "record_dead_lettered" for e in c.log_events())
