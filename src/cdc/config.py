@@ -203,6 +203,17 @@ class JsonFormatConfig(_Section):
     interval_handling: Literal["numeric", "string"] = "numeric"
 
 
+class HeartbeatConfig(_Section):
+    interval_ms: int = Field(
+        default=0, ge=0, description="write a heartbeat record to __debezium-heartbeat.<topic_prefix> this often; 0: off"
+    )
+    action_query: str | None = Field(
+        default=None,
+        description="SQL run on the source at each heartbeat, e.g. to make WAL on an idle database "
+        "(SELECT pg_logical_emit_message(false, 'heartbeat', now()::text))",
+    )
+
+
 class MaskingConfig(_Section):
     fixed_value: str = Field(default="****", description="what a 'fixed' mask publishes")
     salt: SecretStr | None = Field(
@@ -249,6 +260,10 @@ class Config(BaseSettings):
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
     masking: MaskingConfig = Field(default_factory=MaskingConfig)
+    heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
+    transaction_metadata: bool = Field(
+        default=False, description="write BEGIN/END records with event counts to <topic_prefix>.transaction"
+    )
     status_interval_s: float = Field(default=10.0, gt=0, le=60, description="standby status update interval")
     reconnect_timeout_s: float = Field(
         default=600.0, gt=0, description="how long to retry a lost replication connection before giving up"

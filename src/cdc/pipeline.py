@@ -59,6 +59,7 @@ from cdc.sink.kafka import (
     ensure_topics,
     producer_config,
 )
+from cdc.sink.metadata import Heartbeat, TransactionMetadata, heartbeat_topic, transaction_topic
 from cdc.sink.serialize import JsonSerializer, JsonSettings, SerializationError
 from cdc.instance import InstanceLock
 from cdc.observe import HttpEndpoint, Stats
@@ -83,7 +84,8 @@ class Pipeline:
         self._policies: dict[str, ColumnPolicy] = {}
         self._lock = InstanceLock(config.source.conninfo(), config.source.slot)
         self.stats = Stats()
-        self._lag_conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self._lag_conn: psycopg.Connection[tuple[object, ...]] | None = None  # the metrics thread's
+        self._side_conn: psycopg.Connection[tuple[object, ...]] | None = None  # the main loop's
 
     @property
     def events(self) -> int:
@@ -206,6 +208,13 @@ class Pipeline:
             )
         if cfg.delivery.mode == "exactly_once":
             specs.append(TopicSpec(cfg.delivery.offsets_topic, 1, cfg.kafka.replication_factor))
+        if cfg.transaction_metadata:
+            # BEGIN and END share a key: compaction would drop the BEGINs, so this topic is not compacted.
+            specs.append(
+                TopicSpec(transaction_topic(cfg.topic_prefix), 1, cfg.kafka.replication_factor, compacted=False)
+            )
+        if cfg.heartbeat.interval_ms:
+            specs.append(TopicSpec(heartbeat_topic(cfg.topic_prefix), 1, cfg.kafka.replication_factor))
         if cfg.limits.dead_letter_topic:
             # Every dead letter is kept: compaction would keep only the last one of each key.
             specs.append(
@@ -232,8 +241,9 @@ class Pipeline:
             if http is not None:
                 http.stop()
             self._lock.release()
-            if self._lag_conn is not None:
-                self._lag_conn.close()
+            for side in (self._lag_conn, self._side_conn):
+                if side is not None:
+                    side.close()
 
     def _stream_with_retries(self) -> None:
         retry = tenacity.Retrying(
@@ -265,6 +275,8 @@ class Pipeline:
         stats = self.stats
         counts = stats.events
         column_policies = self._policies
+        txmeta = TransactionMetadata(cfg.topic_prefix) if cfg.transaction_metadata else None
+        heartbeat = Heartbeat(cfg.topic_prefix, cfg.heartbeat.interval_ms / 1000) if cfg.heartbeat.interval_ms else None
         stats.inflight_bytes = lambda: delivery.inflight_bytes
         stats.inflight_records = lambda: delivery.inflight_records
         stats.confirmed_lsn = lambda: int(stream.flushed)
@@ -293,6 +305,8 @@ class Pipeline:
                             for record in serializer.records(event):
                                 delivery.send(record, describe)
                             counts[(describe, event.op.value)] += 1
+                            if txmeta is not None:
+                                txmeta.count(describe)
                     elif isinstance(event, TruncateEvent | MessageEvent):
                         if not skipping:
                             describe = _describe(event)
@@ -302,7 +316,11 @@ class Pipeline:
                     elif isinstance(event, TxBegin):
                         skipping = not delivery.begin(event)
                         in_tx = True
+                        if txmeta is not None and not skipping:
+                            delivery.send(txmeta.begin(event), "transaction metadata")
                     elif isinstance(event, TxCommit):
+                        if txmeta is not None and not skipping:
+                            delivery.send(txmeta.end(event), "transaction metadata")
                         delivery.commit(event)
                         skipping = in_tx = False
                         stats.last_commit_ts_us = event.commit_ts_us
@@ -315,6 +333,11 @@ class Pipeline:
                     self._wait_for_kafka(stream, budget)
                 if self._reload_requested and not in_tx:
                     self._reload()
+                if heartbeat is not None and not in_tx:
+                    beat = heartbeat.due()
+                    if beat is not None:
+                        delivery.send_outside(beat)
+                        self._heartbeat_action()
             self._drain(stream)
         except (ConnectionLost, RetryableSinkError):
             stats.streaming = False
@@ -329,6 +352,19 @@ class Pipeline:
             stats.streaming = False
             stream.close()
             raise
+
+    def _heartbeat_action(self) -> None:
+        query = self.config.heartbeat.action_query
+        if not query:
+            return
+        try:
+            if self._side_conn is None or self._side_conn.closed or self._side_conn.broken:
+                self._side_conn = psycopg.connect(
+                    self.config.source.conninfo(application_name="cdc-heartbeat"), autocommit=True, connect_timeout=5
+                )
+            self._side_conn.execute(query.encode())
+        except psycopg.Error as e:
+            log.warning("heartbeat_action_failed", error=str(e).strip())
 
     def _slot_lag(self) -> int | None:
         """Bytes of WAL the slot holds back (read at scrape time, on a connection of its own)."""

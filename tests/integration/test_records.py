@@ -195,3 +195,63 @@ def test_an_oversized_record_goes_to_the_dead_letter_topic_when_configured(
     assert reason["reason"] == "record_too_large" and reason["size"] > 10000
     assert [m.key() for m in rows] == [b'{"id":3}']
     assert any(e.get("event") == "record_dead_lettered" for e in c.log_events())
+
+
+def test_transaction_metadata_and_heartbeats_follow_debezium_shapes(
+    tmp_path, services, people, slot_name, publication_name, topic_prefix, consume_all, kafka_admin
+):
+    cfg = config(
+        tmp_path, services, people, slot_name, publication_name, topic_prefix,
+        transaction_metadata=True, heartbeat={"interval_ms": 200},
+    )
+    c = Connector(cfg, tmp_path / "l").start()
+    try:
+        c.wait_streaming(people, slot_name)
+        with psycopg.connect(people, autocommit=True) as conn:
+            with conn.transaction():
+                conn.execute("INSERT INTO people (id) VALUES (1), (2), (3)")
+                conn.execute("DELETE FROM people WHERE id = 2")
+        tx = read_until(consume_all, f"{topic_prefix}.transaction", 2)
+        time.sleep(1)
+    finally:
+        assert c.stop() == 0
+    heartbeats = f"__debezium-heartbeat.{topic_prefix}"
+    try:
+        beats = read_until(consume_all, heartbeats, 2)
+    finally:
+        kafka_admin.delete_topics([heartbeats])
+    begin, end = (json.loads(m.value()) for m in tx[:2])
+    assert begin["status"] == "BEGIN" and end["status"] == "END" and begin["id"] == end["id"]
+    assert tx[0].key() == tx[1].key() == json.dumps({"id": begin["id"]}, separators=(",", ":")).encode()
+    assert end["event_count"] == 4
+    assert end["data_collections"] == [{"data_collection": "public.people", "event_count": 4}]
+    assert beats[0].key() == json.dumps({"serverName": topic_prefix}, separators=(",", ":")).encode()
+    assert json.loads(beats[-1].value())["ts_ms"] > 0
+
+
+def test_the_slot_advances_while_captured_tables_are_idle_and_others_are_busy(
+    tmp_path, services, people, slot_name, publication_name, topic_prefix
+):
+    with psycopg.connect(people, autocommit=True) as conn:
+        conn.execute("CREATE TABLE noise (id serial PRIMARY KEY, body text)")
+    c = Connector(config(tmp_path, services, people, slot_name, publication_name, topic_prefix), tmp_path / "l").start()
+    try:
+        c.wait_streaming(people, slot_name)
+        with psycopg.connect(people, autocommit=True) as conn:
+            start = conn.execute(
+                "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = %s", (slot_name,)
+            ).fetchone()[0]
+            for _ in range(200):
+                conn.execute("INSERT INTO noise (body) VALUES (repeat('n', 500))")
+            target = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+            deadline = time.monotonic() + 30
+            advanced = False
+            while time.monotonic() < deadline and not advanced:
+                advanced = conn.execute(
+                    "SELECT confirmed_flush_lsn >= %s FROM pg_replication_slots WHERE slot_name = %s",
+                    (target, slot_name),
+                ).fetchone()[0]
+                time.sleep(0.5)
+    finally:
+        assert c.stop() == 0
+    assert advanced, f"the slot stayed near {start} while the database wrote past {target}"

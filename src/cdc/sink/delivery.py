@@ -68,6 +68,7 @@ class Delivery(Protocol):
     def send(self, record: Record, describe: str) -> None: ...
     def commit(self, tx: TxCommit) -> None: ...
     def position(self, lsn: Lsn) -> None: ...  # the server sent everything up to lsn (keepalive)
+    def send_outside(self, record: Record) -> None: ...  # a record outside source transactions (heartbeat)
     def tick(self) -> None: ...  # serve delivery reports; finish what is due
     def acknowledged(self) -> Lsn: ...
     def drain(self, timeout: float) -> int: ...  # deliver what is in flight; returns what is left
@@ -121,7 +122,7 @@ class _Producing:
             record.headers + (("cdc.dead_letter.reason", b"record_too_large"),),
         )
 
-    def _produce(self, record: Record, describe: str, on_done: Any) -> None:
+    def _produce(self, record: Record, describe: str, on_done: Any, *, critical: bool = True) -> None:
         if record.value is not None and len(record.value) > self._max_record_bytes:
             replacement = self._oversized(record, describe)
             if replacement is None:
@@ -138,6 +139,9 @@ class _Producing:
             self.inflight_bytes -= size
             self.inflight_records -= 1
             if err is not None:
+                if not critical:
+                    log.warning("delivery_failed_noncritical", topic=msg.topic(), error=err.str())
+                    return
                 if self.failure is None:
                     self.failure = (
                         f"delivery to {msg.topic()} failed: {err.str()} ({err.name()}); "
@@ -203,6 +207,9 @@ class AtLeastOnce(_Producing):
         except BaseException:
             entry.pending -= 1
             raise
+
+    def send_outside(self, record: Record) -> None:
+        self._produce(record, record.topic, _ignore, critical=False)
 
     def commit(self, tx: TxCommit) -> None:
         if self._entry is None:
@@ -347,6 +354,17 @@ class ExactlyOnce(_Producing):
             return
         self._produce(record, describe, _ignore)
         self._records += 1
+
+    def send_outside(self, record: Record) -> None:
+        if self._open:
+            self._produce(record, record.topic, _ignore, critical=False)
+            return
+        try:
+            self._producer.begin_transaction()
+            self._produce(record, record.topic, _ignore, critical=False)
+            self._producer.commit_transaction(60)
+        except KafkaException as e:
+            raise _classify(e, "cannot write a heartbeat in a Kafka transaction") from None
 
     def commit(self, tx: TxCommit) -> None:
         if self._skipping:
