@@ -157,32 +157,88 @@ def _index_columns(conn: psycopg.Connection[tuple[object, ...]], table_oid: obje
     return tuple(str(r[0]) for r in rows)
 
 
-def ensure_publication(
+@dataclass(frozen=True, slots=True)
+class PublicationPlan:
+    """What bringing the publication to exactly the captured tables takes; checked before anything changes."""
+
+    name: str
+    wanted: tuple[str, ...]
+    current: tuple[str, ...] | None  # None: the publication does not exist
+
+    @property
+    def in_place(self) -> bool:
+        return self.current is not None and self.current == self.wanted
+
+
+def plan_publication(
     conn: psycopg.Connection[tuple[object, ...]], name: str, tables: Iterable[str]
-) -> None:
-    """Create the publication for exactly these tables, or bring an existing one to exactly them."""
-    wanted = sorted(tables)
-    row = conn.execute("SELECT puballtables FROM pg_publication WHERE pubname = %s", (name,)).fetchone()
-    table_list = sql.SQL(", ").join(sql.Identifier(*t.split(".", 1)) for t in wanted)
-    ident = sql.Identifier(name)
+) -> PublicationPlan:
+    """Check that the publication can be created or brought to exactly ``tables`` by this role."""
+    wanted = tuple(sorted(tables))
+    row = conn.execute(
+        """
+        SELECT p.puballtables, pg_has_role(current_user, p.pubowner, 'USAGE'), r.rolname
+          FROM pg_publication p JOIN pg_roles r ON r.oid = p.pubowner WHERE p.pubname = %s
+        """,
+        (name,),
+    ).fetchone()
+    user = conn.info.user
     if row is None:
-        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(ident, table_list))
-        log.info("publication_created", publication=name, tables=wanted)
-        return
-    if row[0]:
+        not_owned = [
+            t
+            for t in wanted
+            if not conn.execute(
+                "SELECT pg_has_role(current_user, c.relowner, 'USAGE') FROM pg_class c WHERE c.oid = to_regclass(%s)",
+                (t,),
+            ).fetchone()[0]  # type: ignore[index]
+        ]
+        if not_owned:
+            raise StartupError(
+                f"publication {name} does not exist and role {user} cannot create it: it does not own "
+                f"{', '.join(not_owned)}. Fix: have the owner run CREATE PUBLICATION {name} FOR TABLE "
+                f"{', '.join(wanted)}; (least privilege), or grant {user} the owning role."
+            )
+        return PublicationPlan(name, wanted, None)
+    all_tables, owner_ok, owner = row
+    if all_tables:
         raise StartupError(
             f"publication {name} is FOR ALL TABLES, but this connector publishes exactly the configured tables. "
             f"Fix: DROP PUBLICATION {name}; (it is recreated), or configure another publication name."
         )
-    have = sorted(
-        f"{r[0]}.{r[1]}"
-        for r in conn.execute(
-            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (name,)
-        ).fetchall()
+    current = tuple(
+        sorted(
+            f"{r[0]}.{r[1]}"
+            for r in conn.execute(
+                "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (name,)
+            ).fetchall()
+        )
     )
-    if have != wanted:
+    if current != wanted and not owner_ok:
+        missing = sorted(set(wanted) - set(current))
+        extra = sorted(set(current) - set(wanted))
+        fixes = []
+        if missing:
+            fixes.append(f"ALTER PUBLICATION {name} ADD TABLE {', '.join(missing)};")
+        if extra:
+            fixes.append(f"ALTER PUBLICATION {name} DROP TABLE {', '.join(extra)};")
+        raise StartupError(
+            f"publication {name} (owned by {owner}) publishes {', '.join(current) or 'no table'}, not exactly the "
+            f"configured tables, and role {user} may not change it. Fix, as {owner}: {' '.join(fixes)}"
+        )
+    return PublicationPlan(name, wanted, current)
+
+
+def apply_publication(conn: psycopg.Connection[tuple[object, ...]], plan: PublicationPlan) -> None:
+    if plan.in_place:
+        return
+    table_list = sql.SQL(", ").join(sql.Identifier(*t.split(".", 1)) for t in plan.wanted)
+    ident = sql.Identifier(plan.name)
+    if plan.current is None:
+        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(ident, table_list))
+        log.info("publication_created", publication=plan.name, tables=list(plan.wanted))
+    else:
         conn.execute(sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(ident, table_list))
-        log.info("publication_altered", publication=name, tables=wanted, previous=have)
+        log.info("publication_altered", publication=plan.name, tables=list(plan.wanted), previous=list(plan.current))
 
 
 def slot_exists(conn: psycopg.Connection[tuple[object, ...]], slot: str) -> tuple[bool, str | None]:

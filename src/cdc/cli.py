@@ -46,6 +46,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_config_reference(args: argparse.Namespace) -> int:
+    from cdc.reference import render_reference
+
+    sys.stdout.write(render_reference())
+    return 0
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
     from cdc import dev
 
@@ -84,6 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="check a configuration file and explain every error")
     p.add_argument("file")
     p.set_defaults(func=_cmd_validate)
+
+    p = sub.add_parser(
+        "config-reference", help="print the Markdown reference of every configuration key (docs/configuration.md)"
+    )
+    p.set_defaults(func=_cmd_config_reference)
 
     p = sub.add_parser("status", help="the slot, its lag, the confirmed position and per-table record counts")
     p.add_argument("--config", "-c", required=True)

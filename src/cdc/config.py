@@ -247,6 +247,7 @@ class Config(BaseSettings):
         frozen=True,
         env_prefix="CDC_",
         env_nested_delimiter="__",
+        env_prefix_target="all",  # CDC_JSON__... too, though the field is aliased "json"
         nested_model_default_partial_update=True,
     )
 

@@ -24,8 +24,9 @@ from cdc.catalog import (
     check_server,
     column_type_oids,
     describe_tables,
-    ensure_publication,
+    apply_publication,
     load_types,
+    plan_publication,
     slot_exists,
 )
 from cdc.columns import ColumnPolicy, ColumnPolicyError, policies
@@ -116,6 +117,7 @@ class Pipeline:
             self._lock.acquire()
             self._tables = describe_tables(conn, cfg.tables)
             self._policies = self._column_policies()
+            publication = plan_publication(conn, cfg.source.publication, self._tables.keys())
             has_slot, _ = slot_exists(conn, cfg.source.slot)
             oids = column_type_oids(conn, [t.oid for t in self._tables.values()])
             types = load_types(conn, [o for o in oids if o not in BUILTIN_TYPES])
@@ -135,7 +137,7 @@ class Pipeline:
             )
             self._partitions = ensure_topics(admin, self._topic_specs(self._serializer))
 
-            ensure_publication(conn, cfg.source.publication, self._tables.keys())
+            apply_publication(conn, publication)
             if not has_slot:
                 stream = ReplicationStream(cfg.source.conninfo())
                 stream.connect()
@@ -409,6 +411,7 @@ class Pipeline:
         with psycopg.connect(cfg.source.conninfo(application_name="cdc-reload"), autocommit=True) as conn:
             try:
                 tables = describe_tables(conn, new.tables)
+                publication = plan_publication(conn, cfg.source.publication, tables.keys())
             except StartupError as e:
                 log.error("reload_rejected", error=str(e))
                 return
@@ -425,8 +428,8 @@ class Pipeline:
                 log.error("reload_rejected", error=str(e))
                 return
             self._partitions.update(ensure_topics(admin, self._topic_specs(self._serializer)))
+            apply_publication(conn, publication)
             self._decoder.update_tables(tables, types)
-            ensure_publication(conn, cfg.source.publication, tables.keys())
         added = sorted(set(new_names) - set(old_names))
         log.info(
             "reload_tables",
@@ -442,6 +445,7 @@ class Pipeline:
         paused = time.monotonic()
         log.info("backpressure_on", inflight_bytes=delivery.inflight_bytes, budget=budget)
         while delivery.inflight_bytes > budget // 2 and not self._stop:
+            self.stats.heartbeat = time.monotonic()  # waiting on Kafka is not a hung daemon
             delivery.tick()
             time.sleep(0.01)
             stream.confirm(delivery.acknowledged())
@@ -462,6 +466,7 @@ class Pipeline:
         assert self._delivery is not None
         stream.close()
         while self._delivery.drain(5.0) and not self._stop:
+            self.stats.heartbeat = time.monotonic()
             log.warning("waiting_for_kafka", inflight_records=self._delivery.inflight_records)
         self._delivery.reset()
         log.warning("replication_reconnecting", acknowledged=str(self._delivery.acknowledged()))

@@ -1,0 +1,59 @@
+# syntax=docker/dockerfile:1.7
+#
+# The Spark jobs of spark/ (warehouse, search index, joined views): Python 3.11, a Java 17 runtime,
+# pyspark and delta-spark from the project's `spark` extra, and the jars the jobs put on spark.jars
+# (Kafka source, spark-avro, Delta), fetched here at build time by the project's own
+# `python -m cdc_views.jars fetch`, so that a job never downloads anything when it runs.
+#
+#   docker build -f deploy/spark.Dockerfile -t cdc-spark:local .
+#   docker run --rm --network cdc_default cdc-spark:local --master 'local[2]' /opt/cdc/spark/warehouse.py ...
+#
+# The entry point is spark-submit; arguments are spark-submit's, then the job and its own.
+
+FROM python:3.11-slim-bookworm AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+# Maven fetches the jars (spark/jars-pom.xml); a JRE runs it. Debian's stable packages are not
+# pinned: their security updates are wanted.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends maven openjdk-17-jre-headless \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY src ./src
+COPY spark ./spark
+RUN python -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-cache-dir ".[spark]"
+ENV CDC_CACHE_DIR=/opt/cdc-cache
+WORKDIR /src/spark
+RUN /opt/venv/bin/python -m cdc_views.jars fetch \
+ && rm -rf /root/.m2
+
+FROM python:3.11-slim-bookworm
+ARG VERSION=0.1.0
+LABEL org.opencontainers.image.title="cdc-spark" \
+      org.opencontainers.image.description="Spark jobs rebuilding views from the cdc topics" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# procps: Spark's launch scripts call ps.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+ && rm -rf /var/lib/apt/lists/* \
+ && groupadd --system --gid 10001 spark \
+ && useradd --system --uid 10001 --gid spark --create-home --home-dir /home/spark --shell /usr/sbin/nologin spark \
+ && mkdir -p /data/warehouse \
+ && chown spark:spark /data/warehouse
+COPY --from=build /opt/venv /opt/venv
+COPY --from=build /opt/cdc-cache /opt/cdc-cache
+COPY spark /opt/cdc/spark
+ENV PATH="/opt/venv/bin:${PATH}" \
+    CDC_CACHE_DIR=/opt/cdc-cache \
+    PYTHONPATH=/opt/cdc/spark \
+    PYSPARK_PYTHON=/opt/venv/bin/python \
+    PYSPARK_DRIVER_PYTHON=/opt/venv/bin/python \
+    PYTHONUNBUFFERED=1
+WORKDIR /home/spark
+USER 10001:10001
+ENTRYPOINT ["spark-submit"]
+CMD ["--help"]
