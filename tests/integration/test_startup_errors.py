@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 import sys
 from pathlib import Path
 from typing import Any
@@ -136,3 +137,40 @@ def test_a_server_without_logical_wal_level_is_refused_with_the_fix(tmp_path, se
         nothing_created(dsn, "s_walcheck", "p_walcheck", kafka_admin, "walcheck")
     finally:
         dev_postgres.down(state, log)
+
+
+def test_a_pre_created_publication_the_role_may_not_alter_is_named_with_the_fix_before_any_topic(
+    tmp_path, base, pg_dsn, slot_name, publication_name, topic_prefix, kafka_admin
+):
+    role = f"least_{slot_name[-8:]}"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+        conn.execute(f"CREATE ROLE {role} LOGIN REPLICATION")
+        conn.execute(f"GRANT SELECT ON customers, orders TO {role}")
+        conn.execute(f"CREATE PUBLICATION {publication_name} FOR TABLE customers")
+    try:
+        dsn = psycopg.conninfo.make_conninfo(pg_dsn, user=role)
+        cfg = base(
+            source={"dsn": dsn, "slot": slot_name, "publication": publication_name},
+            tables=["public.customers", "public.orders"],
+        )
+        code, out = run_once(tmp_path, cfg)
+        assert code == 1
+        assert f"ALTER PUBLICATION {publication_name} ADD TABLE public.orders;" in out
+        assert not [t for t in kafka_admin.list_topics(timeout=10).topics if t.startswith(topic_prefix + ".")]
+        # With exactly the published table, the least-privilege role streams.
+        ok = base(source={"dsn": dsn, "slot": slot_name, "publication": publication_name})
+        c = Connector(ok, tmp_path / "ok.log").start()
+        c.wait_streaming(pg_dsn, slot_name)
+        assert c.stop() == 0
+    finally:
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP PUBLICATION IF EXISTS {publication_name}")
+            for _ in range(50):
+                row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot_name,)).fetchone()
+                if row is None or not row[0]:
+                    break
+                time.sleep(0.1)
+            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot_name,))
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
