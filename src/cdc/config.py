@@ -25,6 +25,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from cdc.sink.registry import RegistrySettings
+
 _IDENT = re.compile(r"^[a-z_][a-z0-9_$]*$")
 
 
@@ -227,6 +229,12 @@ class HttpConfig(_Section):
     port: int = Field(default=8080, ge=0, le=65535, description="port to listen on (0: any free port, logged)")
 
 
+class AvroFormatConfig(_Section):
+    decimal_handling: Literal["precise", "string", "double"] = "precise"
+    time_precision: Literal["adaptive", "iso"] = "adaptive"
+    interval_handling: Literal["numeric", "string"] = "numeric"
+
+
 class LimitsConfig(_Section):
     max_inflight_bytes: int = Field(
         default=64 * 1024 * 1024,
@@ -255,8 +263,14 @@ class Config(BaseSettings):
     tables: list[TableConfig] = Field(min_length=1, description="captured tables")
     kafka: KafkaConfig
     topic_prefix: str = Field(description="topics are <topic_prefix>.<schema>.<table>")
-    format: Literal["json"] = Field(default="json", description="record format")
+    format: Literal["json", "avro"] = Field(
+        default="json", description="record format: json (Debezium envelope) or avro (Confluent wire format)"
+    )
     json_format: JsonFormatConfig = Field(default_factory=JsonFormatConfig, alias="json")
+    avro_format: AvroFormatConfig = Field(default_factory=AvroFormatConfig, alias="avro")
+    schema_registry: RegistrySettings | None = Field(
+        default=None, description="Confluent-compatible schema registry; required with format: avro"
+    )
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
@@ -293,6 +307,8 @@ class Config(BaseSettings):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"tables: listed more than once: {', '.join(dupes)}")
+        if self.format == "avro" and self.schema_registry is None:
+            raise ValueError("format avro needs a schema_registry section with its url")
         if self.masking.salt is None and any("hash" in t.mask.values() for t in self.tables):
             raise ValueError("a 'hash' mask needs masking.salt (set CDC_MASKING__SALT)")
         return self

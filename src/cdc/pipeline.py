@@ -13,6 +13,7 @@ import struct
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import psycopg
 import structlog
@@ -61,14 +62,25 @@ from cdc.sink.kafka import (
     producer_config,
 )
 from cdc.sink.metadata import Heartbeat, TransactionMetadata, heartbeat_topic, transaction_topic
-from cdc.sink.serialize import JsonSerializer, JsonSettings, SerializationError
+from cdc.sink.avro import AvroSerializer, AvroSettings
+from cdc.sink.registry import RegistryClient, RegistryError
+from cdc.sink.serialize import EventSerializer, JsonSerializer, JsonSettings, SerializationError
 from cdc.instance import InstanceLock
 from cdc.observe import HttpEndpoint, Stats
 
 log = structlog.get_logger("cdc.pipeline")
 
 _WAL_START = struct.Struct(">Q")
-FATAL = (StartupError, SinkError, ReplicationError, ChangeError, SerializationError, pgoutput.DecodeError, ConfigError)
+FATAL = (
+    StartupError,
+    SinkError,
+    ReplicationError,
+    ChangeError,
+    SerializationError,
+    RegistryError,
+    pgoutput.DecodeError,
+    ConfigError,
+)
 
 
 class Pipeline:
@@ -77,7 +89,7 @@ class Pipeline:
         self._stop = False
         self._tables: dict[str, TableInfo] = {}
         self._delivery: Delivery | None = None
-        self._serializer: JsonSerializer | None = None
+        self._serializer: EventSerializer[Any] | None = None
         self._decoder: ChangeDecoder | None = None
         self._partitions: dict[str, int] = {}
         self._reload_requested = False
@@ -124,17 +136,7 @@ class Pipeline:
 
             admin = admin_client(cfg.kafka.bootstrap_servers, cfg.kafka.producer)
             check_reachable(admin, cfg.kafka.bootstrap_servers)
-            self._serializer = JsonSerializer(
-                JsonSettings(
-                    topic_prefix=cfg.topic_prefix,
-                    database=cfg.source.database,
-                    schemas_enable=cfg.json_format.schemas_enable,
-                    decimal_handling=cfg.json_format.decimal_handling,
-                    time_precision=cfg.json_format.time_precision,
-                    interval_handling=cfg.json_format.interval_handling,
-                ),
-                self._partitions_of,
-            )
+            self._serializer = self._make_serializer()
             self._partitions = ensure_topics(admin, self._topic_specs(self._serializer))
 
             apply_publication(conn, publication)
@@ -153,6 +155,35 @@ class Pipeline:
             slot=cfg.source.slot,
             topics=sorted(self._partitions),
             delivery=cfg.delivery.mode,
+        )
+
+    def _make_serializer(self) -> EventSerializer[Any]:
+        cfg = self.config
+        if cfg.format == "avro":
+            assert cfg.schema_registry is not None  # the configuration model requires it
+            registry = RegistryClient.from_settings(cfg.schema_registry)
+            registry.check_reachable()
+            return AvroSerializer(
+                AvroSettings(
+                    topic_prefix=cfg.topic_prefix,
+                    database=cfg.source.database,
+                    decimal_handling=cfg.avro_format.decimal_handling,
+                    time_precision=cfg.avro_format.time_precision,
+                    interval_handling=cfg.avro_format.interval_handling,
+                ),
+                self._partitions_of,
+                registry,
+            )
+        return JsonSerializer(
+            JsonSettings(
+                topic_prefix=cfg.topic_prefix,
+                database=cfg.source.database,
+                schemas_enable=cfg.json_format.schemas_enable,
+                decimal_handling=cfg.json_format.decimal_handling,
+                time_precision=cfg.json_format.time_precision,
+                interval_handling=cfg.json_format.interval_handling,
+            ),
+            self._partitions_of,
         )
 
     def _column_policies(self) -> dict[str, ColumnPolicy]:
@@ -194,7 +225,7 @@ class Pipeline:
             dead_letters=dead,
         )
 
-    def _topic_specs(self, serializer: JsonSerializer) -> list[TopicSpec]:
+    def _topic_specs(self, serializer: EventSerializer[Any]) -> list[TopicSpec]:
         cfg = self.config
         by_name = {t.name: t for t in cfg.tables}
         specs = []

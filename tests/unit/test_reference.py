@@ -31,6 +31,8 @@ tables:
 kafka:
   bootstrap_servers: kafka:9092
 topic_prefix: shop
+schema_registry:             # present so that format=avro and schema_registry.* overrides have a section
+  url: http://registry:8080/apis/ccompat/v7
 """
 
 
@@ -278,7 +280,7 @@ def test_the_example_configuration_validates(clean_env: pytest.MonkeyPatch) -> N
     }  # fmt: skip
 
 
-SECRETS_COMMENTED_OUT = {"source.password", "source.password_file", "masking.salt"}
+SECRETS_COMMENTED_OUT = {"source.password", "source.password_file", "masking.salt", "schema_registry.password"}
 
 
 def _yaml_paths(value: Any, prefix: str = "") -> set[str]:

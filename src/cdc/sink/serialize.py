@@ -73,10 +73,15 @@ Temporal values, ``time_precision="adaptive"`` (Debezium's default):
 
 Envelope ``ts_ms``/``ts_us``/``ts_ns`` are the serializer's clock when the event is
 serialized; ``source.ts_*`` are the commit time.
+
+Shared with the Avro format (``cdc.sink.avro``): ``ConnectSchema``/``column_schema`` describe
+each type's Kafka Connect schema once, with its JSON and its Avro encoder, and
+``EventSerializer`` decides, for both formats, which records an event becomes and their headers.
 """
 
 from __future__ import annotations
 
+import abc
 import binascii
 import functools
 import math
@@ -86,7 +91,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Final, Literal
+from typing import Any, Final, Generic, Literal, Protocol, TypeVar
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -126,22 +131,27 @@ class JsonSettings(BaseModel):
 # ---------------------------------------------------------------------------
 
 Encoder = Callable[[Any], Any]
-"""A column value (as ``cdc.values`` defines it, never None) -> what orjson writes."""
+"""A column value (as ``cdc.values`` defines it, never None) -> what the format writes."""
 
 
 @dataclass(frozen=True, slots=True)
-class _Spec:
-    """One Connect schema and how to encode a value for it."""
+class ConnectSchema:
+    """One Connect schema and how to encode a value for it, in JSON and in Avro.
+
+    The type mapping is written once, here; ``cdc.sink.avro`` turns the same schema into
+    an Avro schema (as Confluent's AvroData does) and writes values with ``avro``.
+    """
 
     type: str  # Connect type: boolean int16 int32 int64 float double bytes string array struct
-    encode: Encoder | None  # None: the value is its own JSON
+    encode: Encoder | None  # JSON: what orjson writes; None: the value is its own JSON
     name: str | None = None
     version: int | None = None
     doc: str | None = None
     parameters: tuple[tuple[str, str], ...] = ()
-    fields: tuple[tuple[str, _Spec, bool], ...] = ()  # struct members: (field, spec, optional)
-    items: _Spec | None = None  # arrays
+    fields: tuple[tuple[str, ConnectSchema, bool], ...] = ()  # struct members: (field, spec, optional)
+    items: ConnectSchema | None = None  # arrays
     default: str | None = None
+    avro: Encoder | None = None  # Avro: what fastavro writes (bytes as bytes, NaN as NaN); None: the value itself
 
     def node(self, optional: bool, field: str | None = None) -> dict[str, Any]:
         """The JSON schema node, keys in JsonConverter's order."""
@@ -166,17 +176,17 @@ class _Spec:
         return node
 
 
-_BOOLEAN: Final = _Spec("boolean", None)
-_INT16: Final = _Spec("int16", None)
-_INT32: Final = _Spec("int32", None)
-_INT64: Final = _Spec("int64", None)
-_STRING: Final = _Spec("string", None)
-_BYTES_NODE: Final = _Spec("bytes", None)
-_DOUBLE_NODE: Final = _Spec("double", None)
+_BOOLEAN: Final = ConnectSchema("boolean", None)
+_INT16: Final = ConnectSchema("int16", None)
+_INT32: Final = ConnectSchema("int32", None)
+_INT64: Final = ConnectSchema("int64", None)
+_STRING: Final = ConnectSchema("string", None)
+_BYTES_NODE: Final = ConnectSchema("bytes", None)
+_DOUBLE_NODE: Final = ConnectSchema("double", None)
 
 _SNAPSHOT_ALLOWED: Final = "true,first,first_in_data_collection,last_in_data_collection,last,false,incremental"
 
-_SOURCE: Final = _Spec(
+SOURCE_SCHEMA: Final = ConnectSchema(
     "struct",
     None,
     name="io.debezium.connector.postgresql.Source",
@@ -188,7 +198,7 @@ _SOURCE: Final = _Spec(
         ("ts_ms", _INT64, False),
         (
             "snapshot",
-            _Spec(
+            ConnectSchema(
                 "string",
                 None,
                 name="io.debezium.data.Enum",
@@ -212,7 +222,7 @@ _SOURCE: Final = _Spec(
     ),
 )
 
-_TRANSACTION: Final = _Spec(
+TRANSACTION_SCHEMA: Final = ConnectSchema(
     "struct",
     None,
     name="event.block",
@@ -261,35 +271,47 @@ def _twos_complement(n: int) -> bytes:
     return n.to_bytes(length, "big", signed=True)
 
 
-def _special_decimal(where: str, value: Decimal) -> SerializationError:
+def _special_decimal(where: str, value: Decimal, fmt: str) -> SerializationError:
     return SerializationError(
         f"{where}: numeric value {value} cannot be written with decimal_handling='precise' "
         "(a Kafka Connect Decimal has no NaN or Infinity); set decimal_handling='string' "
-        "(or 'double') in the JSON settings"
+        f"(or 'double') in the {fmt} settings"
     )
 
 
-def _fixed_decimal(scale: int, where: str) -> Encoder:
-    # value * 10**scale = numerator * multiplier / (denominator * divisor); scale may be negative
+def _fixed_decimal_bytes(scale: int, where: str, fmt: str) -> Callable[[Decimal], bytes]:
+    """Decimal -> the big-endian two's-complement unscaled value at ``scale`` (may be negative)."""
+    # value * 10**scale = numerator * multiplier / (denominator * divisor)
     multiplier = 10**scale if scale >= 0 else 1
     divisor = 10**-scale if scale < 0 else 1
 
-    def encode(value: Decimal) -> str:
+    def encode(value: Decimal) -> bytes:
         if not value.is_finite():
-            raise _special_decimal(where, value)
+            raise _special_decimal(where, value, fmt)
         numerator, denominator = value.as_integer_ratio()
         unscaled, remainder = divmod(numerator * multiplier, denominator * divisor)
         if remainder:
             raise SerializationError(f"{where}: {value} has more than {scale} fraction digits")
-        return _b64(_twos_complement(unscaled))
+        return _twos_complement(unscaled)
 
     return encode
 
 
-def _variable_decimal(where: str) -> Encoder:
-    def encode(value: Decimal) -> dict[str, Any]:
+def _fixed_decimal(scale: int, where: str) -> Encoder:
+    unscaled = _fixed_decimal_bytes(scale, where, "JSON")
+
+    def encode(value: Decimal) -> str:
+        return _b64(unscaled(value))
+
+    return encode
+
+
+def _variable_decimal_parts(where: str, fmt: str) -> Callable[[Decimal], tuple[int, bytes]]:
+    """Decimal -> (the smallest scale that makes it whole, the unscaled value's two's complement)."""
+
+    def encode(value: Decimal) -> tuple[int, bytes]:
         if not value.is_finite():
-            raise _special_decimal(where, value)
+            raise _special_decimal(where, value, fmt)
         numerator, denominator = value.as_integer_ratio()
         # denominator is 2**a * 5**b; the smallest scale that makes the value whole is max(a, b)
         twos = (denominator & -denominator).bit_length() - 1
@@ -300,7 +322,27 @@ def _variable_decimal(where: str) -> Encoder:
             fives += 1
         scale = max(twos, fives)
         unscaled = numerator * 10**scale // denominator
-        return {"scale": scale, "value": _b64(_twos_complement(unscaled))}
+        return scale, _twos_complement(unscaled)
+
+    return encode
+
+
+def _variable_decimal(where: str) -> Encoder:
+    parts = _variable_decimal_parts(where, "JSON")
+
+    def encode(value: Decimal) -> dict[str, Any]:
+        scale, unscaled = parts(value)
+        return {"scale": scale, "value": _b64(unscaled)}
+
+    return encode
+
+
+def _variable_decimal_avro(where: str) -> Encoder:
+    parts = _variable_decimal_parts(where, "Avro")
+
+    def encode(value: Decimal) -> dict[str, Any]:
+        scale, unscaled = parts(value)
+        return {"scale": scale, "value": unscaled}
 
     return encode
 
@@ -330,13 +372,21 @@ def _point(value: Point) -> dict[str, Any]:
     }
 
 
+def _point_avro(value: Point) -> dict[str, Any]:
+    return {"x": value.x, "y": value.y, "wkb": _WKB_POINT.pack(1, 1, value.x, value.y), "srid": None}
+
+
 def _bit_bool(value: str) -> bool:
     return "1" in value
 
 
-def _bits(value: str) -> str:
+def _bits_bytes(value: str) -> bytes:
     n = int(value, 2) if value else 0
-    return _b64(n.to_bytes((n.bit_length() + 7) // 8, "little"))
+    return n.to_bytes((n.bit_length() + 7) // 8, "little")
+
+
+def _bits(value: str) -> str:
+    return _b64(_bits_bytes(value))
 
 
 # --- dates and times ---------------------------------------------------------
@@ -503,14 +553,14 @@ _MAX_DOMAIN_DEPTH: Final = 32
 
 
 @dataclass(frozen=True, slots=True)
-class _Options:
+class TypeOptions:
     decimal_handling: str
     time_precision: str
     interval_handling: str
 
 
-def _unknown(type_name: str) -> _Spec:
-    return _Spec("string", None, parameters=(("__debezium.source.column.type", type_name),))
+def _unknown(type_name: str) -> ConnectSchema:
+    return ConnectSchema("string", None, parameters=(("__debezium.source.column.type", type_name),))
 
 
 def _base_type(pg_type: PgType) -> PgType | None:
@@ -534,7 +584,7 @@ def _time_precision(modifier: int) -> int:
     return modifier if 0 <= modifier <= 6 else 6
 
 
-def _spec_for(pg_type: PgType, modifier: int, opts: _Options, key: bool, where: str) -> _Spec:
+def column_schema(pg_type: PgType, modifier: int, opts: TypeOptions, key: bool, where: str) -> ConnectSchema:
     """The schema and encoder of a column of ``pg_type`` (``key``: an injective encoding)."""
     base = _base_type(pg_type)
     if base is None:
@@ -543,36 +593,70 @@ def _spec_for(pg_type: PgType, modifier: int, opts: _Options, key: bool, where: 
     if kind is TypeKind.ARRAY:
         if base.element is None:
             return _unknown(base.name)
-        element = _spec_for(base.element, modifier, opts, key, where)
+        element = column_schema(base.element, modifier, opts, key, where)
+        avro = _avro_array(element.avro, where)
         encode_element = element.encode
         if encode_element is None:
-            return _Spec("array", None, items=element)
+            return ConnectSchema("array", None, items=element, avro=avro)
 
         def encode_array(values: list[Any]) -> list[Any]:
             return [
                 None if v is None else (encode_array(v) if type(v) is list else encode_element(v)) for v in values
             ]
 
-        return _Spec("array", encode_array, items=element)
+        return ConnectSchema("array", encode_array, items=element, avro=avro)
     if kind is TypeKind.ENUM:
-        return _Spec("string", None, name="io.debezium.data.Enum", version=1, parameters=(("allowed", ",".join(base.labels)),))
+        return ConnectSchema("string", None, name="io.debezium.data.Enum", version=1, parameters=(("allowed", ",".join(base.labels)),))
     if kind is TypeKind.BASE and base.schema == "pg_catalog":
         spec = _builtin_spec(base.name, modifier, opts, key, where)
         if spec is not None:
             return spec
     if kind is TypeKind.BASE:
         if base.name == "hstore":
-            return _Spec("string", _hstore, name="io.debezium.data.Json", version=1)
+            return ConnectSchema("string", _hstore, name="io.debezium.data.Json", version=1, avro=_hstore)
         if base.name == "citext":
             return _STRING
         if base.name == "ltree":
-            return _Spec("string", None, name="io.debezium.data.Ltree", version=1)
+            return ConnectSchema("string", None, name="io.debezium.data.Ltree", version=1)
     if kind is TypeKind.RANGE and base.schema == "pg_catalog" and base.name in _PLAIN_STRING_TYPES:
         return _STRING
     return _unknown(base.name)
 
 
-def _builtin_spec(name: str, modifier: int, opts: _Options, key: bool, where: str) -> _Spec | None:
+def _avro_array(encode_element: Encoder | None, where: str) -> Encoder:
+    """Avro arrays have one level (the schema's): a nested list is an error, not a guess."""
+
+    def nested() -> SerializationError:
+        return SerializationError(
+            f"{where}: a multi-dimensional array cannot be written as Avro (its schema is an array of "
+            "elements, one level); use format json for this table, or store the column one-dimensional"
+        )
+
+    if encode_element is None:
+
+        def encode_plain(values: list[Any]) -> list[Any]:
+            for v in values:
+                if type(v) is list:
+                    raise nested()
+            return values
+
+        return encode_plain
+
+    def encode(values: list[Any]) -> list[Any]:
+        out: list[Any] = []
+        for v in values:
+            if v is None:
+                out.append(None)
+            elif type(v) is list:
+                raise nested()
+            else:
+                out.append(encode_element(v))
+        return out
+
+    return encode
+
+
+def _builtin_spec(name: str, modifier: int, opts: TypeOptions, key: bool, where: str) -> ConnectSchema | None:
     adaptive = opts.time_precision == "adaptive"
     match name:
         case "bool":
@@ -584,83 +668,89 @@ def _builtin_spec(name: str, modifier: int, opts: _Options, key: bool, where: st
         case "int8" | "oid":
             return _INT64
         case "float4":
-            return _Spec("float", _float)
+            return ConnectSchema("float", _float)
         case "float8":
-            return _Spec("double", _float)
+            return ConnectSchema("double", _float)
         case "numeric" | "money":
             handling = opts.decimal_handling
             if handling == "double" and key:
                 handling = "string"  # a double is not injective
             if handling == "string":
-                return _Spec("string", _plain_decimal)
+                return ConnectSchema("string", _plain_decimal, avro=_plain_decimal)
             if handling == "double":
-                return _Spec("double", _double_decimal)
+                return ConnectSchema("double", _double_decimal, avro=float)
             if name == "money":
-                return _Spec(
+                return ConnectSchema(
                     "bytes",
                     _fixed_decimal(2, where),
                     name="org.apache.kafka.connect.data.Decimal",
                     version=1,
                     parameters=(("scale", "2"),),
+                    avro=_fixed_decimal_bytes(2, where, "Avro"),
                 )
             typmod = _numeric_typmod(modifier)
             if typmod is None:
-                return _Spec(
+                return ConnectSchema(
                     "struct",
                     _variable_decimal(where),
                     name="io.debezium.data.VariableScaleDecimal",
                     version=1,
                     doc="Variable scaled decimal",
                     fields=(("scale", _INT32, False), ("value", _BYTES_NODE, False)),
+                    avro=_variable_decimal_avro(where),
                 )
             precision, scale = typmod
-            return _Spec(
+            return ConnectSchema(
                 "bytes",
                 _fixed_decimal(scale, where),
                 name="org.apache.kafka.connect.data.Decimal",
                 version=1,
                 parameters=(("scale", str(scale)), ("connect.decimal.precision", str(precision))),
+                avro=_fixed_decimal_bytes(scale, where, "Avro"),
             )
         case "bytea":
-            return _Spec("bytes", _bytes)
+            return ConnectSchema("bytes", _bytes)
         case "uuid":
-            return _Spec("string", None, name="io.debezium.data.Uuid", version=1)  # orjson writes UUIDs
+            return ConnectSchema("string", None, name="io.debezium.data.Uuid", version=1, avro=str)  # orjson writes UUIDs
         case "json" | "jsonb":
-            return _Spec("string", None, name="io.debezium.data.Json", version=1)
+            return ConnectSchema("string", None, name="io.debezium.data.Json", version=1)
         case "xml":
-            return _Spec("string", None, name="io.debezium.data.Xml", version=1)
+            return ConnectSchema("string", None, name="io.debezium.data.Xml", version=1)
         case "date":
             if adaptive:
-                return _Spec("int32", _date_days, name="io.debezium.time.Date", version=1)
-            return _Spec("string", _date_iso, name="io.debezium.time.IsoDate", version=1)
+                return ConnectSchema("int32", _date_days, name="io.debezium.time.Date", version=1, avro=_date_days)
+            return ConnectSchema("string", _date_iso, name="io.debezium.time.IsoDate", version=1, avro=_date_iso)
         case "time":
             if not adaptive:
-                return _Spec("string", _time_iso, name="io.debezium.time.IsoTime", version=1)
+                return ConnectSchema("string", _time_iso, name="io.debezium.time.IsoTime", version=1, avro=_time_iso)
             if _time_precision(modifier) <= 3:
-                return _Spec("int32", _time_ms, name="io.debezium.time.Time", version=1)
-            return _Spec("int64", None, name="io.debezium.time.MicroTime", version=1)
+                return ConnectSchema("int32", _time_ms, name="io.debezium.time.Time", version=1, avro=_time_ms)
+            return ConnectSchema("int64", None, name="io.debezium.time.MicroTime", version=1)
         case "timestamp":
             if not adaptive:
-                return _Spec("string", _timestamp_iso, name="io.debezium.time.IsoTimestamp", version=1)
+                return ConnectSchema("string", _timestamp_iso, name="io.debezium.time.IsoTimestamp", version=1, avro=_timestamp_iso)
             if _time_precision(modifier) <= 3:
-                return _Spec("int64", _timestamp_ms, name="io.debezium.time.Timestamp", version=1)
-            return _Spec("int64", _timestamp_us, name="io.debezium.time.MicroTimestamp", version=1)
+                return ConnectSchema("int64", _timestamp_ms, name="io.debezium.time.Timestamp", version=1, avro=_timestamp_ms)
+            return ConnectSchema("int64", _timestamp_us, name="io.debezium.time.MicroTimestamp", version=1, avro=_timestamp_us)
         case "timestamptz":
             encoder = _zoned_timestamp(_time_precision(modifier))
-            return _Spec("string", encoder, name="io.debezium.time.ZonedTimestamp", version=1)
+            return ConnectSchema("string", encoder, name="io.debezium.time.ZonedTimestamp", version=1, avro=encoder)
         case "timetz":
-            return _Spec("string", _offset_time if key else _zoned_time, name="io.debezium.time.ZonedTime", version=1)
+            zoned = _offset_time if key else _zoned_time
+            return ConnectSchema("string", zoned, name="io.debezium.time.ZonedTime", version=1, avro=zoned)
         case "interval":
             if opts.interval_handling == "string" or key:
-                return _Spec("string", _interval_iso, name="io.debezium.time.Interval", version=1)
-            return _Spec("int64", _interval_micros, name="io.debezium.time.MicroDuration", version=1)
+                return ConnectSchema("string", _interval_iso, name="io.debezium.time.Interval", version=1, avro=_interval_iso)
+            return ConnectSchema("int64", _interval_micros, name="io.debezium.time.MicroDuration", version=1, avro=_interval_micros)
         case "bit" | "varbit":
             if modifier == 1:
-                return _Spec("boolean", _bit_bool)
+                return ConnectSchema("boolean", _bit_bool, avro=_bit_bool)
             length = str(modifier) if modifier > 0 else str(_INT32_MAX)
-            return _Spec("bytes", _bits, name="io.debezium.data.Bits", version=1, parameters=(("length", length),))
+            return ConnectSchema(
+                "bytes", _bits, name="io.debezium.data.Bits", version=1, parameters=(("length", length),), avro=_bits_bytes
+            )
         case "point":
-            return _Spec(
+            return ConnectSchema(
                 "struct",
                 _point,
                 name="io.debezium.data.geometry.Point",
@@ -668,13 +758,14 @@ def _builtin_spec(name: str, modifier: int, opts: _Options, key: bool, where: st
                 doc="Geometry (POINT)",
                 fields=(("x", _DOUBLE_NODE, False), ("y", _DOUBLE_NODE, False),
                         ("wkb", _BYTES_NODE, True), ("srid", _INT32, True)),
+                avro=_point_avro,
             )  # fmt: skip
     if name in _PLAIN_STRING_TYPES:
         return _STRING
     return None
 
 
-def _placeholder(pg_type: PgType, spec: _Spec, text: str) -> Any:
+def _placeholder(pg_type: PgType, spec: ConnectSchema, text: str) -> Any:
     """What an unchanged TOASTed value becomes in this column (Debezium's placeholders)."""
     if spec.type == "bytes":
         return _b64(text.encode())
@@ -705,6 +796,49 @@ class _TablePlan:
     truncate_key_prefix: bytes
 
 
+class TablePlan(Protocol):
+    """What the shared event logic needs from a format's plan of one table schema."""
+
+    @property
+    def table(self) -> TableSchema: ...
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def key_fields(self) -> tuple[_Field, ...]:
+        """The key columns with their JSON key encoders (key header payloads are JSON in every format)."""
+        ...
+
+
+PlanT = TypeVar("PlanT", bound=TablePlan)
+
+
+class FormatSettings(Protocol):
+    """The settings every format has (``JsonSettings``; ``cdc.sink.avro.AvroSettings``)."""
+
+    @property
+    def topic_prefix(self) -> str: ...
+
+    @property
+    def database(self) -> str: ...
+
+    @property
+    def decimal_handling(self) -> str: ...
+
+    @property
+    def time_precision(self) -> str: ...
+
+    @property
+    def interval_handling(self) -> str: ...
+
+    @property
+    def unavailable_value(self) -> str: ...
+
+    @property
+    def connector_version(self) -> str: ...
+
+
 _TOPIC_CHARS: Final = re.compile(r"[^a-zA-Z0-9._-]")
 _OPS: Final[dict[Op, str]] = {op: op.value for op in Op}
 _MAX_PLANS: Final = 4096
@@ -714,38 +848,42 @@ def _where(table: TableSchema, column: Column) -> str:
     return f"column {column.name!r} of table {table.qualified!r}"
 
 
-class JsonSerializer:
-    """Events -> records in Debezium's JSON shape. One per sink; not thread-safe."""
+def check_key_column(table: TableSchema, column: Column) -> None:
+    """A key column may not take the name of the truncate markers' key field."""
+    if column.name == TRUNCATE_KEY_FIELD:
+        raise SerializationError(
+            f"{_where(table, column)}: a key column may not be named {TRUNCATE_KEY_FIELD!r}, "
+            "the field of truncate markers' keys"
+        )
+
+
+class EventSerializer(abc.ABC, Generic[PlanT]):
+    """What every format shares: topics, a plan per table schema, and the records each event becomes.
+
+    The record set (delete + tombstone, key change as delete/tombstone/create with key
+    headers, truncate markers on every partition) and the headers are decided here, once;
+    a format supplies the plan of a table and the bytes (``_build_plan``, ``_row``,
+    ``_key``, ``_envelope``, ``_truncate_key``, ``_message``). One per sink; not thread-safe.
+    """
 
     def __init__(
         self,
-        settings: JsonSettings,
+        settings: FormatSettings,
         partitions_of: Callable[[str], int],
         *,
         clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
-        self._settings = settings
         self._partitions_of = partitions_of
         self._clock_ns = clock_ns
-        self._opts = _Options(settings.decimal_handling, settings.time_precision, settings.interval_handling)
-        self._schemas = settings.schemas_enable
+        self._opts = TypeOptions(settings.decimal_handling, settings.time_precision, settings.interval_handling)
         self._prefix = settings.topic_prefix
         self._version = settings.connector_version
         self._database = settings.database
         self._placeholder = settings.unavailable_value
-        self._plans_by_id: dict[int, _TablePlan] = {}
-        self._plans: dict[TableSchema, _TablePlan] = {}
+        self._plans_by_id: dict[int, PlanT] = {}
+        self._plans: dict[TableSchema, PlanT] = {}
         self._topic_owner: dict[str, tuple[str, str]] = {}
         self._message_topic = _TOPIC_CHARS.sub("_", f"{self._prefix}.message")
-        self._message_key_prefix = b""
-        self._message_value_prefix = b""
-        if self._schemas:
-            self._message_key_prefix = _schema_prefix(_MESSAGE_KEY.node(False))
-            self._message_value_prefix = _schema_prefix(_MESSAGE_VALUE.node(False))
-
-    @property
-    def settings(self) -> JsonSettings:
-        return self._settings
 
     # --- topics and plans ---------------------------------------------------
 
@@ -768,7 +906,7 @@ class JsonSerializer:
             )
         return topic
 
-    def _plan(self, table: TableSchema) -> _TablePlan:
+    def _plan(self, table: TableSchema) -> PlanT:
         plan = self._plans_by_id.get(id(table))
         if plan is not None and plan.table is table:
             return plan
@@ -783,60 +921,9 @@ class JsonSerializer:
         self._plans_by_id[id(table)] = plan
         return plan
 
-    def _build_plan(self, table: TableSchema) -> _TablePlan:
-        topic = self.topic_name(table.schema, table.name)
-        opts = self._opts
-        fields: list[_Field] = []
-        value_members: list[tuple[str, _Spec, bool]] = []
-        key_fields: list[_Field] = []
-        key_members: list[tuple[str, _Spec, bool]] = []
-        for column in table.columns:
-            where = _where(table, column)
-            spec = _spec_for(column.type, column.modifier, opts, False, where)
-            fields.append((column.name, spec.encode, _placeholder(column.type, spec, self._placeholder)))
-            value_members.append((column.name, spec, column.nullable and not column.key))
-            if column.key:
-                if column.name == TRUNCATE_KEY_FIELD:
-                    raise SerializationError(
-                        f"{where}: a key column may not be named {TRUNCATE_KEY_FIELD!r}, "
-                        "the field of truncate markers' keys"
-                    )
-                key_spec = _spec_for(column.type, column.modifier, opts, True, where)
-                key_fields.append((column.name, key_spec.encode, None))  # no placeholder: see _encode_key
-                key_members.append((column.name, key_spec, False))
-        key_prefix = value_prefix = truncate_key_prefix = b""
-        if self._schemas:
-            row = _Spec("struct", None, name=f"{topic}.Value", fields=tuple(value_members))
-            envelope = _Spec(
-                "struct",
-                None,
-                name=f"{topic}.Envelope",
-                version=2,
-                fields=(
-                    ("before", row, True),
-                    ("after", row, True),
-                    ("source", _SOURCE, False),
-                    ("transaction", _TRANSACTION, True),
-                    ("op", _STRING, False),
-                    ("ts_ms", _INT64, True),
-                    ("ts_us", _INT64, True),
-                    ("ts_ns", _INT64, True),
-                ),
-            )
-            value_prefix = _schema_prefix(envelope.node(False))
-            key = _Spec("struct", None, name=f"{topic}.Key", fields=tuple(key_members))
-            key_prefix = _schema_prefix(key.node(False))
-            truncate_key = _Spec("struct", None, name=f"{topic}.TruncateKey", fields=((TRUNCATE_KEY_FIELD, _INT32, False),))
-            truncate_key_prefix = _schema_prefix(truncate_key.node(False))
-        return _TablePlan(
-            table=table,
-            topic=topic,
-            fields=tuple(fields),
-            key_fields=tuple(key_fields),
-            key_prefix=key_prefix,
-            value_prefix=value_prefix,
-            truncate_key_prefix=truncate_key_prefix,
-        )
+    @abc.abstractmethod
+    def _build_plan(self, table: TableSchema) -> PlanT:
+        """Everything per table schema that does not change per row: topic, encoders, schemas."""
 
     # --- events -------------------------------------------------------------
 
@@ -858,7 +945,7 @@ class JsonSerializer:
                 "compacted topic; give it a primary key (or replica identity index) or configure its key columns"
             )
         op = event.op
-        headers = _headers(event.lsn, event.commit_lsn, event.xid, event.ordinal)
+        headers = position_headers(event.lsn, event.commit_lsn, event.xid, event.ordinal)
         source = self._source(event.table, event.commit_ts_us, event.commit_lsn, event.lsn, event.xid, event.snapshot)
         now = self._clock_ns()
         topic = plan.topic
@@ -891,7 +978,7 @@ class JsonSerializer:
         raise SerializationError(f"a ChangeEvent cannot have op {op.value!r} (truncates and messages have their own events)")
 
     def _truncate(self, event: TruncateEvent) -> list[Record]:
-        headers = (*_headers(event.lsn, event.commit_lsn, event.xid, event.ordinal), ("cdc.truncate", b"1"))
+        headers = (*position_headers(event.lsn, event.commit_lsn, event.xid, event.ordinal), ("cdc.truncate", b"1"))
         now = self._clock_ns()
         records: list[Record] = []
         for table in event.tables:
@@ -902,45 +989,12 @@ class JsonSerializer:
             if partitions < 1:
                 raise SerializationError(f"topic {plan.topic!r} has {partitions} partitions: nowhere to put truncate markers")
             for partition in range(partitions):
-                payload = orjson.dumps({TRUNCATE_KEY_FIELD: partition})
-                key = plan.truncate_key_prefix + payload + b"}" if self._schemas else payload
-                records.append(Record(plan.topic, key, value, headers, partition=partition))
+                records.append(Record(plan.topic, self._truncate_key(plan, partition), value, headers, partition=partition))
         return records
 
+    @abc.abstractmethod
     def _message(self, event: MessageEvent) -> list[Record]:
-        now = self._clock_ns()
-        commit_ts_us = event.commit_ts_us if event.commit_ts_us is not None else now // 1000
-        source = {
-            "version": self._version,
-            "connector": "postgresql",
-            "name": self._prefix,
-            "ts_ms": commit_ts_us // 1000,
-            "snapshot": "false",
-            "db": self._database,
-            "sequence": _sequence(event.commit_lsn, event.lsn),
-            "ts_us": commit_ts_us,
-            "ts_ns": commit_ts_us * 1000,
-            "schema": "",
-            "table": "",
-            "txId": event.xid,
-            "lsn": int(event.lsn),
-            "xmin": None,
-            "origin": None,
-            "origin_lsn": None,
-        }
-        value = orjson.dumps(
-            {
-                "op": "m",
-                "ts_ms": now // 1_000_000,
-                "source": source,
-                "message": {"prefix": event.prefix, "content": _b64(event.content)},
-            }
-        )
-        key = orjson.dumps({"prefix": event.prefix})
-        if self._schemas:
-            key = self._message_key_prefix + key + b"}"
-            value = self._message_value_prefix + value + b"}"
-        return [Record(self._message_topic, key, value, _headers(event.lsn, event.commit_lsn, event.xid, event.ordinal))]
+        """The record of a logical decoding message (topic ``<prefix>.message``)."""
 
     # --- pieces -------------------------------------------------------------
 
@@ -971,6 +1025,140 @@ class JsonSerializer:
             "origin": None,
             "origin_lsn": None,
         }
+
+    def _message_source(self, event: MessageEvent, now_ns: int) -> dict[str, Any]:
+        """A message's ``source``: no table; no commit time (non-transactional): the serializer's clock."""
+        commit_ts_us = event.commit_ts_us if event.commit_ts_us is not None else now_ns // 1000
+        return {
+            "version": self._version,
+            "connector": "postgresql",
+            "name": self._prefix,
+            "ts_ms": commit_ts_us // 1000,
+            "snapshot": "false",
+            "db": self._database,
+            "sequence": _sequence(event.commit_lsn, event.lsn),
+            "ts_us": commit_ts_us,
+            "ts_ns": commit_ts_us * 1000,
+            "schema": "",
+            "table": "",
+            "txId": event.xid,
+            "lsn": int(event.lsn),
+            "xmin": None,
+            "origin": None,
+            "origin_lsn": None,
+        }
+
+    def _key_payload(self, plan: PlanT, row: dict[str, Any] | None) -> bytes:
+        """The key as JSON text (``{"id":1}``): the JSON format's key payload, and every format's key headers."""
+        if row is None:
+            raise SerializationError(f"table {plan.table.qualified!r}: the event has no row to take the key from")
+        try:
+            return orjson.dumps(_encode_key(plan.table, plan.key_fields, row))
+        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise _value_error(plan.table, plan.key_fields, row, exc) from exc
+
+    @abc.abstractmethod
+    def _row(self, plan: PlanT, row: dict[str, Any] | None, which: str) -> dict[str, Any]:
+        """A row's columns encoded for the envelope's ``before``/``after``."""
+
+    @abc.abstractmethod
+    def _key(self, plan: PlanT, row: dict[str, Any] | None) -> bytes:
+        """The record key of a row: the same bytes for every event of the row."""
+
+    @abc.abstractmethod
+    def _envelope(
+        self,
+        plan: PlanT,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        source: dict[str, Any],
+        op: str,
+        now_ns: int,
+    ) -> bytes:
+        """The record value: Debezium's envelope."""
+
+    @abc.abstractmethod
+    def _truncate_key(self, plan: PlanT, partition: int) -> bytes:
+        """The key of the truncate marker on ``partition``: never a row's key."""
+
+
+class JsonSerializer(EventSerializer[_TablePlan]):
+    """Events -> records in Debezium's JSON shape. One per sink; not thread-safe."""
+
+    def __init__(
+        self,
+        settings: JsonSettings,
+        partitions_of: Callable[[str], int],
+        *,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        super().__init__(settings, partitions_of, clock_ns=clock_ns)
+        self._settings = settings
+        self._schemas = settings.schemas_enable
+        self._message_key_prefix = b""
+        self._message_value_prefix = b""
+        if self._schemas:
+            self._message_key_prefix = _schema_prefix(MESSAGE_KEY_SCHEMA.node(False))
+            self._message_value_prefix = _schema_prefix(MESSAGE_VALUE_SCHEMA.node(False))
+
+    @property
+    def settings(self) -> JsonSettings:
+        return self._settings
+
+    def _build_plan(self, table: TableSchema) -> _TablePlan:
+        topic = self.topic_name(table.schema, table.name)
+        opts = self._opts
+        fields: list[_Field] = []
+        value_members: list[tuple[str, ConnectSchema, bool]] = []
+        key_fields: list[_Field] = []
+        key_members: list[tuple[str, ConnectSchema, bool]] = []
+        for column in table.columns:
+            where = _where(table, column)
+            spec = column_schema(column.type, column.modifier, opts, False, where)
+            fields.append((column.name, spec.encode, _placeholder(column.type, spec, self._placeholder)))
+            value_members.append((column.name, spec, column.nullable and not column.key))
+            if column.key:
+                check_key_column(table, column)
+                key_spec = column_schema(column.type, column.modifier, opts, True, where)
+                key_fields.append((column.name, key_spec.encode, None))  # no placeholder: see _encode_key
+                key_members.append((column.name, key_spec, False))
+        key_prefix = value_prefix = truncate_key_prefix = b""
+        if self._schemas:
+            row = ConnectSchema("struct", None, name=f"{topic}.Value", fields=tuple(value_members))
+            envelope = envelope_schema(topic, row)
+            value_prefix = _schema_prefix(envelope.node(False))
+            key = ConnectSchema("struct", None, name=f"{topic}.Key", fields=tuple(key_members))
+            key_prefix = _schema_prefix(key.node(False))
+            truncate_key_prefix = _schema_prefix(truncate_key_schema(topic).node(False))
+        return _TablePlan(
+            table=table,
+            topic=topic,
+            fields=tuple(fields),
+            key_fields=tuple(key_fields),
+            key_prefix=key_prefix,
+            value_prefix=value_prefix,
+            truncate_key_prefix=truncate_key_prefix,
+        )
+
+    def _truncate_key(self, plan: _TablePlan, partition: int) -> bytes:
+        payload = orjson.dumps({TRUNCATE_KEY_FIELD: partition})
+        return plan.truncate_key_prefix + payload + b"}" if self._schemas else payload
+
+    def _message(self, event: MessageEvent) -> list[Record]:
+        now = self._clock_ns()
+        value = orjson.dumps(
+            {
+                "op": "m",
+                "ts_ms": now // 1_000_000,
+                "source": self._message_source(event, now),
+                "message": {"prefix": event.prefix, "content": _b64(event.content)},
+            }
+        )
+        key = orjson.dumps({"prefix": event.prefix})
+        if self._schemas:
+            key = self._message_key_prefix + key + b"}"
+            value = self._message_value_prefix + value + b"}"
+        return [Record(self._message_topic, key, value, position_headers(event.lsn, event.commit_lsn, event.xid, event.ordinal))]
 
     def _envelope(
         self,
@@ -1005,21 +1193,38 @@ class JsonSerializer:
         try:
             return _encode_row(plan.fields, row)
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-            raise _value_error(plan, plan.fields, row, exc) from exc
-
-    def _key_payload(self, plan: _TablePlan, row: dict[str, Any] | None) -> bytes:
-        if row is None:
-            raise SerializationError(f"table {plan.table.qualified!r}: the event has no row to take the key from")
-        try:
-            return orjson.dumps(_encode_key(plan, row))
-        except (TypeError, ValueError, AttributeError, OverflowError) as exc:
-            raise _value_error(plan, plan.key_fields, row, exc) from exc
+            raise _value_error(plan.table, plan.fields, row, exc) from exc
 
     def _key(self, plan: _TablePlan, row: dict[str, Any] | None) -> bytes:
         payload = self._key_payload(plan, row)
         if self._schemas:
             return plan.key_prefix + payload + b"}"
         return payload
+
+
+def envelope_schema(topic: str, row: ConnectSchema) -> ConnectSchema:
+    """Debezium's ``<topic>.Envelope`` v2 around the table's ``<topic>.Value`` struct."""
+    return ConnectSchema(
+        "struct",
+        None,
+        name=f"{topic}.Envelope",
+        version=2,
+        fields=(
+            ("before", row, True),
+            ("after", row, True),
+            ("source", SOURCE_SCHEMA, False),
+            ("transaction", TRANSACTION_SCHEMA, True),
+            ("op", _STRING, False),
+            ("ts_ms", _INT64, True),
+            ("ts_us", _INT64, True),
+            ("ts_ns", _INT64, True),
+        ),
+    )
+
+
+def truncate_key_schema(topic: str) -> ConnectSchema:
+    """The key struct of truncate markers: ``<topic>.TruncateKey {__cdc_truncate_partition: int32}``."""
+    return ConnectSchema("struct", None, name=f"{topic}.TruncateKey", fields=((TRUNCATE_KEY_FIELD, _INT32, False),))
 
 
 def _encode_row(fields: Sequence[_Field], row: dict[str, Any]) -> dict[str, Any]:
@@ -1038,20 +1243,24 @@ def _encode_row(fields: Sequence[_Field], row: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def _encode_key(plan: _TablePlan, row: dict[str, Any]) -> dict[str, Any]:
+def _encode_key(table: TableSchema, key_fields: Sequence[_Field], row: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name, encode, _ in plan.key_fields:
+    for name, encode, _ in key_fields:
         value = row.get(name)
         if value is UNCHANGED_TOAST:
-            raise SerializationError(
-                f"key column {name!r} of table {plan.table.qualified!r} is an unchanged TOASTed value: "
-                "the key is unknown; fill unchanged TOAST values before serializing (replica identity full or re-read)"
-            )
+            raise unchanged_toast_key(table, name)
         out[name] = value if value is None or encode is None else encode(value)
     return out
 
 
-def _value_error(plan: _TablePlan, fields: Sequence[_Field], row: dict[str, Any], exc: Exception) -> Exception:
+def unchanged_toast_key(table: TableSchema, column: str) -> SerializationError:
+    return SerializationError(
+        f"key column {column!r} of table {table.qualified!r} is an unchanged TOASTed value: "
+        "the key is unknown; fill unchanged TOAST values before serializing (replica identity full or re-read)"
+    )
+
+
+def _value_error(table: TableSchema, fields: Sequence[_Field], row: dict[str, Any], exc: Exception) -> Exception:
     """Name the column whose value failed to encode (the slow path after a failure)."""
     if isinstance(exc, SerializationError):
         return exc
@@ -1063,10 +1272,10 @@ def _value_error(plan: _TablePlan, fields: Sequence[_Field], row: dict[str, Any]
             encode(value)
         except (TypeError, ValueError, AttributeError, OverflowError) as column_exc:
             return SerializationError(
-                f"column {name!r} of table {plan.table.qualified!r}: cannot encode {type(value).__name__} "
+                f"column {name!r} of table {table.qualified!r}: cannot encode {type(value).__name__} "
                 f"value {value!r:.80}: {column_exc}"
             )
-    return SerializationError(f"table {plan.table.qualified!r}: cannot encode a row: {exc}")
+    return SerializationError(f"table {table.qualified!r}: cannot encode a row: {exc}")
 
 
 def _sequence(commit_lsn: int | None, lsn: int) -> str:
@@ -1074,7 +1283,7 @@ def _sequence(commit_lsn: int | None, lsn: int) -> str:
     return f'[{first},"{int(lsn)}"]'
 
 
-def _headers(lsn: int, commit_lsn: int | None, xid: int | None, ordinal: int) -> tuple[tuple[str, bytes], ...]:
+def position_headers(lsn: int, commit_lsn: int | None, xid: int | None, ordinal: int) -> tuple[tuple[str, bytes], ...]:
     if commit_lsn is not None and xid is not None:
         return (
             ("cdc.lsn", b"%d" % lsn),
@@ -1095,7 +1304,7 @@ def _schema_prefix(node: dict[str, Any]) -> bytes:
     return b'{"schema":' + _dumps_node(node) + b',"payload":'
 
 
-_MESSAGE_KEY: Final = _Spec(
+MESSAGE_KEY_SCHEMA: Final = ConnectSchema(
     "struct",
     None,
     name="io.debezium.connector.postgresql.MessageKey",
@@ -1103,7 +1312,7 @@ _MESSAGE_KEY: Final = _Spec(
     fields=(("prefix", _STRING, True),),
 )
 
-_MESSAGE_VALUE: Final = _Spec(
+MESSAGE_VALUE_SCHEMA: Final = ConnectSchema(
     "struct",
     None,
     name="io.debezium.connector.postgresql.MessageValue",
@@ -1111,10 +1320,10 @@ _MESSAGE_VALUE: Final = _Spec(
     fields=(
         ("op", _STRING, False),
         ("ts_ms", _INT64, True),
-        ("source", _SOURCE, False),
+        ("source", SOURCE_SCHEMA, False),
         (
             "message",
-            _Spec(
+            ConnectSchema(
                 "struct",
                 None,
                 name="io.debezium.connector.postgresql.Message",

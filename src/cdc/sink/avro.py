@@ -1,0 +1,533 @@
+"""Events to Kafka records in Avro: Confluent's wire format, Debezium's schemas.
+
+``AvroSerializer(settings, partitions_of, registry).records(event)`` turns a ``ChangeEvent``,
+``TruncateEvent`` or ``MessageEvent`` into records, like ``JsonSerializer`` and through the same
+code (``cdc.sink.serialize.EventSerializer``): the same records in the same order, the same
+headers, the same values per type (``cdc.sink.serialize`` describes them), written as Avro where
+JSON writes text: bytes as bytes, decimals as two's-complement bytes, NaN as NaN.
+
+Wire format
+    Byte ``0x00``, the schema id (4 bytes, big-endian), then the Avro binary body
+    (fastavro's ``schemaless_writer``; each schema is parsed once per table schema).
+
+Subjects (TopicNameStrategy)
+    ``<topic>-key`` and ``<topic>-value``; logical messages ``<prefix>.message-key``/``-value``.
+    Schemas are registered when a table schema is first used; a ``Relation`` that changes the
+    columns makes a new table schema, whose value schema registers as the subject's next
+    version (the key schema, unchanged, keeps its id, so a row's key bytes stay the same).
+
+Schemas, as Debezium's Connect schemas become Avro through Confluent's AvroData
+(``connect.meta.data=true``, ``schema.name.adjustment.mode=avro``, ``field.name.adjustment.mode=avro``)
+    * A struct ``a.b.C`` is a record named ``C`` in namespace ``a.b``; a named type used twice
+      (``before``/``after`` share ``Value``) is defined once and then referenced by full name.
+    * Optional: ``["null", T]`` with default null; with a Connect default, ``[T, "null"]`` and
+      that default (``source.snapshot``: ``"false"``).
+    * Metadata: ``connect.doc``, ``connect.version``, ``connect.parameters``, ``connect.default``,
+      ``connect.name``; int16 is an Avro int with ``connect.type: int16``.
+    * Decimal: bytes with ``scale``, ``precision`` (64 when the Connect schema has none, as for
+      money) and ``logicalType: decimal``. AvroData keeps ``logicalType`` even where the Avro spec
+      forbids it (numeric with a negative scale or a scale above the precision, PostgreSQL 15+);
+      there this module leaves it out, so that the schema parses everywhere (fastavro refuses
+      it; Java's Avro ignores it); the bytes and ``connect.*`` metadata are the same.
+    * Names: every dot-separated part of a record name and every field name keeps
+      ``[A-Za-z0-9_]``, anything else becomes ``_``, as does a leading digit
+      (``my-prefix.public.2024`` -> ``my_prefix.public._024``). Two columns whose names become the
+      same field are an error.
+
+Differences from Debezium, and why
+    * Every non-key column is optional (``["null", T]``, default null) in the ``Value`` record,
+      NOT NULL or not; Debezium makes NOT NULL columns required and gives them the column's
+      default. pgoutput does not send column defaults, so a required field here could never
+      have one, and adding a NOT NULL column would break BACKWARD compatibility. So adding or
+      dropping any non-key column is BACKWARD (indeed FULL) compatible. Key columns stay
+      required; a change of the key, or a type change Avro cannot promote (int -> long is
+      fine, text -> int is not), is genuinely incompatible, and the registry's refusal stops
+      the pipeline with ``IncompatibleSchemaError`` naming the subject, table and changed fields.
+    * Truncate markers (one per partition, as in JSON) cannot carry a row's key schema: their
+      key is a record ``<namespace>.TruncateKey {__cdc_truncate_partition: int}``, registered
+      under its own subject ``<topic>-<namespace>.TruncateKey`` (TopicRecordNameStrategy), so
+      the row key subject keeps exactly one record type under any compatibility level.
+      Consumers decode it by its schema id as usual; it never equals a row key, because its
+      schema id differs from every ``Key`` schema's id. Consumers that read keys with a fixed
+      reader schema (Flink, Spark's ``from_avro`` with a subject) should skip records with
+      header ``cdc.truncate`` before decoding keys.
+    * A key column value must not be NULL (a configured key over a nullable column): the Key
+      record's fields are required. Multi-dimensional arrays cannot be written (the schema
+      has one array level). Both are ``SerializationError``s naming the column and the fix.
+    * An unchanged TOASTed value becomes the placeholder where the Avro type can hold it (text
+      types, bytea, arrays of text or of integers, as Debezium does); elsewhere it is an error
+      that asks for REPLICA IDENTITY FULL (the decoder then fills the value from the old row).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+import fastavro
+import fastavro.validation
+import structlog
+from pydantic import BaseModel, ConfigDict, Field
+
+import cdc
+from cdc.event import Column, MessageEvent, TableSchema
+from cdc.sink.record import Record
+from cdc.sink.registry import SchemaRegistry
+from cdc.sink.serialize import (
+    MESSAGE_KEY_SCHEMA,
+    MESSAGE_VALUE_SCHEMA,
+    TRUNCATE_KEY_FIELD,
+    ConnectSchema,
+    Encoder,
+    EventSerializer,
+    SerializationError,
+    check_key_column,
+    column_schema,
+    envelope_schema,
+    position_headers,
+    truncate_key_schema,
+    unchanged_toast_key,
+)
+from cdc.values import UNCHANGED_TOAST
+
+__all__ = ["AvroSerializer", "AvroSettings", "avro_field_name", "avro_name", "avro_schema", "decode_wire"]
+
+log = structlog.get_logger("cdc.sink.avro")
+
+MAGIC_BYTE: Final = 0
+_DECIMAL: Final = "org.apache.kafka.connect.data.Decimal"
+_DECIMAL_PRECISION_DEFAULT: Final = 64  # AvroData's, for a Decimal without connect.decimal.precision
+_PRIMITIVES: Final = {
+    "boolean": "boolean",
+    "int8": "int",
+    "int16": "int",
+    "int32": "int",
+    "int64": "long",
+    "float": "float",
+    "double": "double",
+    "bytes": "bytes",
+    "string": "string",
+}
+_INVALID_NAME_CHARS: Final = re.compile(r"[^A-Za-z0-9_]")
+_ENCODE_ERRORS: Final = (TypeError, ValueError, AttributeError, OverflowError)
+
+
+class AvroSettings(BaseModel):
+    """The Avro format's settings (the same value handling as ``JsonSettings``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    topic_prefix: str = Field(min_length=1)
+    database: str  # source.db
+    decimal_handling: Literal["precise", "string", "double"] = "precise"
+    time_precision: Literal["adaptive", "iso"] = "adaptive"
+    interval_handling: Literal["numeric", "string"] = "numeric"
+    unavailable_value: str = "__debezium_unavailable_value"  # placeholder for unchanged TOAST
+    connector_version: str = cdc.__version__
+
+
+# ---------------------------------------------------------------------------
+# Connect schemas -> Avro schemas (Confluent's AvroData)
+# ---------------------------------------------------------------------------
+
+
+def avro_name(name: str) -> str:
+    """A Connect schema name as a valid Avro full name (``schema.name.adjustment.mode=avro``)."""
+    return ".".join(avro_field_name(part) for part in name.split("."))
+
+
+def avro_field_name(name: str) -> str:
+    """A valid Avro name: characters outside ``[A-Za-z0-9_]``, and a leading digit, become ``_``."""
+    if not name:
+        return "_"
+    adjusted = _INVALID_NAME_CHARS.sub("_", name)
+    if adjusted[0].isdigit():
+        adjusted = "_" + adjusted[1:]
+    return adjusted
+
+
+def avro_schema(schema: ConnectSchema) -> Any:
+    """The Avro schema of a Connect struct, as AvroData writes it (one document: names defined once)."""
+    return _AvroDocument().record(schema)
+
+
+class _AvroDocument:
+    """Connect schemas -> one Avro schema document; each named type is defined once, then referenced."""
+
+    def __init__(self) -> None:
+        self._defined: set[str] = set()
+
+    def record(self, spec: ConnectSchema) -> Any:
+        if spec.type != "struct" or spec.name is None:
+            raise ValueError(f"an Avro record needs a named Connect struct, not {spec.type} {spec.name!r}")
+        full = avro_name(spec.name)
+        if full in self._defined:
+            return full
+        self._defined.add(full)
+        namespace, _, name = full.rpartition(".")
+        node: dict[str, Any] = {"type": "record", "name": name}
+        if namespace:
+            node["namespace"] = namespace
+        fields: list[dict[str, Any]] = []
+        for field_name, field_spec, optional in spec.fields:
+            field: dict[str, Any] = {"name": avro_field_name(field_name), "type": self.field_type(field_spec, optional)}
+            if optional:
+                field["default"] = _default(field_spec) if field_spec.default is not None else None
+            fields.append(field)
+        node["fields"] = fields
+        _connect_metadata(node, spec)
+        return node
+
+    def field_type(self, spec: ConnectSchema, optional: bool) -> Any:
+        base = self.base(spec)
+        if not optional:
+            return base
+        return [base, "null"] if spec.default is not None else ["null", base]
+
+    def base(self, spec: ConnectSchema) -> Any:
+        if spec.type == "struct":
+            return self.record(spec)
+        if spec.type == "array":
+            if spec.items is None:
+                raise ValueError("a Connect array needs an item schema")
+            node: dict[str, Any] = {"type": "array", "items": self.field_type(spec.items, True)}
+            _connect_metadata(node, spec)
+            return node
+        primitive = _PRIMITIVES[spec.type]
+        node = {"type": primitive}
+        decimal = spec.type == "bytes" and spec.name == _DECIMAL
+        scale = precision = 0
+        if decimal:
+            parameters = dict(spec.parameters)
+            scale = int(parameters.get("scale", "0"))
+            precision = int(parameters.get("connect.decimal.precision", str(_DECIMAL_PRECISION_DEFAULT)))
+            node["scale"] = scale
+            node["precision"] = precision
+        _connect_metadata(node, spec)
+        if decimal and precision > 0 and 0 <= scale <= precision:
+            node["logicalType"] = "decimal"
+        return node if len(node) > 1 else primitive
+
+
+def _connect_metadata(node: dict[str, Any], spec: ConnectSchema) -> None:
+    """AvroData's ``connect.*`` properties, in its order."""
+    if spec.doc is not None:
+        node["connect.doc"] = spec.doc
+    if spec.version is not None:
+        node["connect.version"] = spec.version
+    if spec.parameters:
+        node["connect.parameters"] = dict(spec.parameters)
+    if spec.default is not None:
+        node["connect.default"] = _default(spec)
+    if spec.name is not None:
+        node["connect.name"] = avro_name(spec.name) if spec.type == "struct" else spec.name
+    if spec.type in ("int8", "int16"):
+        node["connect.type"] = spec.type
+
+
+def _default(spec: ConnectSchema) -> Any:
+    if spec.type != "string":
+        raise ValueError(f"no Avro default for a {spec.type} Connect default {spec.default!r}")
+    return spec.default
+
+
+# ---------------------------------------------------------------------------
+# Per-table plans
+# ---------------------------------------------------------------------------
+
+_NO_PLACEHOLDER: Final = object()
+
+_KeyHeaderField = tuple[str, Encoder | None, Any]  # (column, JSON key encoder, unused)
+_AvroKeyField = tuple[str, str, Encoder | None]  # (column, Avro field, encoder)
+_AvroField = tuple[str, str, Encoder | None, Any]  # (column, Avro field, encoder, unchanged-TOAST placeholder)
+
+
+@dataclass(frozen=True, slots=True)
+class _Writer:
+    """One registered Avro schema: the wire prefix (magic byte + id) and the parsed schema."""
+
+    schema: Any  # as registered
+    parsed: Any  # fastavro.parse_schema(schema)
+    prefix: bytes
+    subject: str
+    schema_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class _AvroPlan:
+    table: TableSchema
+    topic: str
+    key_fields: tuple[_KeyHeaderField, ...]  # JSON key encoders: the key headers of a key change
+    avro_key_fields: tuple[_AvroKeyField, ...]
+    value_fields: tuple[_AvroField, ...]
+    value_record: str  # full name of the Value record: the union branch of before/after
+    key: _Writer | None  # None when the table has no key columns (its events are refused)
+    value: _Writer
+
+
+def _where(table: TableSchema, column: Column) -> str:
+    return f"column {column.name!r} of table {table.qualified!r}"
+
+
+def _placeholder(spec: ConnectSchema, text: str) -> Any:
+    """What an unchanged TOASTed value becomes, where the Avro type can hold Debezium's placeholder."""
+    if spec.type == "string":
+        return text
+    if spec.type == "bytes" and spec.name is None:  # bytea, not Decimal or Bits
+        return text.encode()
+    if spec.type == "array" and spec.items is not None and spec.items.name is None:
+        if spec.items.type == "string":
+            return [text]
+        if spec.items.type in ("int16", "int32", "int64"):
+            return list(text.encode())
+    return _NO_PLACEHOLDER
+
+
+class AvroSerializer(EventSerializer[_AvroPlan]):
+    """Events -> records in Avro with a schema registry. One per sink; not thread-safe."""
+
+    def __init__(
+        self,
+        settings: AvroSettings,
+        partitions_of: Callable[[str], int],
+        registry: SchemaRegistry,
+        *,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ) -> None:
+        super().__init__(settings, partitions_of, clock_ns=clock_ns)
+        self._settings = settings
+        self._registry = registry
+        self._truncate_keys: dict[str, _Writer] = {}
+        self._message_key: _Writer | None = None
+        self._message_value: _Writer | None = None
+
+    @property
+    def settings(self) -> AvroSettings:
+        return self._settings
+
+    def schemas(self, table: TableSchema) -> tuple[Any, Any]:
+        """(key schema, value schema) of a table schema, as registered (the key is None without key columns)."""
+        plan = self._plan(table)
+        return (plan.key.schema if plan.key is not None else None), plan.value.schema
+
+    # --- plans and schemas ------------------------------------------------------
+
+    def _build_plan(self, table: TableSchema) -> _AvroPlan:
+        topic = self.topic_name(table.schema, table.name)
+        opts = self._opts
+        field_owner: dict[str, str] = {}
+        value_fields: list[_AvroField] = []
+        value_members: list[tuple[str, ConnectSchema, bool]] = []
+        key_fields: list[_KeyHeaderField] = []
+        avro_key_fields: list[_AvroKeyField] = []
+        key_members: list[tuple[str, ConnectSchema, bool]] = []
+        for column in table.columns:
+            where = _where(table, column)
+            name = avro_field_name(column.name)
+            owner = field_owner.setdefault(name, column.name)
+            if owner != column.name:
+                raise SerializationError(
+                    f"table {table.qualified!r}: columns {owner!r} and {column.name!r} both become Avro field "
+                    f"{name!r} (characters outside [A-Za-z0-9_] and a leading digit become '_'); "
+                    "rename one of them, or use format json for this table"
+                )
+            spec = column_schema(column.type, column.modifier, opts, False, where)
+            value_fields.append((column.name, name, spec.avro, _placeholder(spec, self._placeholder)))
+            value_members.append((name, spec, not column.key))  # see the module docstring: non-key -> optional
+            if column.key:
+                check_key_column(table, column)
+                key_spec = column_schema(column.type, column.modifier, opts, True, where)
+                key_fields.append((column.name, key_spec.encode, None))
+                avro_key_fields.append((column.name, name, key_spec.avro))
+                key_members.append((name, key_spec, False))
+        source = f"table {table.qualified}"
+        key: _Writer | None = None
+        if key_members:
+            key_schema = avro_schema(ConnectSchema("struct", None, name=f"{topic}.Key", fields=tuple(key_members)))
+            key = self._register(f"{topic}-key", key_schema, source)
+        row = ConnectSchema("struct", None, name=f"{topic}.Value", fields=tuple(value_members))
+        value = self._register(f"{topic}-value", avro_schema(envelope_schema(topic, row)), source)
+        log.info(
+            "avro.table_schemas",
+            table=table.qualified,
+            topic=topic,
+            key_schema_id=key.schema_id if key is not None else None,
+            value_schema_id=value.schema_id,
+        )
+        return _AvroPlan(
+            table=table,
+            topic=topic,
+            key_fields=tuple(key_fields),
+            avro_key_fields=tuple(avro_key_fields),
+            value_fields=tuple(value_fields),
+            value_record=avro_name(f"{topic}.Value"),
+            key=key,
+            value=value,
+        )
+
+    def _register(self, subject: str, schema: Any, source: str) -> _Writer:
+        try:
+            parsed = fastavro.parse_schema(schema)
+        except (fastavro.schema.SchemaParseException, ValueError, TypeError, KeyError) as exc:
+            raise SerializationError(f"{source}: the Avro schema for subject {subject!r} is invalid: {exc}") from exc
+        schema_id = self._registry.register(subject, schema, source=source)
+        if not 0 <= schema_id < 2**32:
+            raise SerializationError(
+                f"{source}: the registry gave subject {subject!r} schema id {schema_id}, which does not fit the "
+                "4 bytes of the Confluent wire format; use a registry that issues 32-bit ids "
+                "(Apicurio: its ccompat API's legacy id mode)"
+            )
+        prefix = bytes((MAGIC_BYTE,)) + schema_id.to_bytes(4, "big")
+        return _Writer(schema=schema, parsed=parsed, prefix=prefix, subject=subject, schema_id=schema_id)
+
+    def _truncate_writer(self, plan: _AvroPlan) -> _Writer:
+        writer = self._truncate_keys.get(plan.topic)
+        if writer is None:
+            schema = avro_schema(truncate_key_schema(plan.topic))
+            subject = f"{plan.topic}-{schema['namespace']}.{schema['name']}"  # TopicRecordNameStrategy
+            writer = self._register(subject, schema, f"truncate markers of table {plan.table.qualified}")
+            self._truncate_keys[plan.topic] = writer
+        return writer
+
+    def _message_writers(self) -> tuple[_Writer, _Writer]:
+        if self._message_key is None or self._message_value is None:
+            topic = self._message_topic
+            self._message_key = self._register(f"{topic}-key", avro_schema(MESSAGE_KEY_SCHEMA), "logical messages")
+            self._message_value = self._register(f"{topic}-value", avro_schema(MESSAGE_VALUE_SCHEMA), "logical messages")
+        return self._message_key, self._message_value
+
+    # --- bytes ------------------------------------------------------------------
+
+    def _row(self, plan: _AvroPlan, row: dict[str, Any] | None, which: str) -> dict[str, Any]:
+        if row is None:
+            raise SerializationError(f"table {plan.table.qualified!r}: the event has no {which} row")
+        out: dict[str, Any] = {}
+        toast = UNCHANGED_TOAST
+        column = ""
+        try:
+            for column, name, encode, placeholder in plan.value_fields:
+                value = row.get(column)
+                if value is None:
+                    out[name] = None
+                elif value is toast:
+                    if placeholder is _NO_PLACEHOLDER:
+                        raise self._no_placeholder(plan, column)
+                    out[name] = placeholder
+                elif encode is None:
+                    out[name] = value
+                else:
+                    out[name] = encode(value)
+        except _ENCODE_ERRORS as exc:
+            raise _column_error(plan.table, column, row.get(column), exc) from exc
+        return out
+
+    def _key(self, plan: _AvroPlan, row: dict[str, Any] | None) -> bytes:
+        if row is None:
+            raise SerializationError(f"table {plan.table.qualified!r}: the event has no row to take the key from")
+        assert plan.key is not None, "events of tables without key columns are refused before their keys"
+        out: dict[str, Any] = {}
+        column = ""
+        try:
+            for column, name, encode in plan.avro_key_fields:
+                value = row.get(column)
+                if value is None:
+                    raise SerializationError(
+                        f"key column {column!r} of table {plan.table.qualified!r} is NULL, and Avro key fields are "
+                        "required; choose NOT NULL key columns for the table (tables[].key), or use format json"
+                    )
+                if value is UNCHANGED_TOAST:
+                    raise unchanged_toast_key(plan.table, column)
+                out[name] = value if encode is None else encode(value)
+        except _ENCODE_ERRORS as exc:
+            raise _column_error(plan.table, column, row.get(column), exc) from exc
+        return _write(plan.key, out, f"the key of table {plan.table.qualified!r}")
+
+    def _envelope(
+        self,
+        plan: _AvroPlan,
+        before: dict[str, Any] | None,
+        after: dict[str, Any] | None,
+        source: dict[str, Any],
+        op: str,
+        now_ns: int,
+    ) -> bytes:
+        record = plan.value_record
+        payload = {
+            # (name, value): fastavro's tuple notation picks the union branch without validating the row
+            "before": None if before is None else (record, before),
+            "after": None if after is None else (record, after),
+            "source": source,
+            "transaction": None,
+            "op": op,
+            "ts_ms": now_ns // 1_000_000,
+            "ts_us": now_ns // 1000,
+            "ts_ns": now_ns,
+        }
+        return _write(plan.value, payload, f"a change event of table {plan.table.qualified!r}")
+
+    def _truncate_key(self, plan: _AvroPlan, partition: int) -> bytes:
+        return _write(self._truncate_writer(plan), {TRUNCATE_KEY_FIELD: partition}, "a truncate marker's key")
+
+    def _message(self, event: MessageEvent) -> list[Record]:
+        key_writer, value_writer = self._message_writers()
+        now = self._clock_ns()
+        value = {
+            "op": "m",
+            "ts_ms": now // 1_000_000,
+            "source": self._message_source(event, now),
+            "message": {"prefix": event.prefix, "content": event.content},
+        }
+        key = _write(key_writer, {"prefix": event.prefix}, "a logical message's key")
+        body = _write(value_writer, value, f"logical message {event.prefix!r}")
+        headers = position_headers(event.lsn, event.commit_lsn, event.xid, event.ordinal)
+        return [Record(self._message_topic, key, body, headers)]
+
+    def _no_placeholder(self, plan: _AvroPlan, column: str) -> SerializationError:
+        return SerializationError(
+            f"column {column!r} of table {plan.table.qualified!r}: an unchanged TOASTed value (the UPDATE did not "
+            "change it, so the server did not send it) has no placeholder in this column's Avro type; "
+            "set REPLICA IDENTITY FULL on the table so the old row fills it, or use format json"
+        )
+
+
+def _write(writer: _Writer, datum: dict[str, Any], what: str) -> bytes:
+    """Confluent wire format: magic byte, schema id, Avro binary."""
+    buffer = io.BytesIO()
+    buffer.write(writer.prefix)
+    try:
+        fastavro.schemaless_writer(buffer, writer.parsed, datum)
+    except (*_ENCODE_ERRORS, KeyError) as exc:
+        raise _invalid(writer, datum, what, exc) from exc
+    return buffer.getvalue()
+
+
+def _invalid(writer: _Writer, datum: dict[str, Any], what: str, exc: Exception) -> SerializationError:
+    """Say which field does not fit (the slow path after a failure)."""
+    detail = str(exc)
+    try:
+        fastavro.validation.validate(datum, writer.parsed, raise_errors=True)
+    except fastavro.validation.ValidationError as validation:
+        detail = "; ".join(str(e) for e in validation.errors) or str(validation)
+    except Exception:  # noqa: BLE001 - the writer's own message is still there
+        pass
+    return SerializationError(
+        f"{what} does not fit its Avro schema (subject {writer.subject!r}, id {writer.schema_id}): {detail}"
+    )
+
+
+def _column_error(table: TableSchema, column: str, value: Any, exc: Exception) -> SerializationError:
+    return SerializationError(
+        f"column {column!r} of table {table.qualified!r}: cannot encode {type(value).__name__} "
+        f"value {value!r:.80} for Avro: {exc}"
+    )
+
+
+def decode_wire(data: bytes) -> tuple[int, bytes]:
+    """(schema id, Avro body) of a Confluent wire-format message; ValueError if it is not one."""
+    if len(data) < 5 or data[0] != MAGIC_BYTE:
+        raise ValueError(f"not Confluent wire format (magic byte 0, 4-byte schema id): {data[:8]!r}")
+    return int.from_bytes(data[1:5], "big"), data[5:]
