@@ -147,9 +147,9 @@ def daemon(config: dict[str, object], workdir: Path, name: str) -> tuple[subproc
     return proc, log
 
 
-def end_to_end(dsn: str, bootstrap: str, slot: str, target: str, workdir: Path, fmt: str) -> float:
+def end_to_end(dsn: str, bootstrap: str, slot: str, target: str, workdir: Path, fmt: str, registry: str | None) -> float:
     prefix = f"bench_{slot}"
-    config = {
+    config: dict[str, object] = {
         "source": {"dsn": dsn, "slot": slot, "publication": "bench_pub"},
         "tables": [TABLE],
         "kafka": {"bootstrap_servers": bootstrap, "partitions": 3},
@@ -158,6 +158,8 @@ def end_to_end(dsn: str, bootstrap: str, slot: str, target: str, workdir: Path, 
         "http": {"enabled": False},
         "status_interval_s": 1.0,
     }
+    if fmt == "avro":
+        config["schema_registry"] = {"url": registry}
     proc, log = daemon(config, workdir, slot)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
@@ -254,29 +256,40 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--latency-seconds", type=float, default=15.0)
     parser.add_argument("--rate", type=int, default=1000, help="transactions per second for the latency run")
+    parser.add_argument("--formats", default="json,avro", help="comma-separated: json, avro")
     args = parser.parse_args()
 
-    endpoints = dev.up(dev.default_state_dir(), registry=False)
+    formats = args.formats.split(",")
+    endpoints = dev.up(dev.default_state_dir(), registry="avro" in formats)
+    if "avro" in formats and endpoints.schema_registry_url is None:
+        raise SystemExit("no schema registry could be started: run with --formats json")
     dsn = setup_database(endpoints.postgres_dsn)
     runs = list(range(args.runs))
-    create_slots(dsn, [f"bench_dec_{i}" for i in runs] + [f"bench_e2e_{i}" for i in runs])
+    create_slots(dsn, [f"bench_dec_{i}" for i in runs] + [f"bench_{f}_{i}" for f in formats for i in runs])
     t0 = time.perf_counter()
     target = write_rows(dsn, args.rows)
     print(f"workload: {args.rows} rows in {args.rows // 1000} transactions written in {time.perf_counter() - t0:.1f}s")
 
     workdir = Path(tempfile.mkdtemp(prefix="cdc-bench-"))
-    dec_rates, e2e_rates = [], []
+    dec_rates: list[float] = []
+    e2e_rates: dict[str, list[float]] = {f: [] for f in formats}
     for i in runs:
         rate, rows = decoder_only(dsn, f"bench_dec_{i}", Lsn.parse(target))
         assert rows == args.rows, f"decoded {rows} rows, expected {args.rows}"
         dec_rates.append(rate)
-        elapsed = end_to_end(dsn, endpoints.kafka_bootstrap, f"bench_e2e_{i}", target, workdir, "json")
-        e2e_rates.append(args.rows / elapsed)
-        print(f"run {i + 1}: decoder-only {rate:,.0f} rows/s, end-to-end json {args.rows / elapsed:,.0f} rows/s")
-    dec, e2e = statistics.median(dec_rates), statistics.median(e2e_rates)
+        line = f"run {i + 1}: decoder-only {rate:,.0f} rows/s"
+        for fmt in formats:
+            elapsed = end_to_end(
+                dsn, endpoints.kafka_bootstrap, f"bench_{fmt}_{i}", target, workdir, fmt, endpoints.schema_registry_url
+            )
+            e2e_rates[fmt].append(args.rows / elapsed)
+            line += f", end-to-end {fmt} {args.rows / elapsed:,.0f} rows/s"
+        print(line)
+    dec = statistics.median(dec_rates)
     print(f"median decoder-only: {dec:,.0f} rows/s")
-    print(f"median end-to-end (json, acks=all, idempotent): {e2e:,.0f} rows/s")
-    print(f"ratio end-to-end / decoder-only: {e2e / dec:.2f} (target >= 0.60)")
+    for fmt in formats:
+        e2e = statistics.median(e2e_rates[fmt])
+        print(f"median end-to-end {fmt} (acks=all, idempotent): {e2e:,.0f} rows/s; ratio to decoder-only {e2e / dec:.2f} (target >= 0.60)")
 
     samples = latency(dsn, endpoints.kafka_bootstrap, workdir, args.latency_seconds, args.rate)
     if samples:
