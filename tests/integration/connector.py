@@ -30,13 +30,15 @@ class Connector:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Connector:
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cdc.cli", "--log-format", "json", "run", "--config", str(self.config)],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=self.env,
-        )
+        # The child gets its own copy of the descriptor; ours is closed at once, so a failing test
+        # leaves no open file behind.
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "cdc.cli", "--log-format", "json", "run", "--config", str(self.config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+            )
         return self
 
     def wait_streaming(self, dsn: str, slot: str, timeout: float = 60.0) -> None:
@@ -63,14 +65,11 @@ class Connector:
             self.proc.kill()
             self.proc.wait()
             raise AssertionError(f"connector did not stop within {timeout}s after {sig}:\n{self.output()}") from None
-        self._log.close()
         return code
 
     def wait_exit(self, timeout: float = 60.0) -> int:
         assert self.proc is not None
-        code = self.proc.wait(timeout)
-        self._log.close()
-        return code
+        return self.proc.wait(timeout)
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
