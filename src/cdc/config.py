@@ -223,6 +223,19 @@ class MaskingConfig(_Section):
     )
 
 
+class DecoderConfig(_Section):
+    streaming: bool = Field(
+        default=True,
+        description="PostgreSQL 14+: receive large transactions in blocks before they commit (streaming 'on'); "
+        "they wait on disk in spool_dir until their commit. Off: the server holds them until their commit",
+    )
+    spool_dir: Path | None = Field(
+        default=None,
+        description="where streamed transactions wait for their commit, in a subdirectory per slot "
+        "(default: <system temp dir>/cdc-spool); needs room for the largest transaction's changes",
+    )
+
+
 class HttpConfig(_Section):
     enabled: bool = Field(default=True, description="serve /healthz, /readyz and Prometheus /metrics")
     host: str = Field(default="0.0.0.0", description="address to listen on")
@@ -274,6 +287,7 @@ class Config(BaseSettings):
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
+    decoder: DecoderConfig = Field(default_factory=DecoderConfig)
     masking: MaskingConfig = Field(default_factory=MaskingConfig)
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     transaction_metadata: bool = Field(

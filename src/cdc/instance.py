@@ -15,6 +15,7 @@ import psycopg
 import structlog
 
 from cdc.catalog import StartupError
+from cdc.decoder.stream import ConnectionLost
 
 log = structlog.get_logger(__name__)
 
@@ -69,7 +70,10 @@ class InstanceLock:
             except psycopg.OperationalError:
                 pass
         self.release()
-        self.acquire()
+        try:
+            self.acquire()
+        except psycopg.OperationalError as e:  # the server is still down: the caller retries
+            raise ConnectionLost(f"cannot reach Postgres to take the instance lock again: {str(e).strip()}") from None
 
     def release(self) -> None:
         if self._conn is not None:

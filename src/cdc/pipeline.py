@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import struct
+import tempfile
 import time
 from pathlib import Path
 from types import FrameType
@@ -34,15 +35,17 @@ from cdc.columns import ColumnPolicy, ColumnPolicyError, policies
 from cdc.config import Config, ConfigError, load_config
 from cdc.decoder import pgoutput
 from cdc.decoder.changes import ChangeDecoder, ChangeError
+from cdc.decoder.spool import Spool, SpoolError
 from cdc.decoder.stream import (
     XLOGDATA_HEADER_SIZE,
     ConnectionLost,
     ReplicationError,
     ReplicationStream,
     SlotBusy,
+    protocol_for,
 )
 from cdc.decoder.types import BUILTIN_TYPES
-from cdc.event import ChangeEvent, Event, MessageEvent, TruncateEvent, TxBegin, TxCommit
+from cdc.event import ChangeEvent, MessageEvent, TruncateEvent, TxBegin, TxCommit
 from cdc.lsn import Lsn
 from cdc.sink.delivery import (
     AtLeastOnce,
@@ -76,6 +79,7 @@ FATAL = (
     SinkError,
     ReplicationError,
     ChangeError,
+    SpoolError,
     SerializationError,
     RegistryError,
     pgoutput.DecodeError,
@@ -147,7 +151,11 @@ class Pipeline:
                     stream.create_slot(cfg.source.slot)
                 finally:
                     stream.close()
-        self._decoder = ChangeDecoder(self._tables, types)
+        spool = None
+        if cfg.decoder.streaming:
+            spool_root = cfg.decoder.spool_dir or Path(tempfile.gettempdir()) / "cdc-spool"
+            spool = Spool(spool_root / cfg.source.slot)
+        self._decoder = ChangeDecoder(self._tables, types, spool=spool)
         self._delivery = self._make_delivery()
         log.info(
             "ready",
@@ -303,8 +311,7 @@ class Pipeline:
             cfg.source.conninfo(), status_interval=cfg.status_interval_s, on_keepalive=delivery.position
         )
         budget = cfg.limits.max_inflight_bytes
-        decode = pgoutput.decode
-        handle = self._decoder.handle
+        feed = self._decoder.feed
         stats = self.stats
         counts = stats.events
         column_policies = self._policies
@@ -317,58 +324,63 @@ class Pipeline:
         try:
             self._lock.ensure()
             stream.connect()
-            stream.start(cfg.source.slot, cfg.source.publication, delivery.acknowledged(), messages=False)
+            proto, options = protocol_for(stream.server_version, streaming=cfg.decoder.streaming)
+            stream.start(
+                cfg.source.slot,
+                cfg.source.publication,
+                delivery.acknowledged(),
+                proto_version=proto,
+                options=options,
+                messages=False,
+            )
             self._decoder.reset()
             stats.streaming = True
             skipping = False
             in_tx = False
-            frames = 0
+            frames = events = 0
             while not self._stop:
                 frame = stream.read(0.2)
                 if frame is not None:
                     lsn = Lsn(_WAL_START.unpack_from(frame, 1)[0])
-                    event: Event | None = handle(decode(frame[XLOGDATA_HEADER_SIZE:]), lsn)
-                    if event is None:
-                        pass
-                    elif isinstance(event, ChangeEvent):
-                        if not skipping:
-                            describe = event.table.qualified
-                            policy = column_policies.get(describe)
-                            if policy is not None:
-                                event = policy.apply(event)
-                            for record in serializer.records(event):
-                                delivery.send(record, describe)
-                            counts[(describe, event.op.value)] += 1
-                            if txmeta is not None:
-                                txmeta.count(describe)
-                    elif isinstance(event, TruncateEvent | MessageEvent):
-                        if not skipping:
-                            describe = _describe(event)
-                            for record in serializer.records(event):
-                                delivery.send(record, describe)
-                            counts[(describe, "t" if isinstance(event, TruncateEvent) else "m")] += 1
-                    elif isinstance(event, TxBegin):
-                        skipping = not delivery.begin(event)
-                        in_tx = True
-                        if txmeta is not None and not skipping:
-                            delivery.send(txmeta.begin(event), "transaction metadata")
-                    elif isinstance(event, TxCommit):
-                        if txmeta is not None and not skipping:
-                            delivery.send(txmeta.end(event), "transaction metadata")
-                        delivery.commit(event)
-                        skipping = in_tx = False
-                        stats.last_commit_ts_us = event.commit_ts_us
-                        stats.last_processed_us = time.time_ns() // 1000
+                    # Usually one event or none; the commit of a streamed transaction releases all of it.
+                    for event in feed(frame[XLOGDATA_HEADER_SIZE:], lsn):
+                        if isinstance(event, ChangeEvent):
+                            if not skipping:
+                                describe = event.table.qualified
+                                policy = column_policies.get(describe)
+                                if policy is not None:
+                                    event = policy.apply(event)
+                                for record in serializer.records(event):
+                                    delivery.send(record, describe)
+                                counts[(describe, event.op.value)] += 1
+                                if txmeta is not None:
+                                    txmeta.count(describe)
+                        elif isinstance(event, TruncateEvent | MessageEvent):
+                            if not skipping:
+                                describe = _describe(event)
+                                for record in serializer.records(event):
+                                    delivery.send(record, describe)
+                                counts[(describe, "t" if isinstance(event, TruncateEvent) else "m")] += 1
+                        elif isinstance(event, TxBegin):
+                            skipping = not delivery.begin(event)
+                            in_tx = True
+                            if txmeta is not None and not skipping:
+                                delivery.send(txmeta.begin(event), "transaction metadata")
+                        elif isinstance(event, TxCommit):
+                            if txmeta is not None and not skipping:
+                                delivery.send(txmeta.end(event), "transaction metadata")
+                            delivery.commit(event)
+                            skipping = in_tx = False
+                            stats.last_commit_ts_us = event.commit_ts_us
+                            stats.last_processed_us = time.time_ns() // 1000
+                        events += 1
+                        if events & 1023 == 0:  # also inside a replay of millions of events
+                            self._keep_up(stream, budget)
                     frames += 1
                     if frames < 64:
                         continue  # housekeeping below runs every 64 frames, or when the stream is idle
                 frames = 0
-                delivery.tick()
-                stream.confirm(delivery.acknowledged())
-                stats.heartbeat = time.monotonic()
-                stats.dead_letters = delivery.dead_lettered
-                if delivery.inflight_bytes > budget:
-                    self._wait_for_kafka(stream, budget)
+                self._keep_up(stream, budget)
                 if self._reload_requested and not in_tx:
                     self._reload()
                 if heartbeat is not None and not in_tx:
@@ -468,6 +480,22 @@ class Pipeline:
             removed=sorted(set(old_names) - set(new_names)),
             note="added tables are captured from now on; their existing rows need a snapshot",
         )
+
+    def _keep_up(self, stream: ReplicationStream, budget: int) -> None:
+        """Housekeeping: serve delivery reports, confirm, keep the server and /healthz answered, apply the budget.
+
+        Runs every 64 frames, when the stream is idle, and every 1,024 events inside one frame (the commit
+        of a streamed transaction releases all of it at once).
+        """
+        assert self._delivery is not None
+        delivery = self._delivery
+        delivery.tick()
+        stream.confirm(delivery.acknowledged())
+        stream.send_status_if_due()  # the server ends a connection that stays silent for wal_sender_timeout
+        self.stats.heartbeat = time.monotonic()
+        self.stats.dead_letters = delivery.dead_lettered
+        if delivery.inflight_bytes > budget:
+            self._wait_for_kafka(stream, budget)
 
     def _wait_for_kafka(self, stream: ReplicationStream, budget: int) -> None:
         """Backpressure: stop reading WAL (Postgres keeps it) until Kafka took half the budget back."""

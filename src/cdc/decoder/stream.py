@@ -11,7 +11,7 @@ from __future__ import annotations
 import select
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import psycopg
@@ -28,6 +28,18 @@ _KEEPALIVE = struct.Struct(">QqB")  # after the 'k' byte: wal end, send time, re
 _STATUS = struct.Struct(">cQQQqB")
 _PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since the Unix epoch
 XLOGDATA_HEADER_SIZE = 1 + _XLOGDATA_HEADER.size  # 25: the pgoutput payload starts here
+_WAL_START_AT_1 = struct.Struct(">Q").unpack_from
+
+# pgoutput sends values in their text output, which these settings shape; a database or role default
+# (ALTER DATABASE ... SET DateStyle = 'SQL, DMY') would otherwise reach the walsender and change what
+# cdc.decoder.types parses. Set on every replication connection, after the user's own options.
+OUTPUT_SETTINGS: dict[str, str] = {
+    "DateStyle": "ISO",
+    "IntervalStyle": "postgres",
+    "extra_float_digits": "1",  # shortest exact text of floats (a database default of 0 rounds them)
+    "bytea_output": "hex",
+    "lc_monetary": "C",
+}
 
 
 class ReplicationError(Exception):
@@ -73,6 +85,30 @@ class SlotInfo:
     snapshot_name: str | None
 
 
+def protocol_for(server_version_num: int, *, streaming: bool) -> tuple[int, dict[str, str]]:
+    """The pgoutput protocol version and START_REPLICATION options for a server version.
+
+    The newest protocol the server speaks: 1 before PostgreSQL 14, 2 on 14
+    (streaming of in-progress transactions), 3 on 15 (adds two-phase), 4 on 16+
+    (adds parallel streaming). With ``streaming`` and a server of 14 or later,
+    ``streaming 'on'``: large transactions arrive in blocks before they commit
+    and the decoder spools them. ``two_phase`` is never asked for (prepared
+    transactions then arrive once, at COMMIT PREPARED, like any other), nor
+    ``streaming 'parallel'``, which serves parallel apply workers and brings a
+    single reader nothing but a longer Stream Abort. ``messages`` and
+    ``publication_names`` are ``ReplicationStream.start``'s business.
+    """
+    if server_version_num < 140000:
+        return 1, {}
+    if server_version_num < 150000:
+        proto = 2
+    elif server_version_num < 160000:
+        proto = 3
+    else:
+        proto = 4
+    return proto, ({"streaming": "on"} if streaming else {})
+
+
 def classify_error(message: str) -> ReplicationError:
     """Map a server error text to the kind of failure the caller must handle."""
     text = message.strip()
@@ -83,12 +119,32 @@ def classify_error(message: str) -> ReplicationError:
             f"{text}. The slot was dropped; start again with a new slot (and a new snapshot), "
             "or recreate it if losing the changes in between is acceptable."
         )
-    if "can no longer get changes from replication slot" in text or "invalidated" in text:
+    if (
+        "can no longer get changes from replication slot" in text
+        or "invalidated" in text
+        or ("requested WAL segment" in text and "has already been removed" in text)
+    ):
         return SlotGone(
             f"{text}. The slot was invalidated (max_slot_wal_keep_size removed WAL it needed); "
             "changes were lost on the server side: drop the slot and take a new snapshot."
         )
     return ReplicationError(text)
+
+
+def _copy_ended(conn: PGconn, res: PGresult | None) -> ReplicationError:
+    """Why the server ended the copy: a shutdown or a killed walsender (reconnect) or a real error."""
+    if conn.status != pq.ConnStatus.OK:
+        return ConnectionLost(f"replication connection lost: {_error_text(conn, res) or 'closed by the server'}")
+    if res is None or res.status == pq.ExecStatus.COMMAND_OK:
+        # A walsender that shuts down cleanly (fast shutdown, restart) ends the copy without an error.
+        return ConnectionLost("the server ended replication: it is shutting down or restarting")
+    message = _error_text(conn, res) or "the server ended replication"
+    error = classify_error(message)
+    severity = res.error_field(pq.DiagnosticField.SEVERITY_NONLOCALIZED)
+    if type(error) is ReplicationError and severity in (b"FATAL", b"PANIC"):
+        # The walsender is gone (pg_terminate_backend, shutdown, crash): its session ended, not the slot.
+        return ConnectionLost(f"replication connection lost: {message}")
+    return error
 
 
 class ReplicationStream:
@@ -105,7 +161,7 @@ class ReplicationStream:
         self._status_interval = status_interval
         self._on_keepalive = on_keepalive
         self._conn: PGconn | None = None
-        self._received = Lsn(0)
+        self._received = 0  # a plain int: it moves with every frame, an Lsn per frame costs
         self._flushed = Lsn(0)
         self._sent_flushed = Lsn(0)
         self._last_status = 0.0
@@ -115,8 +171,14 @@ class ReplicationStream:
 
     def connect(self) -> None:
         params = psycopg.conninfo.conninfo_to_dict(self._conninfo)
+        pinned = " ".join(f"-c {name}={value}" for name, value in OUTPUT_SETTINGS.items())
+        options = f"{params['options']} {pinned}" if params.get("options") else pinned
         conninfo = psycopg.conninfo.make_conninfo(
-            self._conninfo, replication="database", application_name=params.get("application_name") or "cdc"
+            self._conninfo,
+            replication="database",
+            application_name=params.get("application_name") or "cdc",
+            client_encoding="UTF8",  # pgoutput converts text to the client encoding; types.py reads UTF-8
+            options=options,
         )
         conn = pq.PGconn.connect(conninfo.encode())
         if conn.status != pq.ConnStatus.OK:
@@ -166,17 +228,35 @@ class ReplicationStream:
         *,
         proto_version: int = 1,
         messages: bool = True,
+        options: Mapping[str, str] | None = None,
     ) -> None:
+        """START_REPLICATION with pgoutput.
+
+        ``messages`` adds ``messages 'true'`` (logical messages: heartbeats,
+        outbox, watermarks); ``options`` are further pgoutput options, as
+        ``protocol_for`` returns them (``{"streaming": "on"}``).
+        """
         opts = [f"proto_version '{proto_version}'", f"publication_names {_quote_literal(_quote_ident(publication))}"]
         if messages:
             opts.append("messages 'true'")
+        for name, value in (options or {}).items():
+            if not name.replace("_", "").isalnum():
+                raise ReplicationError(f"not a pgoutput option name: {name!r}")
+            opts.append(f"{name} {_quote_literal(value)}")
         self._command(f"START_REPLICATION SLOT {_quote_ident(slot)} LOGICAL {start_lsn} ({', '.join(opts)})")
         self._streaming = True
         self._received = max(self._received, start_lsn)
         self._flushed = max(self._flushed, start_lsn)
         self._sent_flushed = self._flushed
         self._last_status = time.monotonic()
-        log.info("replication_started", slot=slot, publication=publication, start_lsn=str(start_lsn))
+        log.info(
+            "replication_started",
+            slot=slot,
+            publication=publication,
+            start_lsn=str(start_lsn),
+            proto_version=proto_version,
+            options=dict(options or {}),
+        )
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -186,7 +266,9 @@ class ReplicationStream:
         Keepalives are handled here: answered at once when the server asks, and
         reported through ``on_keepalive``. Status updates go out on the interval.
         """
-        conn = self._require()
+        conn = self._conn
+        if conn is None:
+            raise ReplicationError("the replication connection is not open")
         deadline = 0.0
         consumed = False
         while True:
@@ -197,10 +279,10 @@ class ReplicationStream:
             if n > 0:
                 kind = data[0]
                 if kind == 0x77:  # 'w' XLogData
-                    start = _XLOGDATA_HEADER.unpack_from(data, 1)[0]
+                    start = _WAL_START_AT_1(data, 1)[0]
                     if start > self._received:
-                        self._received = Lsn(start)
-                    return memoryview(data)
+                        self._received = start
+                    return data if type(data) is memoryview else memoryview(data)
                 if kind == 0x6B:  # 'k' primary keepalive
                     wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)
                     if self._on_keepalive is not None:
@@ -228,10 +310,8 @@ class ReplicationStream:
                     return None
                 continue
             # n == -1: the server ended the copy; -2: an error
-            message = _error_text(conn, conn.get_result()) or "the server ended replication"
-            if conn.status != pq.ConnStatus.OK:
-                raise ConnectionLost(f"replication connection lost: {message.strip()}")
-            raise classify_error(message)
+            self._streaming = False  # nothing more to send or end on this connection
+            raise _copy_ended(conn, conn.get_result())
 
     @staticmethod
     def _consume(conn: PGconn) -> None:

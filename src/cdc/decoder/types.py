@@ -35,6 +35,8 @@ from cdc.values import Infinity, Interval, Point, TimeTz
 
 __all__ = [
     "BUILTIN_TYPES",
+    "CATALOG_TEXT_TYPES",
+    "EXTENSION_TYPE_NAMES",
     "INTERVAL_INFINITY",
     "INTERVAL_NEG_INFINITY",
     "Converter",
@@ -153,6 +155,49 @@ def _builtin_types() -> dict[int, PgType]:
 
 BUILTIN_TYPES: Final[dict[int, PgType]] = _builtin_types()
 """Every pg_catalog type this module converts, and its array type, by OID."""
+
+_CATALOG_TEXT_OIDS: Final[tuple[tuple[str, int, int], ...]] = (
+    # (typname, oid, array oid): pg_catalog types with no parser here, whose text travels as str.
+    ("regproc", 24, 1008),
+    ("tid", 27, 1010),
+    ("xid", 28, 1011),
+    ("cid", 29, 1012),
+    ("aclitem", 1033, 1034),
+    ("refcursor", 1790, 2201),
+    ("regprocedure", 2202, 2207),
+    ("regoper", 2203, 2208),
+    ("regoperator", 2204, 2209),
+    ("regclass", 2205, 2210),
+    ("regtype", 2206, 2211),
+    ("txid_snapshot", 2970, 2949),
+    ("pg_lsn", 3220, 3221),
+    ("tsvector", 3614, 3643),
+    ("tsquery", 3615, 3645),
+    ("regconfig", 3734, 3735),
+    ("regdictionary", 3769, 3770),
+    ("regnamespace", 4089, 4090),
+    ("regrole", 4096, 4097),
+    ("regcollation", 4191, 4192),
+    ("pg_snapshot", 5038, 5039),
+    ("xid8", 5069, 271),
+)
+
+
+def _catalog_text_types() -> dict[int, PgType]:
+    types: dict[int, PgType] = {}
+    for name, oid, array_oid in _CATALOG_TEXT_OIDS:
+        t = PgType(oid, name)
+        types[oid] = t
+        types[array_oid] = PgType(array_oid, "_" + name, TypeKind.ARRAY, element=t)
+    return types
+
+
+CATALOG_TEXT_TYPES: Final[dict[int, PgType]] = _catalog_text_types()
+"""pg_catalog types without a converter of their own, by OID, as ``cdc.catalog.load_types`` resolves them.
+
+The server sends no Type message for catalog types, so a column of one added after start-up would
+otherwise be known by its OID alone; with these its values travel as text under the type's name.
+"""
 
 _BUILTIN_NAME: Final[dict[int, str]] = {oid: t.name for oid, t in BUILTIN_TYPES.items() if t.kind is TypeKind.BASE}
 
@@ -643,6 +688,9 @@ _EXTENSION_PARSERS: Final[dict[str, _Parser]] = {
     "hstore": _hstore,
     "citext": _text,
 }
+
+EXTENSION_TYPE_NAMES: Final = frozenset(_EXTENSION_PARSERS)
+"""Extension types converted by name (their OIDs differ per database); any other non-built-in base type is text."""
 
 _MAX_DOMAIN_DEPTH: Final = 32
 
