@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", "-c", required=True, help="YAML configuration file")
     p.set_defaults(func=_cmd_run)
 
+    from cdc.snapshot.signals import add_cli as add_snapshot_cli
+
+    add_snapshot_cli(sub)  # cdc snapshot --config FILE TABLE...
+
     p = sub.add_parser("validate", help="check a configuration file and explain every error")
     p.add_argument("file")
     p.set_defaults(func=_cmd_validate)

@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from cdc.sink.registry import RegistrySettings
+from cdc.snapshot.config import SnapshotConfig
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_$]*$")
 
@@ -285,6 +286,7 @@ class Config(BaseSettings):
         default=None, description="Confluent-compatible schema registry; required with format: avro"
     )
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
     decoder: DecoderConfig = Field(default_factory=DecoderConfig)

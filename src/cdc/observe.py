@@ -38,6 +38,7 @@ class Stats:
     last_processed_us: int = 0
     streaming: bool = False
     heartbeat: float = field(default_factory=time.monotonic)  # the main loop touches it every pass
+    snapshot_progress: Callable[[], list[Any]] = lambda: []  # cdc.snapshot.progress.SnapshotProgress values
 
     def source_lag_ms(self) -> float:
         if not self.last_commit_ts_us:
@@ -73,6 +74,22 @@ class _StatsCollector(Collector):
         if lag is not None:
             yield GaugeMetricFamily("cdc_slot_lag_bytes", "WAL the slot retains for us", value=lag)
         yield GaugeMetricFamily("cdc_streaming", "1 while the replication stream runs", value=1 if s.streaming else 0)
+        done = GaugeMetricFamily("cdc_snapshot_table_rows", "Rows a snapshot copied", labels=["kind", "table"])
+        total = GaugeMetricFamily(
+            "cdc_snapshot_table_rows_estimated", "Rows of the table by pg_class at planning", labels=["kind", "table"]
+        )
+        rate = GaugeMetricFamily("cdc_snapshot_rows_per_second", "Snapshot rows per second", labels=["kind"])
+        eta = GaugeMetricFamily("cdc_snapshot_eta_seconds", "Estimated seconds left", labels=["kind"])
+        running = GaugeMetricFamily("cdc_snapshot_running", "1 while a snapshot runs", labels=["kind"])
+        for p in s.snapshot_progress():
+            for t in p.tables:
+                done.add_metric([p.kind, t.table], t.rows_done)
+                total.add_metric([p.kind, t.table], t.rows_estimated)
+            rate.add_metric([p.kind], p.rows_per_s)
+            running.add_metric([p.kind], 1 if p.running else 0)
+            if p.eta_s is not None:
+                eta.add_metric([p.kind], p.eta_s)
+        yield from (done, total, rate, eta, running)
 
 
 class HttpEndpoint:

@@ -12,6 +12,7 @@ import signal
 import struct
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -29,7 +30,6 @@ from cdc.catalog import (
     apply_publication,
     load_types,
     plan_publication,
-    slot_exists,
 )
 from cdc.columns import ColumnPolicy, ColumnPolicyError, policies
 from cdc.config import Config, ConfigError, load_config
@@ -67,6 +67,12 @@ from cdc.sink.kafka import (
 from cdc.sink.metadata import Heartbeat, TransactionMetadata, heartbeat_topic, transaction_topic
 from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.registry import RegistryClient, RegistryError
+from cdc.snapshot.errors import SnapshotError, SnapshotInterrupted
+from cdc.snapshot.incremental import is_watermark
+from cdc.snapshot.modes import StartupPlan, inspect_slot
+from cdc.snapshot.output import ConfiguredOutput
+from cdc.snapshot.service import Snapshots
+from cdc.snapshot.state import KafkaStore, topics_holding_records
 from cdc.sink.serialize import EventSerializer, JsonSerializer, JsonSettings, SerializationError
 from cdc.instance import InstanceLock
 from cdc.observe import HttpEndpoint, Stats
@@ -84,6 +90,7 @@ FATAL = (
     RegistryError,
     pgoutput.DecodeError,
     ConfigError,
+    SnapshotError,
 )
 
 
@@ -103,6 +110,8 @@ class Pipeline:
         self.stats = Stats()
         self._lag_conn: psycopg.Connection[tuple[object, ...]] | None = None  # the metrics thread's
         self._side_conn: psycopg.Connection[tuple[object, ...]] | None = None  # the main loop's
+        self._snapshots: Snapshots | None = None
+        self._snapshot_plan: StartupPlan | None = None
 
     @property
     def events(self) -> int:
@@ -110,6 +119,10 @@ class Pipeline:
 
     def stop(self) -> None:
         self._stop = True
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop
 
     def request_reload(self, config_path: Path) -> None:
         """SIGHUP: re-read the table list at the next transaction boundary."""
@@ -134,23 +147,24 @@ class Pipeline:
             self._tables = describe_tables(conn, cfg.tables)
             self._policies = self._column_policies()
             publication = plan_publication(conn, cfg.source.publication, self._tables.keys())
-            has_slot, _ = slot_exists(conn, cfg.source.slot)
+            slot_state = inspect_slot(conn, cfg.source.slot)
             oids = column_type_oids(conn, [t.oid for t in self._tables.values()])
             types = load_types(conn, [o for o in oids if o not in BUILTIN_TYPES])
 
             admin = admin_client(cfg.kafka.bootstrap_servers, cfg.kafka.producer)
             check_reachable(admin, cfg.kafka.bootstrap_servers)
             self._serializer = self._make_serializer()
-            self._partitions = ensure_topics(admin, self._topic_specs(self._serializer))
+            progress_topic = cfg.snapshot.progress_topic_for(cfg.topic_prefix)
+            self._partitions = ensure_topics(
+                admin,
+                [*self._topic_specs(self._serializer), TopicSpec(progress_topic, 1, cfg.kafka.replication_factor)],
+            )
 
             apply_publication(conn, publication)
-            if not has_slot:
-                stream = ReplicationStream(cfg.source.conninfo())
-                stream.connect()
-                try:
-                    stream.create_slot(cfg.source.slot)
-                finally:
-                    stream.close()
+        self._snapshots = self._make_snapshots(types, progress_topic)
+        self.stats.snapshot_progress = self._snapshots.progress
+        # Drops, creates (with an exported snapshot) and copies as snapshot.mode says; resumes what was cut off.
+        self._snapshot_plan = self._snapshots.prepare(slot_state)
         spool = None
         if cfg.decoder.streaming:
             spool_root = cfg.decoder.spool_dir or Path(tempfile.gettempdir()) / "cdc-spool"
@@ -165,34 +179,33 @@ class Pipeline:
             delivery=cfg.delivery.mode,
         )
 
-    def _make_serializer(self) -> EventSerializer[Any]:
+    def _make_snapshots(self, types: dict[int, Any], progress_topic: str) -> Snapshots:
         cfg = self.config
-        if cfg.format == "avro":
-            assert cfg.schema_registry is not None  # the configuration model requires it
-            registry = RegistryClient.from_settings(cfg.schema_registry)
-            registry.check_reachable()
-            return AvroSerializer(
-                AvroSettings(
-                    topic_prefix=cfg.topic_prefix,
-                    database=cfg.source.database,
-                    decimal_handling=cfg.avro_format.decimal_handling,
-                    time_precision=cfg.avro_format.time_precision,
-                    interval_handling=cfg.avro_format.interval_handling,
-                ),
-                self._partitions_of,
-                registry,
-            )
-        return JsonSerializer(
-            JsonSettings(
-                topic_prefix=cfg.topic_prefix,
-                database=cfg.source.database,
-                schemas_enable=cfg.json_format.schemas_enable,
-                decimal_handling=cfg.json_format.decimal_handling,
-                time_precision=cfg.json_format.time_precision,
-                interval_handling=cfg.json_format.interval_handling,
-            ),
-            self._partitions_of,
+        assert self._serializer is not None
+        topic_of = {name: self._serializer.topic_name(t.schema, t.name) for name, t in self._tables.items()}
+
+        def holding(names: Any) -> set[str]:
+            full = topics_holding_records(cfg.kafka.bootstrap_servers, cfg.kafka.producer, [topic_of[n] for n in names])
+            return {n for n in names if topic_of[n] in full}
+
+        return Snapshots(
+            cfg.snapshot,
+            conninfo=cfg.source.conninfo(),
+            slot=cfg.source.slot,
+            tables=self._tables,
+            output=ConfiguredOutput(cfg, dict(self._partitions), make_serializer),
+            store=KafkaStore(cfg.kafka.bootstrap_servers, progress_topic, cfg.source.slot, extra=cfg.kafka.producer),
+            types=types,
+            topics_holding_records=holding,
+            should_stop=lambda: self._stop,
+            alive=self._alive,
         )
+
+    def _alive(self) -> None:
+        self.stats.heartbeat = time.monotonic()  # a long initial snapshot is not a hung daemon
+
+    def _make_serializer(self) -> EventSerializer[Any]:
+        return make_serializer(self.config, self._partitions_of)
 
     def _column_policies(self) -> dict[str, ColumnPolicy]:
         cfg = self.config
@@ -249,6 +262,8 @@ class Pipeline:
             )
         if cfg.delivery.mode == "exactly_once":
             specs.append(TopicSpec(cfg.delivery.offsets_topic, 1, cfg.kafka.replication_factor))
+        # Logical messages (pg_logical_emit_message) go here as Debezium does; keyed by prefix, so not compacted.
+        specs.append(TopicSpec(f"{cfg.topic_prefix}.message", 1, cfg.kafka.replication_factor, compacted=False))
         if cfg.transaction_metadata:
             # BEGIN and END share a key: compaction would drop the BEGINs, so this topic is not compacted.
             specs.append(
@@ -273,14 +288,19 @@ class Pipeline:
     def run(self) -> None:
         http = None
         try:
-            self.prepare()
-            if self.config.http.enabled:
+            if self.config.http.enabled:  # before prepare(): progress and health during the initial snapshot
                 http = HttpEndpoint(self.stats, self.config.http.host, self.config.http.port)
                 http.start()
+            self.prepare()
+            if self._snapshot_plan is not None and not self._snapshot_plan.stream:
+                log.info("snapshot_only_done", mode=self.config.snapshot.mode)  # initial_only
+                return
             self._stream_with_retries()
         finally:
             if http is not None:
                 http.stop()
+            if self._snapshots is not None:
+                self._snapshots.stop()
             self._lock.release()
             for side in (self._lag_conn, self._side_conn):
                 if side is not None:
@@ -312,6 +332,9 @@ class Pipeline:
         )
         budget = cfg.limits.max_inflight_bytes
         feed = self._decoder.feed
+        assert self._snapshots is not None
+        snapshots = self._snapshots
+        on_event = snapshots.on_event
         stats = self.stats
         counts = stats.events
         column_policies = self._policies
@@ -331,9 +354,11 @@ class Pipeline:
                 delivery.acknowledged(),
                 proto_version=proto,
                 options=options,
-                messages=False,
+                messages=True,  # watermarks
             )
             self._decoder.reset()
+            snapshots.reset()  # windows open in the last session are read again
+            snapshots.start()  # DBLog jobs and the signal table
             stats.streaming = True
             skipping = False
             in_tx = False
@@ -346,6 +371,7 @@ class Pipeline:
                     for event in feed(frame[XLOGDATA_HEADER_SIZE:], lsn):
                         if isinstance(event, ChangeEvent):
                             if not skipping:
+                                snapshot_rows = on_event(event)
                                 describe = event.table.qualified
                                 policy = column_policies.get(describe)
                                 if policy is not None:
@@ -355,20 +381,32 @@ class Pipeline:
                                 counts[(describe, event.op.value)] += 1
                                 if txmeta is not None:
                                     txmeta.count(describe)
+                                if snapshot_rows:
+                                    self._send_snapshot_rows(snapshot_rows)
                         elif isinstance(event, TruncateEvent | MessageEvent):
                             if not skipping:
-                                describe = _describe(event)
-                                for record in serializer.records(event):
-                                    delivery.send(record, describe)
-                                counts[(describe, "t" if isinstance(event, TruncateEvent) else "m")] += 1
+                                snapshot_rows = on_event(event)
+                                if isinstance(event, MessageEvent) and not event.transactional:
+                                    self._send_standalone_message(event)
+                                elif not is_watermark(event):
+                                    describe = _describe(event)
+                                    for record in serializer.records(event):
+                                        delivery.send(record, describe)
+                                    counts[(describe, "t" if isinstance(event, TruncateEvent) else "m")] += 1
+                                if snapshot_rows:  # a high watermark: the chunk's rows, inside its transaction
+                                    self._send_snapshot_rows(snapshot_rows)
                         elif isinstance(event, TxBegin):
                             skipping = not delivery.begin(event)
+                            if not skipping:
+                                on_event(event)
                             in_tx = True
                             if txmeta is not None and not skipping:
                                 delivery.send(txmeta.begin(event), "transaction metadata")
                         elif isinstance(event, TxCommit):
                             if txmeta is not None and not skipping:
                                 delivery.send(txmeta.end(event), "transaction metadata")
+                            if not skipping:
+                                on_event(event)
                             delivery.commit(event)
                             skipping = in_tx = False
                             stats.last_commit_ts_us = event.commit_ts_us
@@ -402,6 +440,30 @@ class Pipeline:
             stats.streaming = False
             stream.close()
             raise
+
+    def _send_standalone_message(self, event: MessageEvent) -> None:
+        """A non-transactional message arrives between transactions at its own LSN: deliver it as a
+        transaction of one, so the confirmed LSN never passes it undelivered and exactly-once skips it
+        when it was already committed."""
+        assert self._delivery is not None and self._serializer is not None
+        ts = event.commit_ts_us if event.commit_ts_us is not None else time.time_ns() // 1000
+        if self._delivery.begin(TxBegin(0, event.lsn, ts)):
+            for record in self._serializer.records(event):
+                self._delivery.send(record, f"message {event.prefix}")
+            self.stats.events[(f"message {event.prefix}", "m")] += 1
+        self._delivery.commit(TxCommit(0, event.lsn, event.lsn, ts, 1))
+
+    def _send_snapshot_rows(self, rows: list[ChangeEvent]) -> None:
+        """Snapshot rows the coordinator released at a high watermark: same policies, serializer, delivery."""
+        assert self._delivery is not None and self._serializer is not None
+        for row in rows:
+            describe = row.table.qualified
+            policy = self._policies.get(describe)
+            event = policy.apply(row) if policy is not None else row
+            for record in self._serializer.records(event):
+                self._delivery.send(record, describe)
+            self.stats.events[(describe, "r")] += 1
+            self.stats.snapshot_rows[describe] += 1
 
     def _heartbeat_action(self) -> None:
         query = self.config.heartbeat.action_query
@@ -473,6 +535,8 @@ class Pipeline:
             self._partitions.update(ensure_topics(admin, self._topic_specs(self._serializer)))
             apply_publication(conn, publication)
             self._decoder.update_tables(tables, types)
+            if self._snapshots is not None:
+                self._snapshots.tables_changed(tables, types)
         added = sorted(set(new_names) - set(old_names))
         log.info(
             "reload_tables",
@@ -531,6 +595,36 @@ class Pipeline:
         log.warning("replication_reconnecting", acknowledged=str(self._delivery.acknowledged()))
 
 
+def make_serializer(cfg: Config, partitions_of: Callable[[str], int]) -> EventSerializer[Any]:
+    """The configured format's serializer (module-level: snapshot workers build theirs with it)."""
+    if cfg.format == "avro":
+        assert cfg.schema_registry is not None  # the configuration model requires it
+        registry = RegistryClient.from_settings(cfg.schema_registry)
+        registry.check_reachable()
+        return AvroSerializer(
+            AvroSettings(
+                topic_prefix=cfg.topic_prefix,
+                database=cfg.source.database,
+                decimal_handling=cfg.avro_format.decimal_handling,
+                time_precision=cfg.avro_format.time_precision,
+                interval_handling=cfg.avro_format.interval_handling,
+            ),
+            partitions_of,
+            registry,
+        )
+    return JsonSerializer(
+        JsonSettings(
+            topic_prefix=cfg.topic_prefix,
+            database=cfg.source.database,
+            schemas_enable=cfg.json_format.schemas_enable,
+            decimal_handling=cfg.json_format.decimal_handling,
+            time_precision=cfg.json_format.time_precision,
+            interval_handling=cfg.json_format.interval_handling,
+        ),
+        partitions_of,
+    )
+
+
 def _describe(event: ChangeEvent | TruncateEvent | MessageEvent) -> str:
     if isinstance(event, ChangeEvent):
         return event.table.qualified
@@ -561,6 +655,9 @@ def run(config_path: Path) -> int:
     signal.signal(signal.SIGHUP, on_hangup)
     try:
         pipeline.run()
+    except SnapshotInterrupted as e:
+        log.warning("snapshot_interrupted", error=str(e))
+        return 0 if pipeline.stopping else 1
     except FATAL as e:
         log.error("fatal", error=str(e), kind=type(e).__name__)
         return 1

@@ -255,3 +255,26 @@ def test_the_slot_advances_while_captured_tables_are_idle_and_others_are_busy(
     finally:
         assert c.stop() == 0
     assert advanced, f"the slot stayed near {start} while the database wrote past {target}"
+
+
+def test_logical_messages_transactional_or_not_reach_the_message_topic(
+    tmp_path, services, people, slot_name, publication_name, topic_prefix, consume_all
+):
+    c = Connector(config(tmp_path, services, people, slot_name, publication_name, topic_prefix), tmp_path / "l").start()
+    try:
+        c.wait_streaming(people, slot_name)
+        with psycopg.connect(people, autocommit=True) as conn:
+            with conn.transaction():
+                conn.execute("INSERT INTO people (id) VALUES (1)")
+                conn.execute("SELECT pg_logical_emit_message(true, 'app.tx', 'inside')")
+            conn.execute("SELECT pg_logical_emit_message(false, 'app.now', 'outside')")
+            conn.execute("INSERT INTO people (id) VALUES (2)")
+        msgs = read_until(consume_all, f"{topic_prefix}.message", 2)
+        read_until(consume_all, f"{topic_prefix}.public.people", 2)
+    finally:
+        assert c.stop() == 0
+    import base64
+
+    contents = {json.loads(m.key())["prefix"]: base64.b64decode(json.loads(m.value())["message"]["content"]) for m in msgs}
+    assert contents == {"app.tx": b"inside", "app.now": b"outside"}
+    assert all(json.loads(m.value())["op"] == "m" for m in msgs)

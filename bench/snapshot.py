@@ -1,0 +1,210 @@
+"""Initial snapshot throughput: rows/s into Kafka (JSON) beside a bare COPY of the same table, 1 vs N workers.
+
+One command: ``.venv/bin/python bench/snapshot.py`` (5,000,000 rows; ``--rows 500000`` for a quick run).
+
+In one run, on the local services (``cdc dev up``):
+
+1. A table of N 6-column rows (bigint key, text, numeric(12,2), varchar, timestamptz,
+   uuid; the shape of ``bench/e2e.py``) is written once and analyzed.
+2. ``COPY (SELECT ...) TO STDOUT`` of the whole table, read by psycopg without parsing:
+   the reference (what the server and libpq can hand over).
+3. Per-row costs of the snapshot's own steps on a sample (one process): parse the COPY
+   line through the stream's converters, build the ChangeEvent and serialize it, produce.
+4. The initial snapshot (``cdc.snapshot.initial.InitialSnapshot``: a new slot with an
+   exported snapshot, planning, worker processes, COPY, JSON serialization, produce,
+   wait for every acknowledgment) with each worker count; a fresh slot and topic each.
+   Rows/s is rows over the whole run, start-up included; "copy" excludes the start-up
+   (slot, planning, worker start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from confluent_kafka.admin import AdminClient
+
+from cdc import dev
+from cdc import log as logsetup
+from cdc.catalog import describe_tables
+from cdc.config import TableConfig
+from cdc.event import ChangeEvent, Op, TxBegin
+from cdc.lsn import Lsn
+from cdc.sink.delivery import AtLeastOnce
+from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
+from cdc.sink.serialize import JsonSerializer, JsonSettings
+from cdc.snapshot.config import SnapshotConfig
+from cdc.snapshot.copytext import row_parser
+from cdc.snapshot.initial import InitialSnapshot
+from cdc.snapshot.output import JsonKafkaOutput
+from cdc.snapshot.plan import describe_table
+from cdc.snapshot.progress import ProgressTracker
+from cdc.snapshot.state import MemoryStore, SnapshotState
+
+DB = "cdc_bench_snapshot"
+TABLE = "public.bench_rows"
+COLUMNS = "id, name, amount, code, created, ref"
+
+
+def setup(admin_dsn: str, rows: int) -> str:
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        for (slot,) in conn.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (DB,)).fetchall():
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {DB}")
+    dsn = psycopg.conninfo.make_conninfo(admin_dsn, dbname=DB)
+    started = time.monotonic()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE bench_rows (id bigint PRIMARY KEY, name text, amount numeric(12,2), "
+            "code varchar(16), created timestamptz, ref uuid)"
+        )
+        step = 1_000_000
+        for start in range(0, rows, step):
+            conn.execute(
+                """
+                INSERT INTO bench_rows
+                SELECT i, 'customer ' || i, (i %% 100000) / 100.0, 'C' || (i %% 997),
+                       timestamptz '2024-01-01 00:00:00+00' + i * interval '1 second', gen_random_uuid()
+                  FROM generate_series(%s::bigint, %s::bigint) i
+                """,
+                (start + 1, min(rows, start + step)),
+            )
+        conn.execute("VACUUM ANALYZE bench_rows")
+        size = conn.execute("SELECT pg_size_pretty(pg_table_size('bench_rows'))").fetchone()
+    print(f"table: {rows:,} rows, {size[0] if size else '?'} on disk, written in {time.monotonic() - started:.1f}s")
+    return dsn
+
+
+def bare_copy(dsn: str) -> tuple[float, int]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        started = time.perf_counter()
+        n = 0
+        nbytes = 0
+        with conn.cursor().copy(f"COPY (SELECT {COLUMNS} FROM bench_rows) TO STDOUT") as copy:
+            while data := copy.read():
+                n += 1
+                nbytes += len(data)
+        elapsed = time.perf_counter() - started
+    return n / elapsed, nbytes
+
+
+def per_row_costs(dsn: str, bootstrap: str, prefix: str, sample: int) -> dict[str, float]:
+    """Microseconds per row of each step, on ``sample`` rows in one process: each pass adds a step, nothing
+    is kept (as in a worker), and a step's cost is the difference to the pass before."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        info = describe_tables(conn, [TableConfig(name=TABLE)])[TABLE]
+        table = describe_table(conn, info)
+        lines = []
+        with conn.cursor().copy(f"COPY (SELECT {COLUMNS} FROM bench_rows LIMIT {sample}) TO STDOUT") as copy:
+            while data := copy.read():
+                lines.append(bytes(data[:-1]))
+    parse = row_parser(table.schema.columns, where=TABLE)
+    schema = table.schema
+    serializer = JsonSerializer(JsonSettings(topic_prefix=prefix, database=DB), lambda _t: 3)
+    ensure_topics(admin_client(bootstrap, {}), [TopicSpec(f"{prefix}.public.bench_rows", 3, 1)])
+    delivery = AtLeastOnce(producer_config(bootstrap, {}, 1_000_000), max_record_bytes=1_000_000)
+    delivery.begin(TxBegin(0, Lsn(1), 0))
+    point = Lsn(1)
+
+    def run(steps: int) -> float:
+        started = time.perf_counter()
+        for i, line in enumerate(lines):
+            row = parse(line)
+            if steps >= 2:
+                event = ChangeEvent(Op.READ, schema, None, row, point, point, None, i, 0, True)
+                if steps >= 3:
+                    for record in serializer.records(event):
+                        if steps >= 4:
+                            delivery.send(record, TABLE)
+                    if steps >= 4 and i % 1024 == 0:
+                        delivery.tick()
+        if steps >= 4:
+            while delivery.drain(60):
+                pass
+        return (time.perf_counter() - started) / len(lines) * 1e6
+
+    passes = [run(steps) for steps in (1, 2, 3, 4)]
+    return {
+        "parse (COPY text -> typed row)": passes[0],
+        "ChangeEvent": passes[1] - passes[0],
+        "serialize (JSON envelope)": passes[2] - passes[1],
+        "produce + acknowledge": passes[3] - passes[2],
+    }
+
+
+def snapshot_run(dsn: str, bootstrap: str, prefix: str, slot: str, workers: int, chunk_rows: int) -> dict[str, Any]:
+    topic = f"{prefix}.public.bench_rows"
+    partitions = ensure_topics(admin_client(bootstrap, {}), [TopicSpec(topic, 3, 1)])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = describe_tables(conn, [TableConfig(name=TABLE)])
+    output = JsonKafkaOutput(
+        JsonSettings(topic_prefix=prefix, database=DB), partitions, producer_config(bootstrap, {}, 1_000_000), 1_000_000
+    )
+    settings = SnapshotConfig(workers=workers, chunk_rows=chunk_rows, progress_log_s=30, progress_bar=False)
+    progress = ProgressTracker("initial", log_interval_s=30)
+    snapshot = InitialSnapshot(
+        conninfo=dsn, slot=slot, tables=tables, output=output, state=SnapshotState(MemoryStore()),
+        settings=settings, progress=progress, log_level="warning",
+    )  # fmt: skip
+    started = time.monotonic()
+    result = snapshot.run()
+    elapsed = time.monotonic() - started
+    copy_s = progress.read().elapsed_s  # the tracker starts with the engine; the copy phase is what follows planning
+    return {"rows": result.rows, "elapsed_s": elapsed, "rows_per_s": result.rows / elapsed, "tracker_s": copy_s}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--workers", default=f"1,{min(4, os.cpu_count() or 2)}", help="worker counts to run, e.g. 1,2,4")
+    parser.add_argument("--chunk-rows", type=int, default=50_000)
+    parser.add_argument("--copy-runs", type=int, default=3, help="bare COPY runs (median)")
+    parser.add_argument("--sample", type=int, default=100_000, help="rows for the per-row cost breakdown")
+    parser.add_argument("--keep", action="store_true", help="keep the database and topics afterwards")
+    args = parser.parse_args()
+    logsetup.configure("console", "warning")
+    endpoints = dev.up(dev.default_state_dir(), registry=False)
+    print(f"services: {endpoints.postgres_dsn}  kafka {endpoints.kafka_bootstrap}  ({os.cpu_count()} CPUs)")
+    dsn = setup(endpoints.postgres_dsn, args.rows)
+    prefix = f"bench_snapshot_{int(time.time())}"
+    admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})
+    try:
+        copies = [bare_copy(dsn) for _ in range(args.copy_runs)]
+        copy_rate = statistics.median(rate for rate, _ in copies)
+        print(f"bare COPY (SELECT ...) TO STDOUT: {copy_rate:,.0f} rows/s "
+              f"(median of {len(copies)}, {copies[0][1] / 1e6:,.0f} MB of text)")  # fmt: skip
+        costs = per_row_costs(dsn, endpoints.kafka_bootstrap, f"{prefix}_costs", min(args.sample, args.rows))
+        print("per-row cost, one process: " + ", ".join(f"{k} {v:.2f} µs" for k, v in costs.items())
+              + f"; total {sum(costs.values()):.2f} µs = {1e6 / sum(costs.values()):,.0f} rows/s")  # fmt: skip
+        results = []
+        for workers in (int(w) for w in args.workers.split(",")):
+            r = snapshot_run(dsn, endpoints.kafka_bootstrap, f"{prefix}_w{workers}", f"bench_w{workers}_{int(time.time())}",
+                             workers, args.chunk_rows)  # fmt: skip
+            results.append((workers, r))
+            print(f"snapshot, {workers} worker(s): {r['rows']:,} rows in {r['elapsed_s']:.1f}s = "
+                  f"{r['rows_per_s']:,.0f} rows/s = {r['rows_per_s'] / copy_rate * 100:.1f}% of bare COPY")  # fmt: skip
+    finally:
+        if not args.keep:
+            names = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix)]
+            if names:
+                for future in admin.delete_topics(names, operation_timeout=30).values():
+                    future.result()
+            with psycopg.connect(endpoints.postgres_dsn, autocommit=True) as conn:
+                for (slot,) in conn.execute(
+                    "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (DB,)
+                ).fetchall():
+                    conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+                conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+    sys.exit(main())

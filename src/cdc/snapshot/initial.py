@@ -1,0 +1,443 @@
+"""The initial snapshot: every captured table copied under the slot's exported snapshot, in parallel.
+
+The order of things (each step's record is durable before the next step starts):
+
+1. ``initial`` = pending in the progress topic, and the previous snapshot's
+   records of the slot are deleted.
+2. ``CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export')`` gives the consistent
+   point C and a snapshot name. From here until step 4 the replication
+   connection runs no other command: its next command would end the snapshot.
+3. A planning connection imports the snapshot, reads the tables' columns as of
+   C, estimates and cuts every table into chunks; plans are stored, with C, and
+   ``initial`` = copying. Then the worker processes start and import the same
+   snapshot (``BEGIN ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT``).
+4. Once every worker imported it (or failed to), the replication connection is
+   closed: the importers keep the snapshot for as long as their transactions live.
+5. Workers copy chunks (``cdc.snapshot.worker``); a chunk is recorded as copied
+   after Kafka acknowledged all its rows. A worker that dies leaves its chunk to
+   another worker, which still holds the same snapshot.
+6. When every chunk is copied, ``initial`` = done; the pipeline then streams
+   from the slot, which starts at C: every change after the snapshot, none
+   before it.
+
+A crash anywhere in 2-5 leaves the slot at C (nothing streamed, nothing
+confirmed) and ``initial`` pending or copying: the next start streams from C at
+once and finishes the chunks not recorded as copied with DBLog, over the same
+key ranges (``cdc.snapshot.service``). A table rewritten or dropped while the
+copy runs is handled the same way (rewritten: DBLog after the copy) or left out
+(dropped: its topic keeps what was copied, and the start-up checks then ask to
+remove it from the configuration).
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import multiprocessing.process
+import multiprocessing.queues
+import os
+import queue
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import structlog
+
+from cdc.catalog import TableInfo
+from cdc.decoder.stream import ReplicationStream
+from cdc.event import PgType, TruncateEvent, TxBegin, TxCommit
+from cdc.lsn import Lsn
+from cdc.snapshot.config import SnapshotConfig
+from cdc.snapshot.errors import SnapshotError, SnapshotImportError, SnapshotInterrupted
+from cdc.snapshot.output import OutputFactory
+from cdc.snapshot.plan import Chunk, Chunking, SnapshotTable, TablePlan, describe_table, plan_table, session_setup
+from cdc.snapshot.progress import ProgressTracker
+from cdc.snapshot.state import InitialStatus, SnapshotState
+from cdc.snapshot.worker import (
+    ChunkDone,
+    ChunkSkipped,
+    ChunkTask,
+    Failed,
+    Ready,
+    Report,
+    Rows,
+    WorkerSpec,
+    import_snapshot,
+    run_worker,
+)
+
+log = structlog.get_logger("cdc.snapshot")
+
+__all__ = ["InitialResult", "InitialSnapshot"]
+
+_Worker = tuple[multiprocessing.process.BaseProcess, "multiprocessing.queues.Queue[ChunkTask | None]"]
+_ORDINAL_STRIDE = 1 << 32
+_QUEUE_DEPTH = 2  # chunk n's events have ordinals n * 2**32 + 1, + 2, ...
+
+
+@dataclass(frozen=True, slots=True)
+class InitialResult:
+    consistent_point: Lsn
+    rows: int
+    tables: tuple[str, ...]
+    complete: bool  # every chunk copied; False: some are left for DBLog (tables rewritten meanwhile)
+    dropped: tuple[str, ...]  # tables dropped while the snapshot ran
+    elapsed_s: float
+
+
+class _Exporter:
+    """Holds an exported snapshot until every reader imported it: a slot's replication connection, or
+    (initial_only) a plain connection's open transaction."""
+
+    def __init__(self, conninfo: str, slot: str | None) -> None:
+        self._stream: ReplicationStream | None = None
+        self._conn: psycopg.Connection[Any] | None = None
+        if slot is not None:
+            self._stream = ReplicationStream(conninfo)
+            self._stream.connect()
+            info = self._stream.create_slot(slot, export_snapshot=True)
+            if info.snapshot_name is None:
+                raise SnapshotError(f"the server created slot {slot} without exporting a snapshot")
+            self.point, self.name = info.consistent_point, info.snapshot_name
+        else:
+            self._conn = psycopg.connect(conninfo, autocommit=True)
+            session_setup(self._conn, "cdc-snapshot-export")
+            self._conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            row = self._conn.execute("SELECT pg_export_snapshot(), pg_current_wal_lsn()::text").fetchone()
+            assert row is not None
+            self.name, self.point = str(row[0]), Lsn.parse(str(row[1]))
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class InitialSnapshot:
+    """Copies every table under one exported snapshot with parallel worker processes."""
+
+    def __init__(
+        self,
+        *,
+        conninfo: str,
+        slot: str,
+        tables: Mapping[str, TableInfo],
+        output: OutputFactory,
+        state: SnapshotState,
+        settings: SnapshotConfig,
+        types: Mapping[int, PgType] | None = None,
+        progress: ProgressTracker | None = None,
+        should_stop: Callable[[], bool] = lambda: False,
+        alive: Callable[[], None] | None = None,
+        truncate_first: Collection[str] = (),
+        with_slot: bool = True,
+        log_format: str = "json",
+        log_level: str = "info",
+    ) -> None:
+        self._conninfo = conninfo
+        self._slot = slot
+        self._tables = dict(tables)
+        self._output = output
+        self._state = state
+        self._settings = settings
+        self._types = dict(types or {})
+        self._progress = progress or ProgressTracker(
+            "initial", log_interval_s=settings.progress_log_s, bar=settings.progress_bar
+        )
+        self._should_stop = should_stop
+        self._alive = alive
+        self._truncate_first = set(truncate_first)
+        self._with_slot = with_slot
+        self._log_format = log_format
+        self._log_level = log_level
+        self._context = multiprocessing.get_context("spawn")
+
+    @property
+    def progress(self) -> ProgressTracker:
+        return self._progress
+
+    def run(self) -> InitialResult:
+        started = time.monotonic()
+        self._state.begin_initial()
+        log.info("snapshot_starting", slot=self._slot if self._with_slot else None, tables=sorted(self._tables))
+        exporter = _Exporter(self._conninfo, self._slot if self._with_slot else None)
+        point, name = exporter.point, exporter.name
+        planner: psycopg.Connection[Any] | None = None
+        workers: dict[int, _Worker] = {}
+        reports: multiprocessing.queues.Queue[Report] = self._context.Queue()
+        try:
+            try:
+                planner = self._import(name)
+                row = planner.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint").fetchone()
+                xid = int(row[0]) & 0xFFFFFFFF if row else None
+                tables, plans = self._plan(planner, point)
+                chunks = [(tables[p.table], c) for p in plans.values() for c in p.chunks()]
+                count = max(1, min(self._settings.workers, len(chunks)))
+                spec = WorkerSpec(0, self._conninfo, name, self._output, point, xid, time.time_ns() // 1000,
+                                  self._log_format, self._log_level)  # fmt: skip
+                workers = self._start_workers(spec, count, reports)
+            finally:
+                exporter.close()  # every reader imported the snapshot (or never will)
+            self._mark_truncated(tables, point, spec.commit_ts_us)
+            result = self._copy(tables, plans, chunks, workers, reports, point)
+        except BaseException:
+            self._kill(workers)
+            raise
+        finally:
+            if planner is not None:
+                planner.close()
+        self._stop_workers(workers)
+        elapsed = time.monotonic() - started
+        self._progress.finish()
+        log.info(
+            "snapshot_copied",
+            consistent_point=str(point),
+            rows=result[0],
+            complete=result[1],
+            dropped=sorted(result[2]),
+            elapsed_s=round(elapsed, 3),
+            rows_per_s=round(result[0] / elapsed, 1) if elapsed > 0 else None,
+        )
+        return InitialResult(point, result[0], tuple(sorted(tables)), result[1], tuple(sorted(result[2])), elapsed)
+
+    # -- steps ----------------------------------------------------------------------------------
+
+    def _import(self, snapshot_name: str) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(self._conninfo, autocommit=True)
+        try:
+            session_setup(conn, "cdc-snapshot-plan")
+            import_snapshot(conn, snapshot_name)
+        except psycopg.Error as e:
+            conn.close()
+            raise SnapshotImportError(
+                f"the exported snapshot {snapshot_name} can no longer be imported ({str(e).strip()}): its "
+                "replication connection ran another command or closed. Nothing was read; the slot is kept at its "
+                "consistent point, and the next start streams from there and snapshots every table while streaming."
+            ) from None
+        return conn
+
+    def _plan(self, conn: psycopg.Connection[Any], point: Lsn) -> tuple[dict[str, SnapshotTable], dict[str, TablePlan]]:
+        tables: dict[str, SnapshotTable] = {}
+        plans: dict[str, TablePlan] = {}
+        for name, info in self._tables.items():
+            try:
+                table = describe_table(conn, info, self._types)
+            except LookupError:
+                raise SnapshotError(
+                    f"table {name} was dropped before the snapshot started. Fix: remove it from 'tables' and restart."
+                ) from None
+            conn.execute("SAVEPOINT cdc_plan")  # the sampling's table lock goes at the rollback
+            try:
+                plan = plan_table(conn, table, self._settings.chunk_rows)
+            finally:
+                conn.execute("ROLLBACK TO SAVEPOINT cdc_plan")
+                conn.execute("RELEASE SAVEPOINT cdc_plan")
+            tables[name], plans[name] = table, plan
+            self._state.save_plan(plan)
+            self._progress.add_table(name, plan.estimated_rows, plan.chunk_count)
+            log.info(
+                "snapshot_table_planned",
+                table=name,
+                chunking=plan.chunking.value,
+                chunk_key=list(table.chunk_key),
+                chunks=plan.chunk_count,
+                rows_estimated=plan.estimated_rows,
+            )
+        self._state.cover({name: t.oid for name, t in tables.items()})
+        self._state.set_initial(InitialStatus.COPYING, consistent_point=str(point))
+        self._state.flush()
+        return tables, plans
+
+    def _start_workers(
+        self, spec: WorkerSpec, count: int, reports: multiprocessing.queues.Queue[Report]
+    ) -> dict[int, _Worker]:
+        workers: dict[int, _Worker] = {}
+        for wid in range(count):
+            tasks: multiprocessing.queues.Queue[ChunkTask | None] = self._context.Queue()
+            worker_spec = WorkerSpec(wid, spec.conninfo, spec.snapshot_name, spec.output, spec.consistent_point,
+                                     spec.xid, spec.commit_ts_us, spec.log_format, spec.log_level)  # fmt: skip
+            process = self._context.Process(
+                target=run_worker, args=(worker_spec, os.getpid(), tasks, reports), name=f"cdc-snapshot-{wid}", daemon=True
+            )
+            process.start()
+            workers[wid] = (process, tasks)
+        deadline = time.monotonic() + self._settings.import_timeout_s
+        waiting = set(workers)
+        errors: list[str] = []
+        while waiting:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                report = reports.get(timeout=min(remaining, 0.5))
+            except queue.Empty:
+                for wid in list(waiting):
+                    if not workers[wid][0].is_alive():
+                        waiting.discard(wid)
+                        errors.append(f"worker {wid} exited with {workers[wid][0].exitcode} before importing")
+                continue
+            if isinstance(report, Ready):
+                waiting.discard(report.worker)
+                if report.error is not None:
+                    errors.append(f"worker {report.worker}: {report.error}")
+                    workers.pop(report.worker)[0].join(5)
+        for wid in waiting:
+            errors.append(f"worker {wid} did not import the snapshot within {self._settings.import_timeout_s:.0f}s")
+            stuck, _ = workers.pop(wid)
+            stuck.kill()
+        if errors:
+            log.warning("snapshot_workers_not_started", errors=errors, started=len(workers))
+        if not workers:
+            raise SnapshotImportError(
+                "no snapshot worker could import the exported snapshot: " + "; ".join(errors) + ". The slot is kept at "
+                "its consistent point; the next start streams from there and snapshots every table while streaming."
+            )
+        log.info("snapshot_workers_started", workers=len(workers))
+        return workers
+
+    def _mark_truncated(self, tables: Mapping[str, SnapshotTable], point: Lsn, ts_us: int) -> None:
+        """Tables whose topics hold records of an earlier slot: a truncate marker first, acknowledged."""
+        marked = [t.schema for name, t in tables.items() if name in self._truncate_first]
+        if not marked:
+            return
+        output = self._output()
+        output.delivery.begin(TxBegin(0, point, ts_us))
+        event = TruncateEvent(tuple(marked), False, False, point, point, None, 0, ts_us)
+        for record in output.serializer.records(event):
+            output.delivery.send(record, "truncate marker")
+        output.delivery.commit(TxCommit(0, point, point, ts_us, 1))
+        while output.delivery.drain(60.0):
+            log.warning("snapshot_waiting_for_kafka", what="truncate markers")
+        log.info("snapshot_topics_marked_truncated", tables=sorted(t.qualified for t in marked))
+
+    def _copy(
+        self,
+        tables: Mapping[str, SnapshotTable],
+        plans: Mapping[str, TablePlan],
+        chunks: list[tuple[SnapshotTable, Chunk]],
+        workers: dict[int, _Worker],
+        reports: multiprocessing.queues.Queue[Report],
+        point: Lsn,
+    ) -> tuple[int, bool, set[str]]:
+        """Hand out chunks, record finished ones. Returns (rows, complete, dropped tables)."""
+        pending: collections.deque[ChunkTask] = collections.deque(
+            ChunkTask(table, chunk, n * _ORDINAL_STRIDE) for n, (table, chunk) in enumerate(chunks)
+        )
+        assigned: dict[int, list[ChunkTask]] = {wid: [] for wid in workers}  # in the worker's queue, in order
+        dropped: set[str] = set()
+        deferred: set[str] = set()
+        rows = 0
+        while pending or any(assigned.values()):
+            if self._should_stop():
+                raise SnapshotInterrupted(
+                    "the initial snapshot was stopped before every chunk was copied; the next start streams from the "
+                    "slot's consistent point and copies the remaining chunks while streaming"
+                )
+            for wid, (_, tasks) in workers.items():
+                # Two per worker: the next chunk waits in its queue while it drains the current one.
+                while len(assigned[wid]) < _QUEUE_DEPTH and pending:
+                    task = pending.popleft()
+                    assigned[wid].append(task)
+                    tasks.put(task)
+            try:
+                report = reports.get(timeout=0.2)
+            except queue.Empty:
+                report = None
+            if isinstance(report, Rows):
+                self._progress.rows(report.table, report.rows)
+            elif isinstance(report, ChunkDone):
+                _settled(assigned, report.worker, report.table, report.index)
+                rows += report.rows
+                self._state.chunk_done(report.table, report.index, report.rows)
+                self._progress.chunk_done(report.table)
+            elif isinstance(report, ChunkSkipped):
+                _settled(assigned, report.worker, report.table, report.index)
+                if report.table in dropped or report.table in deferred:
+                    continue  # a chunk that was already queued when the table was given up
+                kept = collections.deque(t for t in pending if t.table.name != report.table)
+                pending.clear()
+                pending.extend(kept)
+                if report.reason == "dropped":
+                    dropped.add(report.table)
+                    self._progress.set_state(report.table, "dropped")
+                    log.error("snapshot_table_dropped", table=report.table, error=report.message,
+                              fix="remove the table from 'tables'; the start-up checks refuse it until then")  # fmt: skip
+                else:
+                    if plans[report.table].chunking is Chunking.CTID:
+                        raise SnapshotError(
+                            f"{report.message}. {report.table} has no primary key or unique NOT NULL index, so its "
+                            "copy cannot be finished while streaming. Fix: add a primary key and restart, or drop the "
+                            f"slot {self._slot} to take a new snapshot."
+                        )
+                    deferred.add(report.table)
+                    self._progress.set_state(report.table, "deferred")
+                    log.warning("snapshot_table_deferred", table=report.table, reason=report.message,
+                                then="finished with DBLog while streaming")  # fmt: skip
+            elif isinstance(report, Failed):
+                where = f" ({report.table}, chunk {report.index})" if report.table is not None else ""
+                raise SnapshotError(
+                    f"snapshot worker {report.worker} failed{where}: {report.message}. The slot is kept at its "
+                    "consistent point; fix the cause and restart: the chunks not yet copied are then read while streaming."
+                )
+            for wid in list(workers):
+                process, _ = workers[wid]
+                if process.is_alive():
+                    continue
+                del workers[wid]
+                lost = assigned.pop(wid, [])
+                log.error("snapshot_worker_died", worker=wid, exitcode=process.exitcode,
+                          chunks=[t.chunk.id for t in lost], workers_left=len(workers))  # fmt: skip
+                pending.extendleft(reversed(lost))  # another worker holds the same snapshot
+                if not workers:
+                    raise SnapshotInterrupted(
+                        "every snapshot worker died; the next start streams from the slot's consistent point and "
+                        "copies the remaining chunks while streaming"
+                    )
+            self._progress.tick()
+            if self._alive is not None:
+                self._alive()
+        complete = not deferred
+        if complete:
+            self._state.set_initial(InitialStatus.DONE, consistent_point=str(point), rows=rows, dropped=sorted(dropped))
+        else:
+            self._state.set_initial(InitialStatus.COPYING, consistent_point=str(point), rows=rows,
+                                    dropped=sorted(dropped), deferred=sorted(deferred))  # fmt: skip
+        self._state.flush()
+        return rows, complete, dropped
+
+    # -- workers --------------------------------------------------------------------------------
+
+    @staticmethod
+    def _stop_workers(
+        workers: Mapping[int, _Worker],
+    ) -> None:
+        for _, tasks in workers.values():
+            tasks.put(None)
+        for process, _ in workers.values():
+            process.join(30)
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+
+    @staticmethod
+    def _kill(
+        workers: Mapping[int, _Worker],
+    ) -> None:
+        for process, _ in workers.values():
+            if process.is_alive():
+                process.kill()
+        for process, _ in workers.values():
+            process.join(5)
+
+
+def _settled(assigned: dict[int, list[ChunkTask]], worker: int, table: str, index: int) -> None:
+    queue_ = assigned.get(worker, [])
+    for i, task in enumerate(queue_):
+        if task.table.name == table and task.chunk.index == index:
+            del queue_[i]
+            return

@@ -1,0 +1,116 @@
+"""Where snapshot events go: the pipeline's serializer and delivery, built afresh in each worker process.
+
+Snapshot workers are processes (the per-row work is Python: conversion,
+serialization, produce), so each builds its own serializer and producer from a
+picklable ``OutputFactory``. They are the same classes, with the same settings,
+as the pipeline's: the records are byte for byte what the stream would produce
+for the same values.
+
+Snapshot chunks are delivered at least once (idempotent producer, ``acks=all``),
+whatever the pipeline's delivery mode: a chunk counts as copied only once Kafka
+acknowledged all of it, and a chunk copied twice after a crash only repeats
+upserts of the same rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from cdc.columns import ColumnPolicy, policies
+from cdc.config import Config, TableConfig
+from cdc.event import ChangeEvent, MessageEvent, TruncateEvent, TxBegin, TxCommit
+from cdc.sink.delivery import AtLeastOnce, DeadLetters
+from cdc.sink.kafka import producer_config
+from cdc.sink.record import Record
+from cdc.sink.serialize import JsonSerializer, JsonSettings
+
+__all__ = ["ConfiguredOutput", "JsonKafkaOutput", "Output", "OutputFactory", "RecordDelivery", "Serializer"]
+
+
+class Serializer(Protocol):
+    def records(self, event: ChangeEvent | TruncateEvent | MessageEvent) -> list[Record]: ...
+
+
+class RecordDelivery(Protocol):
+    """The part of ``cdc.sink.delivery.Delivery`` a snapshot uses."""
+
+    def begin(self, tx: TxBegin) -> bool: ...
+    def send(self, record: Record, describe: str) -> None: ...
+    def commit(self, tx: TxCommit) -> None: ...
+    def tick(self) -> None: ...
+    def drain(self, timeout: float) -> int: ...
+
+
+Transform = Callable[[ChangeEvent], ChangeEvent]
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    serializer: Serializer
+    delivery: RecordDelivery
+    transform: Transform | None = None  # what the pipeline applies between decoder and serializer (column policies)
+
+
+class OutputFactory(Protocol):
+    """Picklable; called once in each worker process."""
+
+    def __call__(self) -> Output: ...
+
+
+@dataclass(frozen=True)
+class JsonKafkaOutput:
+    """The pipeline's JSON serializer, its column policies, and an at-least-once producer with its settings."""
+
+    settings: JsonSettings
+    partitions: Mapping[str, int]  # topic -> partition count, as ensure_topics returned it
+    producer: Mapping[str, Any]  # cdc.sink.kafka.producer_config(...)
+    max_record_bytes: int
+    dead_letter_topic: str | None = None
+    tables: Sequence[TableConfig] = ()  # for the column policies (include, exclude, mask)
+    mask_fixed_value: str = "****"
+    mask_salt: str | None = field(default=None, repr=False)
+    _partitions: dict[str, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_partitions", dict(self.partitions))
+        object.__setattr__(self, "tables", tuple(self.tables))
+
+    def __call__(self) -> Output:
+        serializer = JsonSerializer(self.settings, self._partitions.__getitem__)
+        dead = DeadLetters(self.dead_letter_topic) if self.dead_letter_topic else None
+        delivery = AtLeastOnce(dict(self.producer), max_record_bytes=self.max_record_bytes, dead_letters=dead)
+        return Output(serializer, delivery, _transform(policies(self.tables, self.mask_fixed_value, self.mask_salt)))
+
+
+@dataclass(frozen=True)
+class ConfiguredOutput:
+    """What the pipeline builds from its configuration, built again in each worker: the serializer of
+    ``config.format`` (by the pipeline's own ``make_serializer``, a module-level function so that it
+    pickles), the column policies, and an at-least-once producer with the pipeline's settings."""
+
+    config: Config
+    partitions: Mapping[str, int]  # topic -> partition count, as ensure_topics returned it
+    make_serializer: Callable[[Config, Callable[[str], int]], Serializer]
+
+    def __call__(self) -> Output:
+        cfg = self.config
+        partitions = dict(self.partitions)
+        serializer = self.make_serializer(cfg, partitions.__getitem__)
+        producer = producer_config(cfg.kafka.bootstrap_servers, cfg.kafka.producer, cfg.limits.max_record_bytes)
+        dead = DeadLetters(cfg.limits.dead_letter_topic) if cfg.limits.dead_letter_topic else None
+        delivery = AtLeastOnce(producer, max_record_bytes=cfg.limits.max_record_bytes, dead_letters=dead)
+        salt = cfg.masking.salt.get_secret_value() if cfg.masking.salt is not None else None
+        return Output(serializer, delivery, _transform(policies(cfg.tables, cfg.masking.fixed_value, salt)))
+
+
+def _transform(by_table: Mapping[str, ColumnPolicy]) -> Transform | None:
+    if not by_table:
+        return None
+
+    def transform(event: ChangeEvent) -> ChangeEvent:
+        policy = by_table.get(event.table.qualified)
+        return policy.apply(event) if policy is not None else event
+
+    return transform

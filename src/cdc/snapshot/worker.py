@@ -1,0 +1,260 @@
+"""A snapshot worker process: imports the exported snapshot, then copies the chunks it is given into Kafka.
+
+Per chunk, inside the worker's one REPEATABLE READ transaction:
+
+1. ``SAVEPOINT``; ``LOCK TABLE ... IN ACCESS SHARE MODE``: the table cannot be
+   dropped or rewritten while the chunk is read.
+2. Check that the table is the planned one (same oid) and was not rewritten
+   since the snapshot (``ALTER TABLE`` rewrites, ``TRUNCATE``, ``VACUUM FULL``,
+   ``CLUSTER`` give it a new relfilenode, and rows of a rewritten table are
+   invisible to older snapshots: reading it would silently miss them).
+3. ``COPY (SELECT ...) TO STDOUT``: each line through ``copytext.row_parser``
+   (the stream's converters), each row a ``ChangeEvent(op=READ, snapshot=True)``
+   at the consistent point, through the serializer into the delivery.
+4. ``ROLLBACK TO SAVEPOINT`` (it read only), which releases the lock: DDL may
+   run between chunks instead of waiting for the whole snapshot.
+5. Wait until Kafka acknowledged every record of the chunk, then report the
+   chunk done. Only then may the coordinator record it as copied.
+
+The worker dies with its parent (``PR_SET_PDEATHSIG``): a worker outliving a
+killed daemon could otherwise write snapshot rows after the next daemon's stream
+events, making a topic end on a stale value.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing.queues
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import structlog
+from psycopg import sql
+
+from cdc import log as logsetup
+from cdc.event import ChangeEvent, Op, TxBegin, TxCommit
+from cdc.lsn import Lsn
+from cdc.sink.kafka import SinkError
+from cdc.sink.serialize import SerializationError
+from cdc.snapshot.copytext import CopyFormatError, RowParser, row_parser
+from cdc.snapshot.output import Output, OutputFactory
+from cdc.snapshot.plan import LEAVES, Chunk, SnapshotTable, chunk_select, session_setup
+
+log = structlog.get_logger("cdc.snapshot.worker")
+
+__all__ = ["ChunkDone", "ChunkSkipped", "ChunkTask", "Failed", "Ready", "Rows", "WorkerSpec", "run_worker"]
+
+_PROGRESS_EVERY = 8192
+_DRAIN_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    worker_id: int
+    conninfo: str
+    snapshot_name: str
+    output: OutputFactory
+    consistent_point: Lsn
+    xid: int | None
+    commit_ts_us: int
+    log_format: str = "json"
+    log_level: str = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkTask:
+    table: SnapshotTable
+    chunk: Chunk
+    ordinal_base: int  # ordinals of this chunk's events are ordinal_base + 1, + 2, ...
+
+
+# --- what a worker reports ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    worker: int
+    error: str | None  # None: the snapshot is imported
+
+
+@dataclass(frozen=True, slots=True)
+class Rows:
+    worker: int
+    table: str
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkDone:
+    worker: int
+    table: str
+    index: int
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSkipped:
+    worker: int
+    table: str
+    index: int
+    reason: str  # dropped, rewritten
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    worker: int
+    table: str | None
+    index: int | None
+    message: str
+
+
+Report = Ready | Rows | ChunkDone | ChunkSkipped | Failed
+
+
+class _Skip(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def import_snapshot(conn: psycopg.Connection[Any], snapshot_name: str) -> None:
+    """Open the transaction that reads under the exported snapshot. Raises psycopg.Error when it is gone."""
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+    conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
+
+
+def run_worker(spec: WorkerSpec, parent_pid: int, tasks: multiprocessing.queues.Queue[ChunkTask | None],
+               reports: multiprocessing.queues.Queue[Report]) -> None:  # fmt: skip
+    """The worker process's main function."""
+    _die_with_parent()
+    if os.getppid() != parent_pid:
+        os._exit(1)  # the parent died before the death signal was armed
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator decides when workers stop
+    logsetup.configure("console" if spec.log_format == "console" else "json", spec.log_level)
+    wid = spec.worker_id
+    try:
+        conn = psycopg.connect(spec.conninfo, autocommit=True)
+    except psycopg.Error as e:
+        reports.put(Ready(wid, f"cannot connect to Postgres: {str(e).strip()}"))
+        return
+    try:
+        session_setup(conn, f"cdc-snapshot-{wid}")
+        import_snapshot(conn, spec.snapshot_name)
+    except psycopg.Error as e:
+        reports.put(Ready(wid, str(e).strip()))
+        conn.close()
+        return
+    reports.put(Ready(wid, None))
+    output = spec.output()
+    parsers: dict[str, tuple[SnapshotTable, RowParser]] = {}
+    try:
+        while True:
+            task = tasks.get()
+            if task is None:
+                break
+            name, index = task.table.name, task.chunk.index
+            try:
+                rows = _copy_chunk(conn, output, spec, task, parsers, reports)
+            except _Skip as e:
+                reports.put(ChunkSkipped(wid, name, index, e.reason, str(e)))
+                continue
+            except (psycopg.Error, CopyFormatError, SinkError, SerializationError) as e:
+                reports.put(Failed(wid, name, index, f"{type(e).__name__}: {str(e).strip()}"))
+                break
+            reports.put(ChunkDone(wid, name, index, rows))
+        output.delivery.drain(_DRAIN_TIMEOUT_S)
+    except SinkError as e:
+        reports.put(Failed(wid, None, None, f"{type(e).__name__}: {e}"))
+    finally:
+        conn.close()
+
+
+def _check_table(conn: psycopg.Connection[Any], table: SnapshotTable) -> None:
+    relation = sql.Identifier(table.schema.schema, table.schema.name)
+    try:
+        conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(relation))
+    except psycopg.errors.UndefinedTable:
+        raise _Skip("dropped", f"table {table.name} was dropped during the snapshot") from None
+    row = conn.execute(
+        """
+        SELECT to_regclass(%(name)s)::oid = %(oid)s,
+               (SELECT count(*) FROM ({LEAVES}) l(relid)
+                  LEFT JOIN pg_class c ON c.oid = l.relid
+                 WHERE c.relfilenode IS DISTINCT FROM pg_relation_filenode(l.relid))
+        """.replace("{LEAVES}", LEAVES),
+        {"name": relation.as_string(conn), "oid": table.oid},
+    ).fetchone()
+    if row is None or not row[0]:
+        raise _Skip("dropped", f"table {table.name} was dropped (or dropped and recreated) during the snapshot")
+    if row[1]:
+        raise _Skip(
+            "rewritten",
+            f"table {table.name} was rewritten (ALTER TABLE, TRUNCATE, VACUUM FULL or CLUSTER) after the snapshot "
+            "was taken: its rows are no longer visible under the snapshot",
+        )
+
+
+def _copy_chunk(
+    conn: psycopg.Connection[Any],
+    output: Output,
+    spec: WorkerSpec,
+    task: ChunkTask,
+    parsers: dict[str, tuple[SnapshotTable, RowParser]],
+    reports: multiprocessing.queues.Queue[Report],
+) -> int:
+    table = task.table
+    cached = parsers.get(table.name)
+    if cached is None or cached[0] != table:
+        cached = (table, row_parser(table.schema.columns, where=table.name))
+        parsers[table.name] = cached
+    parse = cached[1]
+    delivery, records, transform = output.delivery, output.serializer.records, output.transform
+    send, tick = delivery.send, delivery.tick
+    schema, point, xid, ts = table.schema, spec.consistent_point, spec.xid, spec.commit_ts_us
+    read_op = Op.READ
+    describe = table.name
+    wid = spec.worker_id
+    ordinal = task.ordinal_base
+    n = 0
+    reported = 0
+    conn.execute("SAVEPOINT cdc_chunk")
+    try:
+        _check_table(conn, table)
+        delivery.begin(TxBegin(xid or 0, point, ts))
+        with conn.cursor().copy(chunk_select(table, task.chunk)) as copy:
+            read = copy.read
+            while True:
+                data = read()
+                if not data:
+                    break
+                row = parse(bytes(data[:-1]))
+                ordinal += 1
+                event = ChangeEvent(read_op, schema, None, row, point, point, xid, ordinal, ts, True)
+                for record in records(transform(event) if transform is not None else event):
+                    send(record, describe)
+                n += 1
+                if n % _PROGRESS_EVERY == 0:
+                    tick()
+                    reports.put(Rows(wid, table.name, n - reported))
+                    reported = n
+        delivery.commit(TxCommit(xid or 0, point, point, ts, n))
+    finally:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.UNKNOWN:
+            conn.execute("ROLLBACK TO SAVEPOINT cdc_chunk")
+            conn.execute("RELEASE SAVEPOINT cdc_chunk")
+    while delivery.drain(_DRAIN_TIMEOUT_S):
+        log.warning("snapshot_waiting_for_kafka", worker=wid, table=table.name, chunk=task.chunk.index)
+    if n > reported:
+        reports.put(Rows(wid, table.name, n - reported))
+    return n

@@ -1,0 +1,83 @@
+"""The snapshot through the real daemon (``cdc run``), once the pipeline carries the snapshot wiring.
+
+Skipped while ``cdc.config.Config`` has no ``snapshot`` section (the wiring is the
+pipeline's to add); the other snapshot tests drive the same code through
+``test_snapshot_harness.SnapshotPipeline`` meanwhile.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from cdc.config import Config
+from cdc.snapshot.state import KafkaStore
+from tests.integration.connector import Connector, write_config
+from tests.integration.test_snapshot_harness import (
+    Workload,
+    assert_topic_equals_table,
+    current_lsn,
+    fill,
+    slot_confirmed_past,
+    wait_until,
+)
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif("snapshot" not in Config.model_fields, reason="the pipeline has no snapshot wiring yet"),
+]
+
+
+def test_the_daemon_killed_during_its_initial_snapshot_resumes_and_snapshots_again_on_request(
+    tmp_path: Path, services: Any, pg_dsn: str, slot_name: str, publication_name: str, topic_prefix: str, consume_all: Any
+) -> None:
+    fill(pg_dsn, 40_000)
+    config = write_config(
+        tmp_path / "cdc.yaml",
+        source={"dsn": pg_dsn, "slot": slot_name, "publication": publication_name},
+        tables=["public.t"],
+        kafka={"bootstrap_servers": services.kafka_bootstrap, "partitions": 3},
+        topic_prefix=topic_prefix,
+        status_interval_s=1.0,
+        http={"enabled": False},
+        snapshot={"workers": 2, "chunk_rows": 2_000, "incremental_chunk_rows": 2_000, "signal_poll_s": 0.5},
+    )
+    store = KafkaStore(services.kafka_bootstrap, f"{topic_prefix}.__cdc_snapshot", slot_name)
+    workload = Workload(pg_dsn, 40_000, seed=21).start()
+    try:
+        first = Connector(config, tmp_path / "first.log").start()
+        wait_until(lambda: sum(k.startswith("chunk/") for k in store.load()) >= 4, 120, "chunks of the first snapshot")
+        first.stop(signal.SIGKILL)
+        assert store.load()["initial"]["status"] == "copying"
+
+        second = Connector(config, tmp_path / "second.log").start()
+        second.wait_streaming(pg_dsn, slot_name)
+        wait_until(lambda: store.load().get(f"job/resume-{_oid(pg_dsn)}", {}).get("status") == "done", 120,
+                   "the interrupted chunks, read while streaming")  # fmt: skip
+        cli = subprocess.run(
+            [sys.executable, "-m", "cdc.cli", "snapshot", "--config", str(config), "public.t"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert cli.returncode == 0, cli.stderr
+        wait_until(lambda: any(v.get("reason") == "signal" and v.get("status") == "done"
+                               for k, v in store.load().items() if k.startswith("job/")), 120, "the requested snapshot")  # fmt: skip
+        workload.stop()
+        end = current_lsn(pg_dsn)
+        wait_until(lambda: slot_confirmed_past(pg_dsn, slot_name, end), 60, "the stream to catch up")
+        assert second.stop() == 0, second.output()
+    finally:
+        workload.stop()
+    assert_topic_equals_table(consume_all, f"{topic_prefix}.public.t", pg_dsn, "SELECT id, v, n, flag, note FROM t")
+
+
+def _oid(dsn: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT 'public.t'::regclass::oid::int").fetchone()
+    assert row is not None
+    return int(row[0])
