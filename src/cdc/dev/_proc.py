@@ -306,6 +306,13 @@ def live_pid(pid_file: Path, markers: Sequence[str], log: FilteringBoundLogger, 
     found = find_by_markers(markers)
     if not found:
         return None
+    if not pid_file.parent.is_dir():
+        # Ours by its command line, but its state folder was deleted under it (a removed checkout):
+        # it cannot be reused, and left running it would hold ports and memory. Stop it.
+        for orphan in found:
+            log.warning("dev.orphan_stopped", service=service, pid=orphan, state=str(pid_file.parent))
+            stop_pid(orphan, markers, log, service)
+        return None
     log.warning("dev.adopted_process", service=service, pid=found[0], others=found[1:])
     pid_file.write_text(f"{found[0]}\n")
     return found[0]
