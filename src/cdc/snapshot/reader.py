@@ -38,6 +38,7 @@ from cdc.event import PgType, TableSchema
 from cdc.lsn import Lsn
 from cdc.snapshot.config import SnapshotConfig
 from cdc.snapshot.copytext import CopyFormatError, RowParser, row_parser, split_line
+from cdc.snapshot.state import StoreError
 from cdc.snapshot.errors import SnapshotError, SnapshotRefused
 from cdc.snapshot.incremental import WATERMARK_PREFIX, IncrementalCoordinator, Outcome, Window, XidSnapshot, watermark_content
 from cdc.snapshot.plan import Chunk, SnapshotTable, chunk_select, describe_table, max_key, session_setup
@@ -213,7 +214,11 @@ class IncrementalReader:
                     log.warning("snapshot_reader_reconnecting", error=str(e).strip())
                     self._close()
                     self._stop.wait(_RECONNECT_S)
-                except SnapshotError as e:
+                except (SnapshotError, StoreError) as e:
+                    if self._stop.is_set():
+                        # Stopping: the pipeline no longer waits for this job; it resumes from its record.
+                        log.info("snapshot_reader_stopped_mid_job", error=str(e))
+                        return
                     self.failure = str(e)
                     log.error("snapshot_reader_failed", error=str(e))
                     return
