@@ -6,11 +6,12 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install demo test unit integration services-up services-down lint clean
 
-$(STAMP): pyproject.toml scripts/system-deps.sh
+$(STAMP): pyproject.toml scripts/system-deps.sh spark/jars-pom.xml
 	bash scripts/system-deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
+	PYTHON=$(BIN)/python bash scripts/fetch-spark-jars.sh
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,0 +1,196 @@
+"""Benchmark: records/s to rebuild a warehouse table from a change topic, beside simply counting it.
+
+One command::
+
+    .venv/bin/python bench/spark_rebuild.py                      # 5,000,000 records, 3 runs
+    .venv/bin/python bench/spark_rebuild.py --records 500000     # a quicker run
+
+It starts the local services (``cdc.dev``, state in ``.cdc-dev/bench``) unless ``--bootstrap`` is
+given, produces a synthetic topic with the connector's own ``JsonSerializer`` (realistic Debezium
+envelopes and headers: inserts, updates, deletes with their tombstones, a truncate marker per
+partition early on), then, in one Spark session (local mode, ``--master``), measures per run:
+
+* ``count``: the same reader's batch read of the topic, counted (Kafka source + ``count()``);
+* ``rebuild``: the warehouse job for the table (read, classify, latest per key, decode, Delta
+  write) into a fresh directory;
+* ``rebuild again``: the same job over the table it just wrote (the MERGE path; it changes nothing).
+
+and prints the median of the runs for each, in records/s of the topic. The topic is reused by
+later runs with the same ``--records`` (``--fresh-topic`` to produce it again).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from decimal import Decimal
+from pathlib import Path
+
+import structlog
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "spark"))
+
+from cdc.event import ChangeEvent, Column, Op, PgType, TableSchema, TruncateEvent  # noqa: E402
+from cdc.lsn import Lsn  # noqa: E402
+from cdc.sink.serialize import JsonSerializer, JsonSettings  # noqa: E402
+
+log = structlog.get_logger("bench.spark_rebuild")
+
+TABLE = TableSchema(
+    "public",
+    "bench_orders",
+    (
+        Column("id", PgType(20, "int8"), key=True, nullable=False),
+        Column("customer_id", PgType(23, "int4")),
+        Column("status", PgType(25, "text")),
+        Column("amount", PgType(1700, "numeric"), modifier=(12 << 16 | 2) + 4),
+        Column("placed_at", PgType(1184, "timestamptz")),
+        Column("note", PgType(25, "text")),
+    ),
+)
+STATUSES = ("new", "paid", "shipped", "delivered", "cancelled")
+
+
+def _row(key: int, rng: random.Random, version: int) -> dict[str, object]:
+    return {
+        "id": key,
+        "customer_id": rng.randrange(1, 100_000),
+        "status": STATUSES[version % len(STATUSES)],
+        "amount": Decimal(rng.randrange(-10_000, 10_000_000)) / 100,
+        "placed_at": 1_714_000_000_000_000 + rng.randrange(0, 10**13),
+        "note": f"order {key} version {version}",
+    }
+
+
+def produce(bootstrap: str, topic_prefix: str, records: int, partitions: int) -> str:
+    """The synthetic topic: ~1 key per 4 records (insert, updates, and 1 in 20 keys deleted)."""
+    serializer = JsonSerializer(JsonSettings(topic_prefix=topic_prefix, database="bench"), lambda _t: partitions)
+    topic = serializer.topic_for(TABLE)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 1, config={"cleanup.policy": "compact"})])[topic].result(60)
+    producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random", "linger.ms": 50,
+                         "batch.num.messages": 10000, "compression.type": "lz4", "queue.buffering.max.messages": 500000})  # fmt: skip
+    rng = random.Random(42)
+    keys = max(1, records // 4)
+    versions = [0] * (keys + 1)
+    lsn = 1_000_000
+    produced = 0
+    next_report = 500_000
+    truncated = False
+    started = time.monotonic()
+
+    def send(event: ChangeEvent | TruncateEvent) -> None:
+        nonlocal produced
+        for record in serializer.records(event):
+            while True:
+                try:
+                    producer.produce(record.topic, record.value, record.key, partition=record.partition
+                                     if record.partition is not None else -1, headers=list(record.headers))  # fmt: skip
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+            produced += 1
+        producer.poll(0)
+
+    while produced < records:
+        lsn += 64
+        if not truncated and produced >= records // 10:
+            send(TruncateEvent((TABLE,), False, False, Lsn(lsn), Lsn(lsn), 7, 1, lsn))
+            truncated = True
+            continue
+        key = rng.randrange(1, keys + 1)
+        version = versions[key]
+        if version <= 0:  # new, or deleted earlier: (re-)inserted
+            op, before, after = Op.CREATE, None, _row(key, rng, 0)
+            versions[key] = 1
+        elif rng.random() < 0.05:
+            op, before, after = Op.DELETE, {"id": key}, None
+            versions[key] = -1
+        else:
+            op, before, after = Op.UPDATE, None, _row(key, rng, version)
+            versions[key] = version + 1
+        send(ChangeEvent(op, TABLE, before, after, Lsn(lsn + 32), Lsn(lsn), 1000 + produced, 1, lsn))
+        if produced >= next_report:
+            log.info("bench.producing", records=produced, of=records, seconds=round(time.monotonic() - started, 1))
+            next_report += 500_000
+    producer.flush(300)
+    log.info("bench.produced", topic=topic, records=produced, seconds=round(time.monotonic() - started, 1))
+    return topic
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=5_000_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--bootstrap", help="an existing Kafka (default: start the local dev services)")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--shuffle-partitions", type=int, default=8)
+    parser.add_argument("--driver-memory", default="6g")
+    parser.add_argument("--fresh-topic", action="store_true")
+    args = parser.parse_args(argv)
+
+    from cdc_views.jobs import JobConfig, rebuild  # noqa: PLC0415 - after sys.path is set
+    from cdc_views.reader import KafkaSource, read_batch  # noqa: PLC0415
+    from cdc_views.session import build_session  # noqa: PLC0415
+    from cdc_views.tables import ColumnShape, Kind, TableShape  # noqa: PLC0415
+
+    bootstrap = args.bootstrap
+    if bootstrap is None:
+        from cdc import dev  # noqa: PLC0415
+
+        bootstrap = dev.up(REPO / ".cdc-dev" / "bench", registry=False).kafka_bootstrap
+    prefix = f"bench{args.records}"
+    source = KafkaSource(bootstrap)
+    topic = f"{prefix}.public.bench_orders"
+    if args.fresh_topic and topic in source.existing_topics():
+        AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])[topic].result(60)
+        time.sleep(2)
+    if topic not in source.existing_topics():
+        produce(bootstrap, prefix, args.records, args.partitions)
+
+    shape = TableShape("public", "bench_orders", (
+        ColumnShape("id", Kind.INT64, "int8"), ColumnShape("customer_id", Kind.INT32, "int4"),
+        ColumnShape("status", Kind.TEXT, "text"), ColumnShape("amount", Kind.DECIMAL, "numeric", 12, 2),
+        ColumnShape("placed_at", Kind.TIMESTAMPTZ, "timestamptz", 6), ColumnShape("note", Kind.TEXT, "text"),
+    ), ("id",))  # fmt: skip
+    spark = build_session("bench-spark-rebuild", master=args.master, shuffle_partitions=args.shuffle_partitions,
+                          conf={"spark.driver.memory": args.driver_memory})  # fmt: skip
+    total = read_batch(spark, source, [topic]).count()
+    print(f"topic {topic}: {total} records, {args.partitions} partitions; Spark {spark.version}, {args.master}")
+    timings: dict[str, list[float]] = {"count": [], "rebuild": [], "rebuild again": []}
+    for run in range(1, args.runs + 1):
+        work = Path(tempfile.mkdtemp(prefix="bench-warehouse-"))
+        try:
+            cfg = JobConfig(source, prefix, {shape.qualified: shape}, work)
+            t = time.monotonic()
+            read_batch(spark, source, [topic]).count()
+            timings["count"].append(time.monotonic() - t)
+            t = time.monotonic()
+            rebuild(spark, cfg, ["warehouse"])
+            timings["rebuild"].append(time.monotonic() - t)
+            t = time.monotonic()
+            rebuild(spark, cfg, ["warehouse"])
+            timings["rebuild again"].append(time.monotonic() - t)
+            rows = spark.read.format("delta").load(str(work / "tables" / shape.qualified)).count()
+            log.info("bench.run", run=run, of=args.runs, rows=rows, **{k: round(v[-1], 1) for k, v in timings.items()})
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"\nmedians of {args.runs} runs, {total} records ({rows} live rows after the rebuild):")
+    for name, values in timings.items():
+        median = statistics.median(values)
+        print(f"  {name:<14} {median:8.1f} s  {total / median:12,.0f} records/s   (runs: {', '.join(f'{v:.1f}' for v in values)})")
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

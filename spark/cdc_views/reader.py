@@ -1,0 +1,412 @@
+"""The one reading library of the jobs: change topics from offset 0 -> the latest state per key.
+
+A table's topic is read with Spark's Kafka source (batch from the earliest offsets, or as a stream)
+and reduced in three steps, each a plain DataFrame transformation, so batch jobs and streaming
+micro-batches share them:
+
+1. ``envelopes(raw)``: one row per record: the key's text (the row identity), the LSNs from the
+   ``cdc.lsn``/``cdc.commit_lsn`` headers (the envelope's ``source.lsn`` when a header is missing),
+   ``op``, the JSON text of ``after``, and what the record is: ``row`` (c/u/r), ``delete`` (d or a
+   tombstone), ``truncate`` (a marker: key ``{"__cdc_truncate_partition":p}``, op ``t``) or ``bad``
+   (key or value that is not what the connector writes; with a reason).
+2. ``latest(envelopes)``: the last record of each key in offset order (a key lives in one
+   partition); markers keep their latest per partition; every bad record stays, on its own.
+3. ``decode_rows(latest, table)``: the ``after`` of each row parsed and converted to typed columns
+   (see ``decode``); a present value that does not convert makes the record ``bad``.
+
+``Changes.of(...)`` then takes the truncate markers (a marker at offset o of partition p discards
+every record of p below o), collects bad records, and fails with ``UndecodableRecords`` (partition
+and offset of each, up to a limit, and the count) unless ``on_bad_record="skip"``, in which case
+they are left out, counted and logged. Superseded records are checked as envelopes only.
+
+Columns of the reduced rows: the table's columns, then the ``META`` columns:
+``_cdc_key`` (key text), ``_cdc_partition``, ``_cdc_offset``, ``_cdc_lsn``, ``_cdc_commit_lsn``
+(the commit LSN, or the event LSN when unknown), ``_cdc_op``, ``_cdc_ts_ms`` (commit time), and
+``_cdc_action``: ``upsert``, ``delete`` or ``keep`` (a skipped bad record of a known key: the view
+keeps what it has for that key).
+
+An Avro path fits step 1 only: ``envelopes`` would take the value through ``from_avro`` (Confluent
+wire format: magic byte 0, 4-byte schema id, Avro body; the schema fetched from the registry by
+id before the job starts) instead of ``from_json``; steps 2 and 3 are format-agnostic except that
+Avro values are typed already. It is not implemented: the connector writes JSON only.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import structlog
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+from cdc_views.decode import decode, failed, row_schema
+from cdc_views.tables import Encoding, TableShape
+
+log = structlog.get_logger("cdc_views.reader")
+
+OnBadRecord = Literal["fail", "skip"]
+TRUNCATE_KEY_FIELD = "__cdc_truncate_partition"
+META = ("_cdc_key", "_cdc_partition", "_cdc_offset", "_cdc_lsn", "_cdc_commit_lsn", "_cdc_op", "_cdc_ts_ms")
+REPORTED_BAD_RECORDS = 20
+
+_ENVELOPE = StructType(
+    [
+        StructField("op", StringType()),
+        StructField("after", StringType()),  # the JSON text of the row object
+        StructField(
+            "source",
+            StructType([StructField("lsn", LongType()), StructField("ts_ms", LongType())]),
+        ),
+    ]
+)
+_WRAPPED_ENVELOPE = StructType([StructField("payload", _ENVELOPE)])  # json.schemas_enable: true
+
+
+class ReadError(RuntimeError):
+    """A topic cannot be read as a change topic; the message names the problem and the fix."""
+
+
+class TopicNotFound(ReadError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class BadRecord:
+    topic: str
+    partition: int
+    offset: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.topic} partition {self.partition} offset {self.offset}: {self.reason}"
+
+
+class UndecodableRecords(ReadError):
+    def __init__(self, topic: str, count: int, examples: Sequence[BadRecord]) -> None:
+        self.topic = topic
+        self.count = count
+        self.examples = list(examples)
+        listed = "; ".join(str(b) for b in self.examples)
+        more = f" (first {len(self.examples)} listed)" if count > len(self.examples) else ""
+        super().__init__(
+            f"{count} record(s) of topic {topic} do not decode{more}: {listed}. Fix what produced them, or run "
+            "with on_bad_record='skip' (--on-bad-record skip) to leave them out; skipped records are counted and logged"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSource:
+    """Where the topics are, and any extra consumer settings (``security.protocol``, ``sasl.*``...)."""
+
+    bootstrap: str
+    settings: Mapping[str, str] = field(default_factory=dict)
+
+    def spark_options(self) -> dict[str, str]:
+        options = {f"kafka.{k}": v for k, v in self.settings.items()}
+        options["kafka.bootstrap.servers"] = self.bootstrap
+        return options
+
+    def existing_topics(self, timeout_s: float = 15.0) -> set[str]:
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, **self.settings})
+        try:
+            return set(admin.list_topics(timeout=timeout_s).topics)
+        except KafkaException as exc:
+            raise ReadError(f"cannot list the topics of Kafka at {self.bootstrap}: {exc}; is the broker up?") from exc
+
+
+def check_topics(source: KafkaSource, topics: Sequence[str]) -> None:
+    """``TopicNotFound`` naming every missing topic (Spark would otherwise wait or read nothing)."""
+    existing = source.existing_topics()
+    missing = [t for t in topics if t not in existing]
+    if missing:
+        prefixes = sorted({t.split(".", 1)[0] for t in existing if not t.startswith("__")})
+        raise TopicNotFound(
+            f"topic(s) {', '.join(missing)} do not exist on {source.bootstrap}: check the topic prefix and the table "
+            f"names, and that the connector captures these tables and has run (topic prefixes there: {prefixes})"
+        )
+
+
+def read_batch(spark: SparkSession, source: KafkaSource, topics: Sequence[str]) -> DataFrame:
+    """Every record now in the topics, from the earliest offsets (one bounded batch read)."""
+    check_topics(source, topics)
+    return (
+        spark.read.format("kafka")
+        .options(**source.spark_options())
+        .option("subscribe", ",".join(topics))
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .option("includeHeaders", "true")
+        .option("failOnDataLoss", "false")  # compaction removes offsets: that is not loss
+        .load()
+    )
+
+
+def read_stream(
+    spark: SparkSession, source: KafkaSource, topics: Sequence[str], max_offsets_per_trigger: int | None = None
+) -> DataFrame:
+    """The topics as a stream from the earliest offsets (a checkpoint, when there is one, wins)."""
+    check_topics(source, topics)
+    reader = (
+        spark.readStream.format("kafka")
+        .options(**source.spark_options())
+        .option("subscribe", ",".join(topics))
+        .option("startingOffsets", "earliest")
+        .option("includeHeaders", "true")
+        .option("failOnDataLoss", "false")
+    )
+    if max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    return reader.load()
+
+
+# --------------------------------------------------------------------------- step 1
+
+
+def _header(name: str) -> Column:
+    matches = F.filter(F.col("headers"), lambda h: h["key"] == F.lit(name))
+    return F.element_at(matches, 1)["value"].cast(StringType())
+
+
+def envelopes(raw: DataFrame, encoding: Encoding) -> DataFrame:
+    """Kafka records -> one classified row per record (see the module docstring)."""
+    key = F.col("key").cast(StringType())
+    value = F.col("value").cast(StringType())
+    parsed = F.from_json(value, _WRAPPED_ENVELOPE)["payload"] if encoding.schemas_enable else F.from_json(value, _ENVELOPE)
+    key_map = F.from_json(key, "map<string,string>")
+    if encoding.schemas_enable:
+        key_map = F.from_json(F.get_json_object(key, "$.payload"), "map<string,string>")
+        key = F.get_json_object(key, "$.payload")
+    has_headers = "headers" in raw.columns
+    lsn_header = _header("cdc.lsn").cast(LongType()) if has_headers else F.lit(None).cast(LongType())
+    commit_header = _header("cdc.commit_lsn").cast(LongType()) if has_headers else F.lit(None).cast(LongType())
+    df = raw.select(
+        "topic",
+        "partition",
+        "offset",
+        key.alias("key_text"),
+        key_map.alias("key_map"),
+        value.isNull().alias("tombstone"),
+        parsed.alias("env"),
+        lsn_header.alias("lsn_header"),
+        commit_header.alias("commit_header"),
+    )
+    op = F.col("env.op")
+    record, reason = _classify(op)
+    lsn = F.coalesce(F.col("lsn_header"), F.col("env.source.lsn"))
+    return df.select(
+        "topic",
+        "partition",
+        "offset",
+        F.col("key_text").alias("key"),
+        record.alias("record"),
+        reason.alias("reason"),
+        op.alias("op"),
+        lsn.alias("lsn"),
+        F.coalesce(F.col("commit_header"), lsn).alias("commit_lsn"),
+        F.col("env.source.ts_ms").alias("ts_ms"),
+        F.col("env.after").alias("after"),
+    )
+
+
+def _classify(op: Column) -> tuple[Column, Column]:
+    is_marker = F.col("key_map").getItem(TRUNCATE_KEY_FIELD).isNotNull()
+    checks: list[tuple[Column, str, str | None]] = [
+        (F.col("key_text").isNull(), "bad", "null key (a change topic's records are all keyed)"),
+        (F.col("key_map").isNull(), "bad", "key is not a JSON object"),
+        (F.col("tombstone") & is_marker, "bad", "tombstone with a truncate marker's key"),
+        (F.col("tombstone"), "delete", None),
+        (F.col("env").isNull() | op.isNull(), "bad", "value is not a Debezium envelope (no op)"),
+        (is_marker & (op == "t"), "truncate", None),
+        (is_marker, "bad", f"key has {TRUNCATE_KEY_FIELD} but op is not 't'"),
+        (op == "d", "delete", None),
+        (op.isin("c", "u", "r") & F.col("env.after").isNull(), "bad", "op c/u/r without an 'after' row"),
+        (op.isin("c", "u", "r"), "row", None),
+    ]
+    record: Column = F.lit("bad")
+    reason: Column = F.concat(F.lit("unexpected op "), F.coalesce(op, F.lit("null")))
+    for condition, kind, why in reversed(checks):
+        record = F.when(condition, F.lit(kind)).otherwise(record)
+        reason = F.when(condition, F.lit(why).cast(StringType())).otherwise(reason)
+    return record, reason
+
+
+# --------------------------------------------------------------------------- step 2
+
+
+def latest(env: DataFrame) -> DataFrame:
+    """The last record of each key (offset order); each bad record kept on its own."""
+    group = F.when(
+        F.col("record") == "bad", F.concat(F.lit("\u0000bad:"), F.col("partition").cast("string"), F.lit(":"), F.col("offset").cast("string"))
+    ).otherwise(F.col("key"))
+    carried = [c for c in env.columns if c not in ("topic",)]
+    reduced = (
+        env.withColumn("_group", group)
+        .groupBy("topic", "_group")
+        .agg(F.max_by(F.struct(*carried), F.col("offset")).alias("last"))
+    )
+    return reduced.select("topic", "last.*")
+
+
+# --------------------------------------------------------------------------- step 3
+
+
+def decode_rows(reduced: DataFrame, table: TableShape, encoding: Encoding) -> DataFrame:
+    """Rows with typed columns; ``record`` becomes ``bad`` (with the column named) where a value fails."""
+    parsed = reduced.withColumn("_row", F.from_json(F.col("after"), row_schema(table.columns)))
+    typed: list[Column] = []
+    failures: list[tuple[Column, str]] = []
+    for column in table.columns:
+        raw = F.col("_row").getField(column.name)
+        value = decode(raw, column, encoding)
+        typed.append(value.alias(column.name))
+        failures.append((failed(raw, value, column), column.name))
+    row_ok = (F.col("record") == "row") & F.col("_row").isNotNull()
+    reason: Column = F.lit(None).cast(StringType())
+    for condition, name in reversed(failures):
+        reason = F.when(condition, F.lit(f"column {name!r}: value cannot be converted")).otherwise(reason)
+    reason = F.when(F.col("record") == "row", F.when(F.col("_row").isNull(), F.lit("'after' is not a JSON object")).otherwise(reason))
+    decoded = parsed.select(
+        "topic", "partition", "offset", "key", "record", "reason", "op", "lsn", "commit_lsn", "ts_ms",
+        reason.alias("_decode_error"),
+        *[F.when(row_ok, value) for value in typed],
+    )  # fmt: skip
+    decoded = decoded.toDF(*decoded.columns[:11], *[c.name for c in table.columns])
+    is_bad = F.col("_decode_error").isNotNull()
+    return (
+        decoded.withColumn("reason", F.when(is_bad, F.col("_decode_error")).otherwise(F.col("reason")))
+        .withColumn("record", F.when(is_bad, F.lit("bad_row")).otherwise(F.col("record")))
+        .drop("_decode_error")
+    )
+
+
+# --------------------------------------------------------------------------- the whole read
+
+
+@dataclass
+class Changes:
+    """What one read of a table's topic says: the latest row or deletion of each key, and markers."""
+
+    table: TableShape
+    rows: DataFrame  # table columns + META + _cdc_action, one row per key
+    truncates: dict[int, int]  # partition -> offset of its latest truncate marker
+    bad_count: int
+    bad: list[BadRecord]
+
+    @classmethod
+    def of(
+        cls,
+        reduced: DataFrame,
+        table: TableShape,
+        encoding: Encoding,
+        *,
+        topic: str,
+        on_bad_record: OnBadRecord = "fail",
+    ) -> Changes:
+        """From one topic's reduced records (``latest``); persist ``reduced``: it is read twice."""
+        return cls.of_topics(reduced, {topic: table}, encoding, on_bad_record)[topic]
+
+    @classmethod
+    def of_topics(
+        cls,
+        reduced: DataFrame,
+        tables: Mapping[str, TableShape],
+        encoding: Encoding,
+        on_bad_record: OnBadRecord = "fail",
+    ) -> dict[str, Changes]:
+        """For each ``topic: table`` of ``reduced`` (several topics), checked in one Spark job.
+
+        ``UndecodableRecords`` (for the first topic that has any) unless ``on_bad_record='skip'``.
+        """
+        decoded = {t: decode_rows(reduced.where(F.col("topic") == t), table, encoding) for t, table in tables.items()}
+        summaries = _summaries(list(decoded.values()))
+        out: dict[str, Changes] = {}
+        for topic, table in tables.items():
+            truncates, bad_count, bad = summaries.get(topic, ({}, 0, []))
+            if bad_count and on_bad_record == "fail":
+                raise UndecodableRecords(topic, bad_count, bad)
+            if bad_count:
+                log.warning("reader.bad_records_skipped", topic=topic, count=bad_count, first=[str(b) for b in bad[:5]])
+            out[topic] = cls(table, _rows(decoded[topic], table, truncates), truncates, bad_count, bad)
+        return out
+
+
+def _rows(decoded: DataFrame, table: TableShape, truncates: Mapping[int, int]) -> DataFrame:
+    kept = decoded.where(F.col("record").isin("row", "delete", "bad_row") & ~_truncated(truncates))
+    action = F.when(F.col("record") == "row", "upsert").when(F.col("record") == "delete", "delete").otherwise("keep")
+    return kept.select(
+        *[F.col(c.name) for c in table.columns],
+        F.col("key").alias("_cdc_key"),
+        F.col("partition").alias("_cdc_partition"),
+        F.col("offset").alias("_cdc_offset"),
+        F.col("lsn").alias("_cdc_lsn"),
+        F.coalesce(F.col("commit_lsn"), F.col("lsn")).alias("_cdc_commit_lsn"),
+        F.col("op").alias("_cdc_op"),
+        F.col("ts_ms").alias("_cdc_ts_ms"),
+        action.alias("_cdc_action"),
+    )
+
+
+Summary = tuple[dict[int, int], int, list[BadRecord]]
+
+
+def _summaries(decoded: Sequence[DataFrame]) -> dict[str, Summary]:
+    """Per topic: truncate markers per partition and bad records (count, first few); one Spark job."""
+    columns = ["topic", "record", "partition", "offset", "reason"]
+    special = functools.reduce(
+        DataFrame.unionByName,
+        [d.where(F.col("record").isin("truncate", "bad", "bad_row")).select(*columns) for d in decoded],
+    )
+    kind = F.when(F.col("record") == "truncate", "truncate").otherwise("bad")
+    grouped = special.groupBy("topic", kind.alias("kind"), "partition").agg(
+        F.count(F.lit(1)).alias("n"),
+        F.max("offset").alias("last"),
+        F.slice(F.sort_array(F.collect_list(F.struct("offset", "reason"))), 1, REPORTED_BAD_RECORDS).alias("first"),
+    )
+    out: dict[str, Summary] = {}
+    for row in grouped.collect():
+        truncates, bad_count, bad = out.setdefault(row["topic"], ({}, 0, []))
+        if row["kind"] == "truncate":
+            truncates[int(row["partition"])] = int(row["last"])
+        else:
+            bad += [BadRecord(row["topic"], int(row["partition"]), int(b["offset"]), str(b["reason"])) for b in row["first"]]
+            out[row["topic"]] = (truncates, bad_count + int(row["n"]), bad)
+    for topic, (truncates, bad_count, bad) in out.items():
+        bad.sort(key=lambda b: (b.partition, b.offset))
+        out[topic] = (truncates, bad_count, bad[:REPORTED_BAD_RECORDS])
+    return out
+
+
+def _truncated(truncates: Mapping[int, int]) -> Column:
+    condition: Column = F.lit(False)
+    for partition, offset in truncates.items():
+        condition = condition | ((F.col("partition") == partition) & (F.col("offset") < offset))
+    return condition
+
+
+def table_changes(
+    spark: SparkSession,
+    source: KafkaSource,
+    table: TableShape,
+    topic: str,
+    encoding: Encoding,
+    on_bad_record: OnBadRecord = "fail",
+) -> Changes:
+    """A batch read of one table's topic from offset 0, reduced to its latest state (not cached)."""
+    reduced = latest(envelopes(read_batch(spark, source, [topic]), encoding))
+    return Changes.of(reduced, table, encoding, topic=topic, on_bad_record=on_bad_record)
+
+
+def reduce_topics(spark: SparkSession, source: KafkaSource, topics: Sequence[str], encoding: Encoding) -> DataFrame:
+    """One batch read of several topics from offset 0, reduced (``latest``) and persisted.
+
+    Take a topic's part with ``.where(F.col("topic") == topic)``; ``unpersist()`` when done.
+    """
+    reduced = latest(envelopes(read_batch(spark, source, topics), encoding))
+    return reduced.persist(StorageLevel.MEMORY_AND_DISK)

@@ -1,0 +1,13 @@
+"""The batch job for the orders view only: `spark-submit spark/orders_view.py --config cdc.yaml --warehouse DIR`.
+
+Also runs as `python spark/orders_view.py ...`. Options: `python -m cdc_views rebuild --help` (PYTHONPATH=spark).
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cdc_views.cli import main  # noqa: E402
+
+raise SystemExit(main(["rebuild", "--views", "orders", *sys.argv[1:]]))

@@ -1,0 +1,162 @@
+"""The Spark decoding of column values against the connector's own serializer: what the serializer
+writes for a value, the reader turns back into that value (no Kafka needed, only a SparkSession)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import sys
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc.event import ChangeEvent, Column, Op, PgType, TableSchema
+from cdc.lsn import Lsn
+from cdc.sink.serialize import JsonSerializer, JsonSettings
+from cdc.values import Interval
+
+pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[spark]')")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "spark"))
+
+from pyspark.sql import functions as F  # noqa: E402
+
+from cdc_views.decode import decode, failed  # noqa: E402
+from cdc_views.tables import ColumnShape, Encoding, Kind  # noqa: E402
+from tests.integration.test_spark import spark  # noqa: E402,F401 - the session-wide SparkSession fixture
+
+pytestmark = [
+    pytest.mark.spark,
+    pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::DeprecationWarning"),
+]
+
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def _numeric(precision: int, scale: int) -> int:
+    return ((precision << 16) | (scale & 0xFFFF)) + 4
+
+
+COLUMNS: list[tuple[Column, ColumnShape]] = [
+    (Column("id", PgType(20, "int8"), key=True), ColumnShape("id", Kind.INT64, "int8")),
+    (Column("n38", PgType(1700, "numeric"), _numeric(38, 0)), ColumnShape("n38", Kind.DECIMAL, "numeric", 38, 0)),
+    (Column("n20", PgType(1700, "numeric"), _numeric(20, 5)), ColumnShape("n20", Kind.DECIMAL, "numeric", 20, 5)),
+    (Column("n10", PgType(1700, "numeric"), _numeric(10, 2)), ColumnShape("n10", Kind.DECIMAL, "numeric", 10, 2)),
+    (Column("nv", PgType(1700, "numeric")), ColumnShape("nv", Kind.DECIMAL_TEXT, "numeric")),
+    (Column("d", PgType(1082, "date")), ColumnShape("d", Kind.DATE, "date")),
+    (Column("ts3", PgType(1114, "timestamp"), 3), ColumnShape("ts3", Kind.TIMESTAMP, "timestamp", 3)),
+    (Column("ts6", PgType(1114, "timestamp")), ColumnShape("ts6", Kind.TIMESTAMP, "timestamp", 6)),
+    (Column("tz", PgType(1184, "timestamptz")), ColumnShape("tz", Kind.TIMESTAMPTZ, "timestamptz", 6)),
+    (Column("t3", PgType(1083, "time"), 3), ColumnShape("t3", Kind.TIME, "time", 3)),
+    (Column("iv", PgType(1186, "interval")), ColumnShape("iv", Kind.INTERVAL, "interval")),
+    (Column("b", PgType(17, "bytea")), ColumnShape("b", Kind.BYTES, "bytea")),
+    (Column("f4", PgType(700, "float4")), ColumnShape("f4", Kind.FLOAT, "float4")),
+    (Column("f8", PgType(701, "float8")), ColumnShape("f8", Kind.FLOAT, "float8")),
+    (Column("ok", PgType(16, "bool")), ColumnShape("ok", Kind.BOOL, "bool")),
+    (
+        Column("tags", PgType(1009, "_text", element=PgType(25, "text"))),
+        ColumnShape("tags", Kind.ARRAY, "_text", element=ColumnShape("tags", Kind.TEXT, "text")),
+    ),
+]
+TABLE = TableSchema("public", "t", tuple(c for c, _ in COLUMNS))
+
+
+def _random_decimal(rng: random.Random, precision: int, scale: int) -> Decimal:
+    unscaled = rng.randrange(-(10**precision) + 1, 10**precision)
+    return Decimal(unscaled).scaleb(-scale)
+
+
+def _rows(count: int) -> list[dict[str, Any]]:
+    rng = random.Random(7)
+    rows = []
+    for i in range(count):
+        rows.append({
+            "id": i,
+            "n38": _random_decimal(rng, rng.randrange(1, 39), 0),
+            "n20": _random_decimal(rng, rng.randrange(5, 21), 5),
+            "n10": _random_decimal(rng, 10, 2) if i else Decimal("-0.01"),
+            "nv": _random_decimal(rng, rng.randrange(1, 30), rng.randrange(0, 12)),
+            "d": rng.randrange(-700_000, 2_900_000),
+            "ts3": rng.randrange(-(10**16), 10**16) // 1000 * 1000,
+            "ts6": rng.randrange(-(10**16), 10**16),
+            "tz": rng.randrange(-(10**15), 10**16),
+            "t3": rng.randrange(0, 86_400_000) * 1000,
+            "iv": Interval(rng.randrange(-50, 50), rng.randrange(-40, 40), rng.randrange(-(10**11), 10**11)),
+            "b": rng.randbytes(rng.randrange(0, 9)),
+            "f4": [1.1, float("nan"), float("inf"), -2.5e-7][i % 4],
+            "f8": [float("-inf"), 0.1 + 0.2, 1e300, -0.0][i % 4],
+            "ok": i % 2 == 0,
+            "tags": ["a", None, "c"] if i % 3 else [],
+        })  # fmt: skip
+    return rows
+
+
+def _expected(row: dict[str, Any]) -> dict[str, Any]:
+    iv: Interval = row["iv"]
+    return {
+        **row,
+        "d": dt.date(1970, 1, 1) + dt.timedelta(days=row["d"]),
+        "ts3": EPOCH + dt.timedelta(microseconds=row["ts3"]),
+        "ts6": EPOCH + dt.timedelta(microseconds=row["ts6"]),
+        "tz": EPOCH + dt.timedelta(microseconds=row["tz"]),
+        "iv": iv.months * 2_629_800_000_000 + iv.days * 86_400_000_000 + iv.microseconds,
+        "nv": row["nv"].normalize(),
+    }
+
+
+def _encoded(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    serializer = JsonSerializer(JsonSettings(topic_prefix="p", database="db"), lambda _t: 1)
+    out = []
+    for i, row in enumerate(rows):
+        event = ChangeEvent(Op.CREATE, TABLE, None, row, Lsn(100 + i), Lsn(100 + i), 1, 1, 0)
+        value = serializer.records(event)[0].value
+        assert value is not None
+        after = json.loads(value)["after"]
+        out.append(tuple(_as_text(after[column.name]) for column, _ in COLUMNS))
+    return out
+
+
+def _as_text(value: Any) -> str | None:
+    """A JSON value as Spark's JSON parser hands it to a string field: strings as they are, others as JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def test_every_value_the_serializer_writes_decodes_to_the_same_value(spark: Any) -> None:
+    rows = _rows(400)
+    encoded = spark.createDataFrame(_encoded(rows), ", ".join(f"{c.name} string" for c, _ in COLUMNS))
+    decoded = (
+        encoded.select(
+            *[decode(F.col(s.name), s, Encoding()).alias(s.name) for _, s in COLUMNS],
+            *[failed(F.col(s.name), decode(F.col(s.name), s, Encoding()), s).alias(f"failed_{s.name}") for _, s in COLUMNS],
+        )
+        .select("*", *[F.unix_micros(s.name).alias(f"us_{s.name}") for _, s in COLUMNS if s.kind in (Kind.TIMESTAMP, Kind.TIMESTAMPTZ)])
+        .orderBy("id")
+        .collect()
+    )
+
+    assert len(decoded) == len(rows)
+    for got, row in zip(decoded, rows, strict=True):
+        want = _expected(row)
+        assert not any(got[f"failed_{s.name}"] for _, s in COLUMNS), got
+        for name in ("id", "n38", "n20", "n10", "d", "t3", "iv", "ok", "tags"):
+            assert got[name] == want[name], (name, got[name], want[name])
+        assert Decimal(got["nv"]) == want["nv"]
+        assert bytes(got["b"]) == row["b"]
+        for name in ("ts3", "ts6", "tz"):
+            assert got[f"us_{name}"] == row[name], name
+        for name in ("f4", "f8"):
+            assert repr(got[name]) == repr(row[name]) or (got[name] != got[name] and row[name] != row[name])
+
+
+def test_values_that_do_not_convert_are_flagged_not_dropped(spark: Any) -> None:
+    shapes = {s.name: s for _, s in COLUMNS}
+    bad = {"n10": '{"x":1}', "d": "2147483647", "tz": "infinity", "id": "twelve", "b": "@@@", "ts6": "-9223372036832400000"}
+    df = spark.createDataFrame([tuple(bad.values())], ", ".join(f"{n} string" for n in bad))
+    flags = df.select(*[failed(F.col(n), decode(F.col(n), shapes[n], Encoding()), shapes[n]).alias(n) for n in bad]).first()
+
+    assert flags is not None
+    assert all(flags[n] for n in bad), flags
