@@ -194,6 +194,9 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from cdc.log import configure  # noqa: PLC0415 - the project's structlog set-up: events to stderr
+
+    configure()
     try:
         if args.command == "jars":
             from cdc_views.jars import main as jars_main  # noqa: PLC0415

@@ -53,6 +53,18 @@ def _cmd_config_reference(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_search(args: argparse.Namespace) -> int:
+    """Query the search index the Spark jobs built (spark/ must be beside the package: a checkout)."""
+    spark_dir = Path(__file__).resolve().parents[2] / "spark"
+    sys.path.insert(0, str(spark_dir))
+    from cdc_views.jobs import search_path  # type: ignore[import-not-found]
+    from cdc_views.search import search  # type: ignore[import-not-found]
+
+    for hit in search(search_path(Path(args.warehouse)), args.query, limit=args.limit):
+        print(f"{hit['score']:6.2f}  {hit['doc_id']:<16} {hit['title']}")
+    return 0
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
     from cdc import dev
 
@@ -105,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", "-c", required=True)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("search", help="query the full-text index the Spark jobs built")
+    p.add_argument("query")
+    p.add_argument("--warehouse", required=True, help="the warehouse folder the Spark jobs wrote")
+    p.add_argument("--limit", type=int, default=10)
+    p.set_defaults(func=_cmd_search)
 
     p = sub.add_parser("dev", help="local Postgres, Kafka and schema registry for development and tests")
     p.add_argument("action", choices=["up", "down", "status"])
