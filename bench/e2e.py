@@ -22,7 +22,6 @@ import json
 import os
 import signal
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -34,92 +33,10 @@ import psycopg
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 
+from decoder import PUBLICATION, TABLE, create_slots, read_with_cdc, setup_database, write_rows  # bench/decoder.py
+
 from cdc import dev
-from cdc.catalog import describe_tables
-from cdc.config import TableConfig
-from cdc.decoder import pgoutput
-from cdc.decoder.changes import ChangeDecoder
-from cdc.decoder.stream import XLOGDATA_HEADER_SIZE, ReplicationStream
-from cdc.event import ChangeEvent, TxCommit
 from cdc.lsn import Lsn
-
-DB = "cdc_bench"
-TABLE = "public.bench_rows"
-_WAL_START = struct.Struct(">Q")
-
-
-def setup_database(admin_dsn: str) -> str:
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        for (slot,) in conn.execute(
-            "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (DB,)
-        ).fetchall():
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-        conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DB}")
-    dsn = psycopg.conninfo.make_conninfo(admin_dsn, dbname=DB)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(
-            "CREATE TABLE bench_rows (id bigint PRIMARY KEY, name text, amount numeric(12,2), "
-            "code varchar(16), created timestamptz, ref uuid)"
-        )
-        conn.execute("CREATE PUBLICATION bench_pub FOR TABLE bench_rows")
-    return dsn
-
-
-def create_slots(dsn: str, names: list[str]) -> None:
-    for name in names:
-        s = ReplicationStream(dsn)
-        s.connect()
-        try:
-            s.create_slot(name)
-        finally:
-            s.close()
-
-
-def write_rows(dsn: str, rows: int, start_id: int = 0) -> str:
-    """Insert rows in 1,000-row transactions; return the WAL position after the last commit."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for base in range(start_id, start_id + rows, 1000):
-            n = min(1000, start_id + rows - base)
-            conn.execute(
-                "INSERT INTO bench_rows SELECT g, 'name ' || g, g * 1.25, 'C' || (g %% 1000), now(), gen_random_uuid() "
-                "FROM generate_series(%s::bigint, %s::bigint) g",
-                (base, base + n - 1),
-            )
-        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
-        assert row is not None
-        return str(row[0])
-
-
-def decoder_only(dsn: str, slot: str, target: Lsn) -> tuple[float, int]:
-    """Receive and decode into ChangeEvents until the commit at or past target; rows/s."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        tables = describe_tables(conn, [TableConfig(name=TABLE)])
-    decoder = ChangeDecoder(tables, {})
-    stream = ReplicationStream(dsn)
-    stream.connect()
-    stream.start(slot, "bench_pub", Lsn(0), messages=False)
-    rows = 0
-    started = time.perf_counter()
-    decode, handle = pgoutput.decode, decoder.handle
-    try:
-        while True:
-            frame = stream.read(5.0)
-            if frame is None:
-                raise SystemExit("decoder-only run: the stream went quiet before the workload's end")
-            event = handle(decode(frame[XLOGDATA_HEADER_SIZE:]), Lsn(_WAL_START.unpack_from(frame, 1)[0]))
-            if event is None:
-                continue
-            if isinstance(event, TxCommit):
-                stream.confirm(event.end_lsn)
-                if event.end_lsn >= target:
-                    break
-            elif isinstance(event, ChangeEvent):
-                rows += 1
-    finally:
-        elapsed = time.perf_counter() - started
-        stream.close()
-    return rows / elapsed, rows
 
 
 def wait_confirmed(conn: psycopg.Connection[tuple[object, ...]], slot: str, target: str, timeout: float) -> float:
@@ -150,7 +67,7 @@ def daemon(config: dict[str, object], workdir: Path, name: str) -> tuple[subproc
 def end_to_end(dsn: str, bootstrap: str, slot: str, target: str, workdir: Path, fmt: str, registry: str | None) -> float:
     prefix = f"bench_{slot}"
     config: dict[str, object] = {
-        "source": {"dsn": dsn, "slot": slot, "publication": "bench_pub"},
+        "source": {"dsn": dsn, "slot": slot, "publication": PUBLICATION},
         "tables": [TABLE],
         "kafka": {"bootstrap_servers": bootstrap, "partitions": 3},
         "topic_prefix": prefix,
@@ -184,7 +101,7 @@ def latency(dsn: str, bootstrap: str, workdir: Path, seconds: float, rate: int) 
     create_slots(dsn, [slot])
     prefix = "bench_latency"
     config = {
-        "source": {"dsn": dsn, "slot": slot, "publication": "bench_pub"},
+        "source": {"dsn": dsn, "slot": slot, "publication": PUBLICATION},
         "tables": [TABLE],
         "kafka": {"bootstrap_servers": bootstrap, "partitions": 3, "producer": {"linger.ms": 1}},
         "topic_prefix": prefix,
@@ -267,15 +184,16 @@ def main() -> int:
     runs = list(range(args.runs))
     create_slots(dsn, [f"bench_dec_{i}" for i in runs] + [f"bench_{f}_{i}" for f in formats for i in runs])
     t0 = time.perf_counter()
-    target = write_rows(dsn, args.rows)
+    target = str(write_rows(dsn, args.rows, 1000))
     print(f"workload: {args.rows} rows in {args.rows // 1000} transactions written in {time.perf_counter() - t0:.1f}s")
 
     workdir = Path(tempfile.mkdtemp(prefix="cdc-bench-"))
     dec_rates: list[float] = []
     e2e_rates: dict[str, list[float]] = {f: [] for f in formats}
     for i in runs:
-        rate, rows = decoder_only(dsn, f"bench_dec_{i}", Lsn.parse(target))
+        seconds, rows = read_with_cdc(dsn, f"bench_dec_{i}", Lsn.parse(target))
         assert rows == args.rows, f"decoded {rows} rows, expected {args.rows}"
+        rate = rows / seconds
         dec_rates.append(rate)
         line = f"run {i + 1}: decoder-only {rate:,.0f} rows/s"
         for fmt in formats:
