@@ -171,8 +171,11 @@ class SnapshotPipeline(Pipeline):
             if self.plan.stream:
                 self._stream_with_retries()
         finally:
-            if self.snapshots is not None:
-                self.snapshots.stop()
+            # Its own Snapshots, and the one Pipeline.prepare() builds too since the pipeline is wired:
+            # each has a reader thread that must not outlive the test.
+            for snapshots in (self.snapshots, self._snapshots):
+                if snapshots is not None:
+                    snapshots.stop()
             self._lock.release()
             for side in (self._lag_conn, self._side_conn):
                 if side is not None:
