@@ -185,9 +185,20 @@ class AtLeastOnce(_Producing):
         super().__init__(Producer(dict(config), logger=librdkafka_logger()), max_record_bytes, dead_letters)
         self._tracker = AckTracker()
         self._entry: Any = None
+        self._done: Any = _ignore
 
     def begin(self, tx: TxBegin) -> bool:
-        self._entry = self._tracker.begin()
+        entry = self._tracker.begin()
+        tracker = self._tracker
+
+        def done(ok: bool) -> None:
+            if ok:
+                entry.pending -= 1
+            else:
+                tracker.fail(self.failure or "delivery failed")
+
+        # One callback per source transaction, not one per record: send() is on the per-row path.
+        self._entry, self._done = entry, done
         return True
 
     def send(self, record: Record, describe: str) -> None:
@@ -195,16 +206,9 @@ class AtLeastOnce(_Producing):
         if entry is None:
             raise SinkError(f"a record for {describe} arrived outside a source transaction")
         entry.pending += 1
-
-        def done(ok: bool, _entry: Any = entry) -> None:
-            if ok:
-                _entry.pending -= 1
-            else:
-                self._tracker.fail(self.failure or "delivery failed")
-
         try:
-            self._produce(record, describe, done)
-        except BaseException:
+            self._produce(record, describe, self._done)
+        except BaseException:  # not delivered after all: uncount it, and let the error go on
             entry.pending -= 1
             raise
 
