@@ -56,7 +56,12 @@ _WAL_START = struct.Struct(">Q")
 
 def setup_database(admin_dsn: str) -> str:
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        for (slot,) in conn.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (DB,)).fetchall():
+        # Slot names are cluster-wide: also drop the benchmarks' slots left in other databases (an
+        # interrupted run of an earlier version), which would collide and hold WAL back.
+        leftovers = conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE database = %s OR slot_name LIKE 'bench\\_%%'", (DB,)
+        ).fetchall()
+        for (slot,) in leftovers:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
         conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {DB}")
@@ -194,7 +199,12 @@ def main() -> int:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
 
     with psycopg.connect(admin, autocommit=True) as conn:
-        for (slot,) in conn.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (DB,)).fetchall():
+        # Slot names are cluster-wide: also drop the benchmarks' slots left in other databases (an
+        # interrupted run of an earlier version), which would collide and hold WAL back.
+        leftovers = conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE database = %s OR slot_name LIKE 'bench\\_%%'", (DB,)
+        ).fetchall()
+        for (slot,) in leftovers:
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     return 0
 
