@@ -69,8 +69,10 @@ from cdc.decoder.types import (
     BUILTIN_TYPES,
     CATALOG_TEXT_TYPES,
     EXTENSION_TYPE_NAMES,
+    PARSE_ERRORS,
     ValueConversionError,
     converter_for,
+    parser_for,
 )
 from cdc.event import (
     ChangeEvent,
@@ -85,6 +87,7 @@ from cdc.event import (
     TxBegin,
     TxCommit,
     TypeKind,
+    change_event,
 )
 from cdc.lsn import Lsn
 from cdc.values import UNCHANGED_TOAST
@@ -134,7 +137,8 @@ class _Slow(Exception):
     """The fast path declines a message; the general path decodes it (and raises whatever is wrong with it)."""
 
 
-_FAST_PATH_DECLINES: Final = (_Slow, ValueConversionError, IndexError, struct.error)
+# A value the bare parsers reject declines too: the general path converts it again and names the column.
+_FAST_PATH_DECLINES: Final = (_Slow, ValueConversionError, IndexError, struct.error, *PARSE_ERRORS)
 
 
 class ChangeDecoder:
@@ -496,7 +500,7 @@ class ChangeDecoder:
         except _FAST_PATH_DECLINES:
             return None
         self._ordinal += 1
-        return ChangeEvent(
+        return change_event(
             op,
             rel.schema,
             before,
@@ -530,7 +534,7 @@ class ChangeDecoder:
         unchanged: frozenset[str] = frozenset(),
     ) -> ChangeEvent:
         self._ordinal += 1
-        return ChangeEvent(
+        return change_event(
             op,
             rel.schema,
             before,
@@ -586,16 +590,18 @@ class ChangeDecoder:
             )
         columns = []
         converters = []
+        parsers = []
         for c in msg.columns:
             pg_type = self._types.get(c.type_oid) or PgType(c.type_oid, f"oid:{c.type_oid}", TypeKind.UNKNOWN)
             columns.append(
                 Column(c.name, pg_type, c.type_modifier, key=c.name in info.key, nullable=c.name not in info.not_null)
             )
             converters.append(converter_for(pg_type, c.type_modifier))
+            parsers.append(parser_for(pg_type))
         schema = TableSchema(msg.namespace, msg.name, tuple(columns), msg.relation_id, str(msg.replica_identity))
         log.info("relation", table=qualified, columns=len(columns), replica_identity=str(msg.replica_identity))
         key_names = tuple(c.name for c in columns if c.key)
-        return _Relation(schema, names, tuple(converters), key_names, seq, _row_parser(names, converters))
+        return _Relation(schema, names, tuple(converters), key_names, seq, _row_parser(names, parsers))
 
 
 def _row_parser(names: tuple[str, ...], converters: list[Callable[[bytes], Any]]) -> RowParser:

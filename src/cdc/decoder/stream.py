@@ -39,6 +39,9 @@ OUTPUT_SETTINGS: dict[str, str] = {
     "extra_float_digits": "1",  # shortest exact text of floats (a database default of 0 rounds them)
     "bytea_output": "hex",
     "lc_monetary": "C",
+    # timestamptz is an instant whatever the zone; in UTC its text always ends in "+00", which
+    # cdc.decoder.types parses on a fast path.
+    "TimeZone": "UTC",
 }
 
 

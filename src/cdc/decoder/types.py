@@ -28,7 +28,7 @@ from collections.abc import Callable
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any, Final
-from uuid import UUID
+from uuid import UUID, SafeUUID
 
 from cdc.event import PgType, TypeKind
 from cdc.values import Infinity, Interval, Point, TimeTz
@@ -230,9 +230,9 @@ def _bool(data: bytes) -> bool:
 
 def _int(data: bytes) -> int:
     # int() alone would also take b" 1", b"+1", b"1_0": PostgreSQL never sends those.
-    if not data.lstrip(b"-").isdigit():
-        raise ValueError(data)
-    return int(data)
+    if data.isdigit() or (data[:1] == b"-" and data[1:].isdigit()):
+        return int(data)
+    raise ValueError(data)
 
 
 _SIGNED_INT_RE: Final = re.compile(rb"[+-]?[0-9]+")
@@ -245,15 +245,15 @@ def _float(data: bytes) -> float:
 _NUMERIC_SPECIALS: Final = frozenset({b"NaN", b"Infinity", b"-Infinity"})
 
 
+_NUMERIC_CHARS: Final = b"0123456789.-"
+
+
 def _numeric(data: bytes) -> Decimal:
-    value = Decimal(data.decode("ascii"))
-    # Decimal() also takes " 1", "1_0", "inf", "sNaN": PostgreSQL never sends those.
-    if value.is_finite():
-        if b"_" in data or data[:1].isspace() or data[-1:].isspace():
-            raise ValueError(data)
-    elif data not in _NUMERIC_SPECIALS:
-        raise ValueError(data)
-    return value
+    # Decimal() also takes " 1", "1_0", "1e5", "inf", "sNaN": PostgreSQL never sends those, so only
+    # digits, '.' and '-' reach it (it rejects "1.2.3" and "1-" itself), or one of the specials.
+    if not data.translate(None, _NUMERIC_CHARS) or data in _NUMERIC_SPECIALS:
+        return Decimal(data.decode("ascii"))
+    raise ValueError(data)
 
 
 _MONEY_RE: Final = re.compile(r"(\()?(-)?\$?(-)?([0-9]{1,3}(?:,[0-9]{3})*|[0-9]+)(\.[0-9]+)?(-)?(\))?")
@@ -300,10 +300,22 @@ def _bytea_escape(data: bytes) -> bytes:
     return bytes(out)
 
 
+_NEW: Final = object.__new__
+_SET_UUID_INT: Final = UUID.__dict__["int"].__set__
+_SET_UUID_SAFE: Final = UUID.__dict__["is_safe"].__set__
+
+
 def _uuid(data: bytes) -> UUID:
-    if len(data) != 36:
+    """``UUID(text)`` is several Python-level steps; this builds the same object from the hex digits."""
+    if len(data) != 36 or data[8:24:5] != b"----":  # hyphens at 8, 13, 18, 23
         raise ValueError(data)
-    return UUID(data.decode("ascii"))
+    digits = data.replace(b"-", b"")
+    if len(digits) != 32:
+        raise ValueError(data)
+    value: UUID = _NEW(UUID)
+    _SET_UUID_INT(value, int.from_bytes(binascii.a2b_hex(digits), "big"))
+    _SET_UUID_SAFE(value, SafeUUID.unknown)
+    return value
 
 
 def _bits(data: bytes) -> str:
@@ -454,7 +466,44 @@ def _offset_at(data: bytes) -> int:
     return 0
 
 
+_COLON: Final = 0x3A
+_SECONDS_US: Final[dict[bytes, int]] = {b"%02d" % s: s * 1_000_000 for s in range(60)}
+_MINUTES_UTC: dict[bytes, int] = {}  # b"YYYY-MM-DD HH:MM" -> microseconds since the epoch, UTC
+_MINUTES_UTC_MAX: Final = 65_536
+_MINUTE_SHAPE: Final = b"0000-00-00 00:00"
+
+
+def _minute_utc(prefix: bytes) -> int | None:
+    """``YYYY-MM-DD HH:MM`` (years 1000-9999) as microseconds since the epoch; None for another shape."""
+    if prefix.translate(_DIGITS_TO_ZERO) != _MINUTE_SHAPE or prefix[0] == 0x30:
+        return None
+    moment = datetime(int(prefix[:4]), int(prefix[5:7]), int(prefix[8:10]), int(prefix[11:13]), int(prefix[14:16]))
+    us = (moment - _EPOCH) // _ONE_US
+    if len(_MINUTES_UTC) >= _MINUTES_UTC_MAX:
+        _MINUTES_UTC.clear()
+    _MINUTES_UTC[prefix] = us
+    return us
+
+
 def _timestamptz(data: bytes) -> int | Infinity:
+    # The fast path: the replication and snapshot sessions run in UTC, so nearly every value is
+    # ``YYYY-MM-DD HH:MM:SS[.f{1,6}]+00``; the minute is looked up, seconds and fraction added.
+    n = len(data)
+    if n >= 22 and data[n - 3 :] == b"+00" and data[16] == _COLON and (n == 22 or (n >= 24 and data[19] == _DOT)):
+        base = _MINUTES_UTC.get(data[:16])
+        if base is None:
+            base = _minute_utc(data[:16])
+        if base is not None:
+            us = base + _SECONDS_US[data[17:19]]
+            if n == 22:
+                return us
+            fraction = data[20 : n - 3]
+            if len(fraction) <= 6 and fraction.isdigit():
+                return us + int(fraction) * _FRACTION_SCALE[len(fraction)]
+    return _timestamptz_general(data)
+
+
+def _timestamptz_general(data: bytes) -> int | Infinity:
     if _common_shape(data) and _offset_at(data) > 0:
         parsed = datetime.fromisoformat(data.decode("ascii"))
         if parsed.tzinfo is None:
@@ -732,6 +781,15 @@ def _resolve(pg_type: PgType) -> tuple[_Parser, str]:
         if extension is not None:
             return extension, pg_type.name
     return _unknown_text, pg_type.name
+
+
+def parser_for(pg_type: PgType) -> Converter:
+    """The bare parser behind ``converter_for``: faster, but its errors (``PARSE_ERRORS``) do not say
+    which type failed. For generated fast paths that fall back to ``converter_for`` on any error."""
+    return _resolve(pg_type)[0]
+
+
+PARSE_ERRORS: Final = _PARSE_ERRORS
 
 
 def converter_for(pg_type: PgType, modifier: int = -1) -> Converter:

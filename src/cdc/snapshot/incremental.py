@@ -42,9 +42,22 @@ from typing import Any, Final
 
 import structlog
 
-from cdc.event import ChangeEvent, Event, MessageEvent, Op, Row, TableSchema, TruncateEvent, TxBegin, TxCommit
+from cdc.event import (
+    ChangeEvent,
+    Event,
+    MessageEvent,
+    Op,
+    Row,
+    TableSchema,
+    TruncateEvent,
+    TxBegin,
+    TxCommit,
+    change_event,
+)
 from cdc.lsn import Lsn
 from cdc.snapshot.plan import same_columns
+
+_NOTHING_UNCHANGED: frozenset[str] = frozenset()
 
 log = structlog.get_logger("cdc.snapshot")
 
@@ -318,7 +331,7 @@ class IncrementalCoordinator:
                 if key in touched:
                     continue
                 ordinal += 1
-                out.append(ChangeEvent(read, schema, None, row, commit_lsn, message.lsn, message.xid, ordinal, ts, True))
+                out.append(change_event(read, schema, None, row, commit_lsn, message.lsn, message.xid, ordinal, ts, True, _NOTHING_UNCHANGED))
         window.emitted = len(out)
         window.dropped = len(rows) - len(out)
         window.hw_lsn = message.commit_lsn or message.lsn

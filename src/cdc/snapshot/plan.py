@@ -53,6 +53,7 @@ SESSION_SETTINGS: tuple[tuple[str, str], ...] = (
     ("bytea_output", "hex"),
     ("client_encoding", "UTF8"),
     ("lc_monetary", "C"),
+    ("TimeZone", "UTC"),  # timestamptz text ends in "+00": the parsers' fast path
     ("statement_timeout", "0"),
     ("idle_in_transaction_session_timeout", "0"),
 )

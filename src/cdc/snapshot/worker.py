@@ -36,13 +36,15 @@ import structlog
 from psycopg import sql
 
 from cdc import log as logsetup
-from cdc.event import ChangeEvent, Op, TxBegin, TxCommit
+from cdc.event import ChangeEvent, Op, TxBegin, TxCommit, change_event
 from cdc.lsn import Lsn
 from cdc.sink.kafka import SinkError
 from cdc.sink.serialize import SerializationError
 from cdc.snapshot.copytext import CopyFormatError, RowParser, row_parser
 from cdc.snapshot.output import Output, OutputFactory
 from cdc.snapshot.plan import LEAVES, Chunk, SnapshotTable, chunk_select, session_setup
+
+_NOTHING_UNCHANGED: frozenset[str] = frozenset()
 
 log = structlog.get_logger("cdc.snapshot.worker")
 
@@ -240,7 +242,7 @@ def _copy_chunk(
                     break
                 row = parse(bytes(data[:-1]))
                 ordinal += 1
-                event = ChangeEvent(read_op, schema, None, row, point, point, xid, ordinal, ts, True)
+                event = change_event(read_op, schema, None, row, point, point, xid, ordinal, ts, True, _NOTHING_UNCHANGED)
                 for record in records(transform(event) if transform is not None else event):
                     send(record, describe)
                 n += 1
