@@ -123,17 +123,19 @@ class _Producing:
         )
 
     def _produce(self, record: Record, describe: str, on_done: Any, *, critical: bool = True) -> None:
-        if record.value is not None and len(record.value) > self._max_record_bytes:
+        topic, key, value, headers, partition = record
+        if value is not None and len(value) > self._max_record_bytes:
             replacement = self._oversized(record, describe)
             if replacement is None:
                 return
             record = replacement
-        size = record.size
-        kwargs: dict[str, Any] = {}
-        if record.partition is not None:
-            kwargs["partition"] = record.partition
-        if record.headers:
-            kwargs["headers"] = list(record.headers)
+            topic, key, value, headers, partition = record
+        # The bytes the record holds while in flight; position headers (four short ones) are counted
+        # as a flat allowance, anything longer (key-change headers carry keys) exactly.
+        if len(headers) <= 4:
+            size = len(topic) + len(key) + (len(value) if value is not None else 0) + 64 * len(headers)
+        else:
+            size = record.size
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
             self.inflight_bytes -= size
@@ -152,14 +154,23 @@ class _Producing:
             self.delivered += 1
             on_done(True)
 
+        # Headers as a dict: confluent-kafka converts one faster than a list of pairs; a list when
+        # two headers share a name (a dict would keep one).
+        by_name: Any = dict(headers)
+        if len(by_name) != len(headers):
+            by_name = list(headers)
+        produce = self._producer.produce
         while True:
             try:
-                self._producer.produce(record.topic, record.value, record.key, on_delivery=delivered, **kwargs)
+                if partition is None:
+                    produce(topic, value, key, on_delivery=delivered, headers=by_name)
+                else:
+                    produce(topic, value, key, on_delivery=delivered, headers=by_name, partition=partition)
                 break
             except BufferError:
                 self._producer.poll(0.05)
             except KafkaException as e:
-                raise _classify(e, f"cannot produce to {record.topic}") from None
+                raise _classify(e, f"cannot produce to {topic}") from None
         self.inflight_bytes += size
         self.inflight_records += 1
 
