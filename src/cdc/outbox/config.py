@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import string
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -163,6 +163,13 @@ class OutboxConfig(_Section):
         description="settings of created outbox topics; they are created with cleanup.policy=delete (event "
         "streams: compaction would keep only the last event of each aggregate)",
     )
+
+    @field_validator("tables", mode="before")
+    @classmethod
+    def _table_shorthand(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [{"name": t} if isinstance(t, str) else t for t in v]
+        return v
 
     @property
     def enabled(self) -> bool:
