@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from cdc.outbox import publish
+from cdc.sink.registry import RegistryClient
 from tests.integration.connector import Connector, write_config
 
 pytestmark = pytest.mark.integration
@@ -323,3 +324,38 @@ def test_exactly_once_outbox_events_are_seen_once_by_read_committed_consumers(
         assert c.stop() == 0
     assert sorted(json.loads(m.value())["order"] for m in events) == [0, 1, 2, 3, 4, 5]
     assert [json.loads(m.value())["op"] for m in changes] == ["c", "c", "c"]  # produce_change_topic: true
+
+
+def test_avro_outbox_events_decode_through_the_registry_with_the_payload_as_json_text(
+    tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix, consume_all
+):
+    from tests.integration.test_avro_registry import Consumer
+
+    if services.schema_registry_url is None:
+        pytest.skip("no schema registry in this environment (cdc.dev could not fetch Apicurio, or docker mode)")
+    dsn = schema(pg_dsn)
+    cfg = make_config(
+        tmp_path, services, dsn, slot_name, publication_name, topic_prefix,
+        format="avro", schema_registry={"url": services.schema_registry_url},
+        outbox={"tables": [{"name": "public.outbox", "extra": [{"column": "tenant", "placement": "envelope"}]}]},
+    )  # fmt: skip
+    c = Connector(cfg, tmp_path / "l").start()
+    try:
+        c.wait_streaming(dsn, slot_name)
+        with psycopg.connect(dsn) as conn:
+            first = publish(conn, "order", "1", "OrderPlaced", {"total": 1}, headers={"tenant": "acme"})
+            second = publish(conn, "order", "2", "OrderPlaced", {"total": 2}, via="message", prefix=PREFIX)
+        msgs = read_until(consume_all, [f"{topic_prefix}.outbox.order"], 2)
+    finally:
+        assert c.stop() == 0
+    consumer = Consumer(services.schema_registry_url)
+    decoded = sorted((m.key(), consumer.decode(m.value())) for m in msgs)
+    registry = RegistryClient(services.schema_registry_url)
+    assert f"{topic_prefix}.outbox.order-value" in registry.subjects()
+    registry.delete_subject(f"{topic_prefix}.outbox.order-value", permanent=True)  # the registry outlives the test
+    assert decoded == [
+        (b"1", {"id": first, "type": "OrderPlaced", "aggregate_type": "order", "aggregate_id": "1",
+                "payload": '{"total": 1}', "tenant": "acme"}),
+        (b"2", {"id": second, "type": "OrderPlaced", "aggregate_type": "order", "aggregate_id": "2",
+                "payload": '{"total":2}'}),
+    ]  # fmt: skip
