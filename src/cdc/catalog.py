@@ -14,6 +14,7 @@ import structlog
 from psycopg import sql
 
 from cdc.config import TableConfig
+from cdc.outbox.config import OutboxTable
 from cdc.event import PgType, TypeKind
 
 log = structlog.get_logger(__name__)
@@ -61,9 +62,12 @@ def check_server(conn: psycopg.Connection[tuple[object, ...]]) -> None:
 
 
 def describe_tables(
-    conn: psycopg.Connection[tuple[object, ...]], tables: Sequence[TableConfig]
+    conn: psycopg.Connection[tuple[object, ...]], tables: Sequence[TableConfig], *, section: str = "tables"
 ) -> dict[str, TableInfo]:
-    """Check every captured table and resolve its key; raise StartupError listing all problems."""
+    """Check every captured table and resolve its key; raise StartupError listing all problems.
+
+    ``section`` is the configuration key the tables come from, named in the errors.
+    """
     problems: list[str] = []
     result: dict[str, TableInfo] = {}
     db = conn.info.dbname
@@ -79,7 +83,7 @@ def describe_tables(
         ).fetchone()
         if row is None:
             problems.append(
-                f"table {t.name} does not exist in database {db}: create it, or remove it from 'tables'"
+                f"table {t.name} does not exist in database {db}: create it, or remove it from '{section}'"
             )
             continue
         oid, replident, relkind, can_select = row
@@ -140,7 +144,36 @@ def describe_tables(
             t.schema_name, t.table_name, int(str(oid)), str(replident), key, columns, not_null
         )
     if problems:
-        raise StartupError("cannot capture the configured tables:\n  " + "\n  ".join(problems))
+        raise StartupError(f"cannot capture the configured {section}:\n  " + "\n  ".join(problems))
+    return result
+
+
+def describe_outbox_tables(
+    conn: psycopg.Connection[tuple[object, ...]], tables: Sequence[OutboxTable]
+) -> dict[str, TableInfo]:
+    """The configured outbox tables, checked like captured tables (they join the publication, and a
+    DELETE on a published table needs a replica identity), plus every configured column present."""
+    if not tables:
+        return {}
+    result = describe_tables(conn, [TableConfig(name=t.name) for t in tables], section="outbox.tables")
+    problems = []
+    for i, t in enumerate(tables):
+        columns = result[t.name].columns
+        for role, column in t.columns.required().items():
+            if column not in columns:
+                problems.append(
+                    f"outbox table {t.name} has no column {column} (the {role}). Fix: add it "
+                    f"(ALTER TABLE {t.name} ADD COLUMN {column} ...), or set outbox.tables[{i}].columns.{role} "
+                    "to the column that holds it"
+                )
+        for j, extra in enumerate(t.extra):
+            if extra.column not in columns:
+                problems.append(
+                    f"outbox table {t.name} has no column {extra.column} (outbox.tables[{i}].extra[{j}]). "
+                    "Fix: add the column, or remove the entry"
+                )
+    if problems:
+        raise StartupError("the outbox tables do not fit the configuration:\n  " + "\n  ".join(problems))
     return result
 
 

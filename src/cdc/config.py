@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from cdc.outbox.config import OutboxConfig
 from cdc.sink.registry import RegistrySettings
 from cdc.snapshot.config import SnapshotConfig
 
@@ -292,6 +293,9 @@ class Config(BaseSettings):
     decoder: DecoderConfig = Field(default_factory=DecoderConfig)
     masking: MaskingConfig = Field(default_factory=MaskingConfig)
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
+    outbox: OutboxConfig = Field(
+        default_factory=OutboxConfig, description="application events through the log (cdc.outbox)"
+    )
     transaction_metadata: bool = Field(
         default=False, description="write BEGIN/END records with event counts to <topic_prefix>.transaction"
     )
@@ -327,6 +331,18 @@ class Config(BaseSettings):
             raise ValueError("format avro needs a schema_registry section with its url")
         if self.masking.salt is None and any("hash" in t.mask.values() for t in self.tables):
             raise ValueError("a 'hash' mask needs masking.salt (set CDC_MASKING__SALT)")
+        if self.outbox.on_error == "dead_letter" and not self.limits.dead_letter_topic:
+            raise ValueError(
+                "outbox.on_error: dead_letter needs limits.dead_letter_topic (where malformed events go); "
+                "set it, or use on_error: fail"
+            )
+        captured = {t.name for t in self.tables}
+        both = sorted(captured & {t.name for t in self.outbox.tables})
+        if both:
+            raise ValueError(
+                f"outbox.tables: {', '.join(both)} is also under 'tables'; list an outbox table only under "
+                "outbox.tables (set produce_change_topic: true there for its change topic)"
+            )
         return self
 
     @classmethod

@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
 from cdc import dev
+from cdc.outbox import publish
 
 log = structlog.get_logger("cdc.demo")
 
@@ -27,6 +28,7 @@ DATABASE = "shop"
 SLOT = "shop_cdc"
 PREFIX = "shop"
 TABLES = ["public.customers", "public.products", "public.orders", "public.order_lines"]
+OUTBOX_TOPIC = f"{PREFIX}.outbox.order"  # outbox.topic below: <prefix>.outbox.<aggregate type>
 
 SCHEMA = """
 CREATE TABLE customers (
@@ -48,6 +50,13 @@ CREATE TABLE orders (
     status      text NOT NULL DEFAULT 'new',
     placed_at   timestamptz NOT NULL DEFAULT now()
 );
+CREATE TABLE outbox (               -- application events (cdc.outbox.publish); Debezium's layout
+    id            uuid PRIMARY KEY,
+    aggregatetype text NOT NULL,
+    aggregateid   text NOT NULL,
+    type          text NOT NULL,
+    payload       jsonb NOT NULL
+);
 CREATE TABLE order_lines (
     order_id    bigint NOT NULL REFERENCES orders(id) ON DELETE CASCADE,
     line_no     int NOT NULL,
@@ -65,14 +74,39 @@ WORKLOAD = [
     "('KB-01', 'Mechanical keyboard', 89.90, '{hardware,input}'), "
     "('MS-02', 'Wireless mouse', 24.50, '{hardware,input}'), "
     "('BK-03', 'The Art of Computer Programming', 199.00, '{books}')",
-    "INSERT INTO orders (customer_id) VALUES (1), (2)",
-    "INSERT INTO order_lines VALUES (1, 1, 1, 1, 89.90), (1, 2, 2, 2, 24.50), (2, 1, 3, 1, 199.00)",
+    "ORDERS",  # placed by _place_orders: each order and its OrderPlaced event in one transaction
     "UPDATE orders SET status = 'paid' WHERE id = 1",
     "UPDATE products SET price = 79.90 WHERE sku = 'KB-01'",
     "UPDATE customers SET email = 'alan.turing@example.org' WHERE id = 3",
     "DELETE FROM order_lines WHERE order_id = 2",
     "DELETE FROM orders WHERE id = 2",
 ]
+
+
+ORDERS = [  # customer, lines (line_no, product_id, quantity, unit_price)
+    (1, [(1, 1, 1, "89.90"), (2, 2, 2, "24.50")]),
+    (2, [(1, 3, 1, "199.00")]),
+]
+
+
+def _place_orders(dsn: str) -> list[str]:
+    """Each order, its lines and its OrderPlaced outbox event commit together (no dual write to Kafka)."""
+    ids = []
+    with psycopg.connect(dsn) as conn:
+        for customer, lines in ORDERS:
+            row = conn.execute("INSERT INTO orders (customer_id) VALUES (%s) RETURNING id", (customer,)).fetchone()
+            assert row is not None
+            order_id = int(row[0])
+            for line_no, product, quantity, price in lines:
+                conn.execute(
+                    "INSERT INTO order_lines VALUES (%s, %s, %s, %s, %s)", (order_id, line_no, product, quantity, price)
+                )
+            total = sum(q * float(p) for _, _, q, p in lines)
+            lines_json = [{"product_id": p, "quantity": q} for _, p, q, _ in lines]
+            payload = {"order_id": order_id, "customer_id": customer, "total": f"{total:.2f}", "lines": lines_json}
+            ids.append(publish(conn, "order", str(order_id), "OrderPlaced", payload))
+            conn.commit()
+    return ids
 
 
 def _reset_database(admin_dsn: str) -> str:
@@ -171,6 +205,7 @@ def main(*, keep_services: bool = False) -> int:
             {
                 "source": {"dsn": dsn, "slot": SLOT, "publication": SLOT},
                 "tables": TABLES,
+                "outbox": {"tables": ["public.outbox"], "topic": "{topic_prefix}.outbox.{aggregate_type}"},
                 "kafka": {"bootstrap_servers": endpoints.kafka_bootstrap, "partitions": 3},
                 "topic_prefix": PREFIX,
                 "format": "json",
@@ -185,11 +220,15 @@ def main(*, keep_services: bool = False) -> int:
     proc = subprocess.Popen(
         [sys.executable, "-m", "cdc.cli", "run", "--config", str(config_path)], env={**os.environ}
     )
+    event_ids: list[str] = []
     try:
         _wait_for_slot(dsn, proc)
         with psycopg.connect(dsn, autocommit=True) as conn:
             for statement in WORKLOAD:
-                conn.execute(statement)
+                if statement == "ORDERS":
+                    event_ids = _place_orders(dsn)
+                else:
+                    conn.execute(statement)
             end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
         assert end is not None
         _wait_confirmed(dsn, str(end[0]))
@@ -211,12 +250,26 @@ def main(*, keep_services: bool = False) -> int:
             v = json.loads(m.value())
             row = v["after"] if v["after"] is not None else v["before"]
             print(f"  p{m.partition()} {key:<32} op={v['op']} lsn={v['source']['lsn']} {json.dumps(row)}")
+    outbox_ok = _print_outbox(endpoints.kafka_bootstrap, event_ids)
     print(f"\nconnector exit code: {code} (0 = clean stop after SIGTERM)")
     verified = _spark_rebuild(endpoints.kafka_bootstrap, dsn, state)
     if not keep_services:
         dev.down(state)
     print(f"demo finished in {time.monotonic() - started:.1f}s")
-    return 0 if code == 0 and verified else 1
+    return 0 if code == 0 and verified and outbox_ok else 1
+
+
+def _print_outbox(bootstrap: str, event_ids: list[str]) -> bool:
+    """The OrderPlaced events on the outbox topic: one per order, keyed by order id, carrying its event id."""
+    msgs = _read_topics(bootstrap, [OUTBOX_TOPIC])[OUTBOX_TOPIC]
+    print(f"\n{OUTBOX_TOPIC}: {len(msgs)} outbox events (table public.outbox itself stays unpublished)")
+    for m in msgs:
+        headers = {k: v.decode() for k, v in (m.headers() or [])}
+        print(f"  p{m.partition()} key={m.key().decode():<4} {headers['eventType']} id={headers['id']} {m.value().decode()}")
+    got = sorted(dict(m.headers() or [])["id"].decode() for m in msgs)
+    ok = got == sorted(event_ids)
+    print("outbox events match the committed orders" if ok else f"OUTBOX MISMATCH: expected {sorted(event_ids)}, got {got}")
+    return ok
 
 
 def _spark_rebuild(bootstrap: str, dsn: str, state: Path) -> bool:

@@ -30,6 +30,8 @@ class Stats:
     delivery_errors: int = 0
     dead_letters: int = 0
     snapshot_rows: Counter[str] = field(default_factory=Counter)
+    outbox_events: Counter[tuple[str, str]] = field(default_factory=Counter)  # (aggregate type, route) -> count
+    outbox_dead_letters: Counter[str] = field(default_factory=Counter)  # reason -> count
     inflight_bytes: Callable[[], int] = lambda: 0
     inflight_records: Callable[[], int] = lambda: 0
     confirmed_lsn: Callable[[], int] = lambda: 0
@@ -58,6 +60,18 @@ class _StatsCollector(Collector):
         yield events
         yield CounterMetricFamily("cdc_delivery_errors", "Records Kafka did not accept", value=s.delivery_errors)
         yield CounterMetricFamily("cdc_dead_letters", "Records sent to the dead-letter topic", value=s.dead_letters)
+        outbox = CounterMetricFamily(
+            "cdc_outbox_events", "Outbox events published", labels=["aggregate_type", "route"]
+        )
+        for (aggregate_type, route), n in sorted(s.outbox_events.items()):
+            outbox.add_metric([aggregate_type, route], n)
+        yield outbox
+        outbox_dead = CounterMetricFamily(
+            "cdc_outbox_dead_letters", "Malformed outbox events sent to the dead-letter topic", labels=["reason"]
+        )
+        for reason, n in sorted(s.outbox_dead_letters.items()):
+            outbox_dead.add_metric([reason], n)
+        yield outbox_dead
         snap = CounterMetricFamily("cdc_snapshot_rows", "Rows read by snapshots", labels=["table"])
         for table, n in sorted(s.snapshot_rows.items()):
             snap.add_metric([table], n)

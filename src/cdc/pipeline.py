@@ -26,6 +26,7 @@ from cdc.catalog import (
     TableInfo,
     check_server,
     column_type_oids,
+    describe_outbox_tables,
     describe_tables,
     apply_publication,
     load_types,
@@ -47,6 +48,7 @@ from cdc.decoder.stream import (
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.event import ChangeEvent, MessageEvent, TruncateEvent, TxBegin, TxCommit
 from cdc.lsn import Lsn
+from cdc.outbox.route import Malformed, OutboxError, OutboxEvent, OutboxRouter
 from cdc.sink.delivery import (
     AtLeastOnce,
     DeadLetters,
@@ -91,6 +93,7 @@ FATAL = (
     pgoutput.DecodeError,
     ConfigError,
     SnapshotError,
+    OutboxError,
 )
 
 
@@ -99,6 +102,9 @@ class Pipeline:
         self.config = config
         self._stop = False
         self._tables: dict[str, TableInfo] = {}
+        self._outbox_tables: dict[str, TableInfo] = {}  # in the publication and the decoder, not the snapshot
+        self._router: OutboxRouter | None = None
+        self._admin: Any = None  # creates an outbox topic on the first event of a new aggregate type
         self._delivery: Delivery | None = None
         self._serializer: EventSerializer[Any] | None = None
         self._decoder: ChangeDecoder | None = None
@@ -145,15 +151,20 @@ class Pipeline:
             check_server(conn)
             self._lock.acquire()
             self._tables = describe_tables(conn, cfg.tables)
+            self._outbox_tables = describe_outbox_tables(conn, cfg.outbox.tables)
             self._policies = self._column_policies()
-            publication = plan_publication(conn, cfg.source.publication, self._tables.keys())
+            publication = plan_publication(
+                conn, cfg.source.publication, [*self._tables.keys(), *self._outbox_tables.keys()]
+            )
             slot_state = inspect_slot(conn, cfg.source.slot)
-            oids = column_type_oids(conn, [t.oid for t in self._tables.values()])
+            oids = column_type_oids(conn, [t.oid for t in (*self._tables.values(), *self._outbox_tables.values())])
             types = load_types(conn, [o for o in oids if o not in BUILTIN_TYPES])
 
             admin = admin_client(cfg.kafka.bootstrap_servers, cfg.kafka.producer)
             check_reachable(admin, cfg.kafka.bootstrap_servers)
             self._serializer = self._make_serializer()
+            self._router = self._make_router()
+            self._admin = admin
             progress_topic = cfg.snapshot.progress_topic_for(cfg.topic_prefix)
             self._partitions = ensure_topics(
                 admin,
@@ -169,7 +180,7 @@ class Pipeline:
         if cfg.decoder.streaming:
             spool_root = cfg.decoder.spool_dir or Path(tempfile.gettempdir()) / "cdc-spool"
             spool = Spool(spool_root / cfg.source.slot)
-        self._decoder = ChangeDecoder(self._tables, types, spool=spool)
+        self._decoder = ChangeDecoder({**self._tables, **self._outbox_tables}, types, spool=spool)
         self._delivery = self._make_delivery()
         log.info(
             "ready",
@@ -177,6 +188,8 @@ class Pipeline:
             slot=cfg.source.slot,
             topics=sorted(self._partitions),
             delivery=cfg.delivery.mode,
+            outbox_tables=sorted(self._outbox_tables),
+            outbox_message_prefix=cfg.outbox.message_prefix,
         )
 
     def _make_snapshots(self, types: dict[int, Any], progress_topic: str) -> Snapshots:
@@ -206,6 +219,26 @@ class Pipeline:
 
     def _make_serializer(self) -> EventSerializer[Any]:
         return make_serializer(self.config, self._partitions_of)
+
+    def _make_router(self) -> OutboxRouter | None:
+        cfg = self.config
+        if not cfg.outbox.enabled:
+            return None
+        registry = None
+        if cfg.format == "avro":
+            assert cfg.schema_registry is not None
+            registry = RegistryClient.from_settings(cfg.schema_registry)
+        return OutboxRouter(cfg.outbox, cfg.topic_prefix, registry=registry)
+
+    def _outbox_topic_spec(self, topic: str) -> TopicSpec:
+        cfg = self.config
+        return TopicSpec(
+            topic,
+            cfg.outbox.partitions or cfg.kafka.partitions,
+            cfg.outbox.replication_factor or cfg.kafka.replication_factor,
+            cfg.outbox.topic_config,
+            compacted=False,  # an aggregate's events are a stream: compaction would keep only its last one
+        )
 
     def _column_policies(self) -> dict[str, ColumnPolicy]:
         cfg = self.config
@@ -260,6 +293,18 @@ class Pipeline:
                     {**cfg.kafka.topic_config, **t.topic_config},
                 )
             )
+        for box in cfg.outbox.tables:
+            if box.produce_change_topic:
+                specs.append(
+                    TopicSpec(
+                        serializer.topic_name(box.schema_name, box.table_name),
+                        cfg.kafka.partitions,
+                        cfg.kafka.replication_factor,
+                        cfg.kafka.topic_config,
+                    )
+                )
+        if self._router is not None:
+            specs.extend(self._outbox_topic_spec(t) for t in self._router.startup_topics())
         if cfg.delivery.mode == "exactly_once":
             specs.append(TopicSpec(cfg.delivery.offsets_topic, 1, cfg.kafka.replication_factor))
         # Logical messages (pg_logical_emit_message) go here as Debezium does; keyed by prefix, so not compacted.
@@ -338,6 +383,9 @@ class Pipeline:
         stats = self.stats
         counts = stats.events
         column_policies = self._policies
+        router = self._router
+        outbox_tables = router.tables if router is not None else {}
+        outbox_prefix = router.message_prefix if router is not None else None
         txmeta = TransactionMetadata(cfg.topic_prefix) if cfg.transaction_metadata else None
         heartbeat = Heartbeat(cfg.topic_prefix, cfg.heartbeat.interval_ms / 1000) if cfg.heartbeat.interval_ms else None
         stats.inflight_bytes = lambda: delivery.inflight_bytes
@@ -371,22 +419,33 @@ class Pipeline:
                     for event in feed(frame[XLOGDATA_HEADER_SIZE:], lsn):
                         if isinstance(event, ChangeEvent):
                             if not skipping:
-                                snapshot_rows = on_event(event)
                                 describe = event.table.qualified
-                                policy = column_policies.get(describe)
-                                if policy is not None:
-                                    event = policy.apply(event)
-                                for record in serializer.records(event):
-                                    delivery.send(record, describe)
-                                counts[(describe, event.op.value)] += 1
-                                if txmeta is not None:
-                                    txmeta.count(describe)
-                                if snapshot_rows:
-                                    self._send_snapshot_rows(snapshot_rows)
+                                box = outbox_tables.get(describe)
+                                if box is not None:  # an outbox row: its event; its change only when asked
+                                    assert router is not None
+                                    self._outbox(router.from_row(box, event))
+                                if box is None or box.produce_change_topic:
+                                    snapshot_rows = on_event(event)
+                                    policy = column_policies.get(describe)
+                                    if policy is not None:
+                                        event = policy.apply(event)
+                                    for record in serializer.records(event):
+                                        delivery.send(record, describe)
+                                    counts[(describe, event.op.value)] += 1
+                                    if txmeta is not None:
+                                        txmeta.count(describe)
+                                    if snapshot_rows:
+                                        self._send_snapshot_rows(snapshot_rows)
                         elif isinstance(event, TruncateEvent | MessageEvent):
                             if not skipping:
                                 snapshot_rows = on_event(event)
-                                if isinstance(event, MessageEvent) and not event.transactional:
+                                if isinstance(event, MessageEvent) and event.prefix == outbox_prefix:
+                                    assert router is not None
+                                    if event.transactional:
+                                        self._outbox(router.from_message(event))
+                                    else:
+                                        self._send_standalone_message(event)
+                                elif isinstance(event, MessageEvent) and not event.transactional:
                                     self._send_standalone_message(event)
                                 elif not is_watermark(event):
                                     describe = _describe(event)
@@ -448,10 +507,53 @@ class Pipeline:
         assert self._delivery is not None and self._serializer is not None
         ts = event.commit_ts_us if event.commit_ts_us is not None else time.time_ns() // 1000
         if self._delivery.begin(TxBegin(0, event.lsn, ts)):
-            for record in self._serializer.records(event):
-                self._delivery.send(record, f"message {event.prefix}")
-            self.stats.events[(f"message {event.prefix}", "m")] += 1
+            if self._router is not None and event.prefix == self._router.message_prefix:
+                self._outbox(self._router.from_message(event))  # refused: not transactional
+            else:
+                for record in self._serializer.records(event):
+                    self._delivery.send(record, f"message {event.prefix}")
+                self.stats.events[(f"message {event.prefix}", "m")] += 1
         self._delivery.commit(TxCommit(0, event.lsn, event.lsn, ts, 1))
+
+    def _outbox(self, found: OutboxEvent | Malformed | None) -> None:
+        """Produce an outbox event, in the current source transaction like any change event; a malformed
+        one goes to the dead-letter topic or stops the pipeline (outbox.on_error), never nowhere."""
+        if found is None:  # UPDATE or DELETE on an outbox table: ignored by design
+            return
+        assert self._delivery is not None and self._router is not None
+        if isinstance(found, OutboxEvent):
+            record = self._router.record(found)
+            if record.topic not in self._partitions:
+                self._create_outbox_topic(record.topic)
+            self._delivery.send(record, f"outbox {found.source}")
+            self.stats.outbox_events[(found.aggregate_type, found.route)] += 1
+            return
+        dead_letter_topic = self.config.limits.dead_letter_topic
+        if self.config.outbox.on_error == "fail" or dead_letter_topic is None:
+            raise OutboxError(
+                f"{found.describe()} ({found.reason}); content {_clip(found.content)}. Nothing from this "
+                "transaction on is confirmed, so a restart meets it again. Fix: set outbox.on_error: dead_letter "
+                "(with limits.dead_letter_topic) to set such events aside and go on"
+                + ("; or allow the type in outbox.aggregate_types" if found.reason == "aggregate_type_not_allowed" else "")
+            )
+        self._delivery.send(self._router.dead_letter(found, dead_letter_topic), f"outbox {found.source}")
+        self.stats.outbox_dead_letters[found.reason] += 1
+        log.error(
+            "outbox_dead_lettered",
+            source=found.source,
+            reason=found.reason,
+            detail=found.detail,
+            lsn=str(found.lsn),
+            txid=found.xid,
+            dead_letter_topic=dead_letter_topic,
+        )
+
+    def _create_outbox_topic(self, topic: str) -> None:
+        """The first event of a new aggregate type: its topic exists before its record is produced."""
+        if self._admin is None:
+            self._admin = admin_client(self.config.kafka.bootstrap_servers, self.config.kafka.producer)
+        self._partitions.update(ensure_topics(self._admin, [self._outbox_topic_spec(topic)]))
+        log.info("outbox_topic_ready", topic=topic)
 
     def _send_snapshot_rows(self, rows: list[ChangeEvent]) -> None:
         """Snapshot rows the coordinator released at a high watermark: same policies, serializer, delivery."""
@@ -516,11 +618,13 @@ class Pipeline:
         with psycopg.connect(cfg.source.conninfo(application_name="cdc-reload"), autocommit=True) as conn:
             try:
                 tables = describe_tables(conn, new.tables)
-                publication = plan_publication(conn, cfg.source.publication, tables.keys())
+                publication = plan_publication(
+                    conn, cfg.source.publication, [*tables.keys(), *self._outbox_tables.keys()]
+                )
             except StartupError as e:
                 log.error("reload_rejected", error=str(e))
                 return
-            oids = column_type_oids(conn, [t.oid for t in tables.values()])
+            oids = column_type_oids(conn, [t.oid for t in (*tables.values(), *self._outbox_tables.values())])
             types = load_types(conn, [o for o in oids if o not in BUILTIN_TYPES])
             admin = admin_client(cfg.kafka.bootstrap_servers, cfg.kafka.producer)
             old_tables = self._tables
@@ -534,7 +638,7 @@ class Pipeline:
                 return
             self._partitions.update(ensure_topics(admin, self._topic_specs(self._serializer)))
             apply_publication(conn, publication)
-            self._decoder.update_tables(tables, types)
+            self._decoder.update_tables({**tables, **self._outbox_tables}, types)
             if self._snapshots is not None:
                 self._snapshots.tables_changed(tables, types)
         added = sorted(set(new_names) - set(old_names))
@@ -557,7 +661,7 @@ class Pipeline:
         stream.confirm(delivery.acknowledged())
         stream.send_status_if_due()  # the server ends a connection that stays silent for wal_sender_timeout
         self.stats.heartbeat = time.monotonic()
-        self.stats.dead_letters = delivery.dead_lettered
+        self.stats.dead_letters = delivery.dead_lettered + sum(self.stats.outbox_dead_letters.values())
         if delivery.inflight_bytes > budget:
             self._wait_for_kafka(stream, budget)
 
@@ -623,6 +727,11 @@ def make_serializer(cfg: Config, partitions_of: Callable[[str], int]) -> EventSe
         ),
         partitions_of,
     )
+
+
+def _clip(content: Any, limit: int = 500) -> str:
+    text = repr(dict(content))
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _describe(event: ChangeEvent | TruncateEvent | MessageEvent) -> str:
