@@ -565,11 +565,14 @@ class Pipeline:
             self._tables = tables
             self.config = candidate
             try:
-                self._policies = self._column_policies()
+                policies = self._column_policies()
             except StartupError as e:
                 self._tables, self.config = old_tables, cfg
                 log.error("reload_rejected", reason=reason, error=str(e))
                 return
+            # In place: the running session holds this dict, and an added table's masks must apply at once.
+            self._policies.clear()
+            self._policies.update(policies)
             self._partitions.update(ensure_topics(admin, self._topic_specs(self._serializer)))
             apply_publication(conn, publication)
             self._decoder.update_tables(tables, types)
