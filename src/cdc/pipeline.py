@@ -142,8 +142,7 @@ class Pipeline:
             conn = psycopg.connect(cfg.source.conninfo(application_name="cdc-setup"), autocommit=True)
         except psycopg.OperationalError as e:
             raise StartupError(
-                f"cannot connect to Postgres ({cfg.source.dsn}): {str(e).strip()}. "
-                "Fix: check source.dsn, the password (CDC_SOURCE__PASSWORD or source.password_file) and pg_hba.conf."
+                f"cannot connect to Postgres ({cfg.source.dsn}): {str(e).strip()}. Fix: {_connect_fix(str(e))}"
             ) from None
         with conn:
             check_server(conn)
@@ -663,6 +662,16 @@ def make_serializer(cfg: Config, partitions_of: Callable[[str], int]) -> EventSe
         ),
         partitions_of,
     )
+
+
+def _connect_fix(error: str) -> str:
+    if any(word in error for word in ("SSL", "certificate", "sslmode", "server does not support SSL")):
+        return (
+            "check the TLS settings in source.dsn: sslrootcert must name the CA that signed the server's "
+            "certificate (sslmode=verify-full also checks the host name against it), sslcert/sslkey a client "
+            "certificate if the server asks for one; and that the server runs with ssl=on."
+        )
+    return "check source.dsn, the password (CDC_SOURCE__PASSWORD or source.password_file) and pg_hba.conf."
 
 
 def _log_selection(selection: Selection) -> None:
