@@ -38,6 +38,16 @@ def _config_defaults(path: str | None) -> dict[str, Any]:
     cfg = load_config(path)
     if cfg.format != "json":
         raise SystemExit(f"error: the jobs read format 'json' only; {path} has format {cfg.format!r}")
+    if any(t.name is None for t in cfg.tables):  # pattern entries: the tables they select in the database now
+        import psycopg  # noqa: PLC0415
+
+        from cdc.catalog import StartupError, expand_config  # noqa: PLC0415
+
+        try:
+            with psycopg.connect(cfg.source.conninfo(application_name="cdc-views"), autocommit=True) as conn:
+                cfg = expand_config(conn, cfg)[0]
+        except (psycopg.Error, StartupError) as e:
+            raise SystemExit(f"error: cannot expand the table patterns of {path}: {str(e).strip()}") from None
     return {
         "bootstrap": cfg.kafka.bootstrap_servers,
         "kafka_settings": {k: str(v) for k, v in cfg.kafka.producer.items() if k.startswith(("security.", "sasl.", "ssl."))},

@@ -13,9 +13,10 @@ import psycopg
 import structlog
 from psycopg import sql
 
-from cdc.config import TableConfig
+from cdc.config import Config, TableConfig
 from cdc.outbox.config import OutboxTable
 from cdc.event import PgType, TypeKind
+from cdc.selection import Selection, SelectionError, select_tables
 
 log = structlog.get_logger(__name__)
 
@@ -61,6 +62,50 @@ def check_server(conn: psycopg.Connection[tuple[object, ...]]) -> None:
         )
 
 
+def candidate_tables(conn: psycopg.Connection[tuple[object, ...]]) -> list[tuple[str, str]]:
+    """The tables a pattern may select: ordinary and partitioned tables outside the system schemas.
+
+    Partitions are left out: a partitioned table is captured whole (the publication publishes its
+    partitions' changes as its own, ``publish_via_partition_root``), so a pattern matching
+    ``orders`` and its partitions ``orders_2024``... captures ``orders`` once.
+    """
+    rows = conn.execute(
+        """
+        SELECT n.nspname, c.relname
+          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+         WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition
+           AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+           AND n.nspname !~ '^pg_(toast|temp_)'
+         ORDER BY 1, 2
+        """
+    ).fetchall()
+    return [(str(r[0]), str(r[1])) for r in rows]
+
+
+def resolve_tables(
+    conn: psycopg.Connection[tuple[object, ...]], entries: Sequence[TableConfig], exclude: Iterable[str] = ()
+) -> Selection:
+    """The configured entries with their patterns expanded against this database; ``exclude`` (e.g. the
+    snapshot signal table) is never selected by a pattern. StartupError names each problem and its fix."""
+    leave_out = set(exclude)
+    candidates: list[tuple[str, str]] = []
+    if any(e.name is None for e in entries):
+        candidates = [c for c in candidate_tables(conn) if f"{c[0]}.{c[1]}" not in leave_out]
+    try:
+        selection = select_tables(entries, candidates)
+    except SelectionError as e:
+        raise StartupError(f"{e} (database {conn.info.dbname})") from None
+    return selection
+
+
+def expand_config(conn: psycopg.Connection[tuple[object, ...]], config: Config) -> tuple[Config, Selection]:
+    """The configuration with only concrete tables: its pattern entries expanded against this database
+    (never selecting the snapshot signal table or an outbox table: those have their own route)."""
+    exclude = [config.snapshot.signal_table, *(t.name for t in config.outbox.tables)]
+    selection = resolve_tables(conn, config.tables, exclude=exclude)
+    return config.model_copy(update={"tables": list(selection.tables)}), selection
+
+
 def describe_tables(
     conn: psycopg.Connection[tuple[object, ...]], tables: Sequence[TableConfig], *, section: str = "tables"
 ) -> dict[str, TableInfo]:
@@ -71,11 +116,16 @@ def describe_tables(
     problems: list[str] = []
     result: dict[str, TableInfo] = {}
     db = conn.info.dbname
+    configured = {t.qualified for t in tables}
     for t in tables:
         row = conn.execute(
             """
             SELECT c.oid, c.relreplident, c.relkind,
-                   has_table_privilege(c.oid, 'SELECT')
+                   has_table_privilege(c.oid, 'SELECT'),
+                   ARRAY(SELECT an.nspname || '.' || ac.relname
+                           FROM pg_partition_ancestors(c.oid) a
+                           JOIN pg_class ac ON ac.oid = a.relid JOIN pg_namespace an ON an.oid = ac.relnamespace
+                          WHERE a.relid <> c.oid)
               FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
              WHERE n.nspname = %s AND c.relname = %s
             """,
@@ -83,16 +133,24 @@ def describe_tables(
         ).fetchone()
         if row is None:
             problems.append(
-                f"table {t.name} does not exist in database {db}: create it, or remove it from '{section}'"
+                f"table {t.qualified} does not exist in database {db}: create it, or remove it from '{section}'"
             )
             continue
-        oid, replident, relkind, can_select = row
+        oid, replident, relkind, can_select, ancestors = row
+        captured_ancestors = [a for a in ancestors or () if a in configured]  # type: ignore[attr-defined]
+        if captured_ancestors:
+            problems.append(
+                f"table {t.qualified} is a partition of {captured_ancestors[0]}, which is captured too: its changes "
+                f"are published as {captured_ancestors[0]}'s (publish_via_partition_root). Fix: remove "
+                f"{t.qualified} from 'tables'; {captured_ancestors[0]}'s topic carries its rows."
+            )
+            continue
         if relkind not in ("r", "p"):
-            problems.append(f"{t.name} is not an ordinary table (relkind {relkind}): only tables can be captured")
+            problems.append(f"{t.qualified} is not an ordinary table (relkind {relkind}): only tables can be captured")
             continue
         if not can_select:
             problems.append(
-                f"role {conn.info.user} cannot SELECT from {t.name}. Fix: GRANT SELECT ON {t.name} TO {conn.info.user};"
+                f"role {conn.info.user} cannot SELECT from {t.qualified}. Fix: GRANT SELECT ON {t.qualified} TO {conn.info.user};"
             )
         cols = conn.execute(
             """
@@ -109,38 +167,38 @@ def describe_tables(
         if t.key is not None:
             missing = [k for k in t.key if k not in columns]
             if missing:
-                problems.append(f"tables[{t.name}].key names columns that do not exist: {', '.join(missing)}")
+                problems.append(f"tables[{t.qualified}].key names columns that do not exist: {', '.join(missing)}")
                 continue
             key = tuple(c for c in columns if c in t.key)
             if replident != "f" and not set(key) <= set(identity):
                 problems.append(
-                    f"the configured key of {t.name} ({', '.join(t.key)}) is not covered by its replica identity "
+                    f"the configured key of {t.qualified} ({', '.join(t.key)}) is not covered by its replica identity "
                     f"({', '.join(identity) or 'nothing'}), so deletes would arrive without it. Fix: "
-                    f"ALTER TABLE {t.name} REPLICA IDENTITY FULL; or key the table by its primary key."
+                    f"ALTER TABLE {t.qualified} REPLICA IDENTITY FULL; or key the table by its primary key."
                 )
                 continue
         else:
             key = pk or identity_index
             if not key:
                 problems.append(
-                    f"table {t.name} has no primary key and no replica identity index, so its rows have no key "
+                    f"table {t.qualified} has no primary key and no replica identity index, so its rows have no key "
                     f"and its deletes cannot be captured. Fix: add a primary key; or "
-                    f"ALTER TABLE {t.name} REPLICA IDENTITY FULL; and set 'key: [columns]' for it in 'tables'."
+                    f"ALTER TABLE {t.qualified} REPLICA IDENTITY FULL; and set 'key: [columns]' for it in 'tables'."
                 )
                 continue
         if replident == "n":
             problems.append(
-                f"table {t.name} has REPLICA IDENTITY NOTHING, so updates and deletes cannot be captured. "
-                f"Fix: ALTER TABLE {t.name} REPLICA IDENTITY DEFAULT; (or FULL)."
+                f"table {t.qualified} has REPLICA IDENTITY NOTHING, so updates and deletes cannot be captured. "
+                f"Fix: ALTER TABLE {t.qualified} REPLICA IDENTITY DEFAULT; (or FULL)."
             )
             continue
         if replident == "d" and not pk:
             problems.append(
-                f"table {t.name} has REPLICA IDENTITY DEFAULT but no primary key: Postgres refuses its updates "
-                f"and deletes once published. Fix: add a primary key, or ALTER TABLE {t.name} REPLICA IDENTITY FULL;"
+                f"table {t.qualified} has REPLICA IDENTITY DEFAULT but no primary key: Postgres refuses its updates "
+                f"and deletes once published. Fix: add a primary key, or ALTER TABLE {t.qualified} REPLICA IDENTITY FULL;"
             )
             continue
-        result[t.name] = TableInfo(
+        result[t.qualified] = TableInfo(
             t.schema_name, t.table_name, int(str(oid)), str(replident), key, columns, not_null
         )
     if problems:
@@ -197,10 +255,11 @@ class PublicationPlan:
     name: str
     wanted: tuple[str, ...]
     current: tuple[str, ...] | None  # None: the publication does not exist
+    set_via_root: bool = False  # the existing publication needs publish_via_partition_root = true
 
     @property
     def in_place(self) -> bool:
-        return self.current is not None and self.current == self.wanted
+        return self.current is not None and self.current == self.wanted and not self.set_via_root
 
 
 def plan_publication(
@@ -210,7 +269,7 @@ def plan_publication(
     wanted = tuple(sorted(tables))
     row = conn.execute(
         """
-        SELECT p.puballtables, pg_has_role(current_user, p.pubowner, 'USAGE'), r.rolname
+        SELECT p.puballtables, pg_has_role(current_user, p.pubowner, 'USAGE'), r.rolname, p.pubviaroot
           FROM pg_publication p JOIN pg_roles r ON r.oid = p.pubowner WHERE p.pubname = %s
         """,
         (name,),
@@ -232,7 +291,7 @@ def plan_publication(
                 f"{', '.join(wanted)}; (least privilege), or grant {user} the owning role."
             )
         return PublicationPlan(name, wanted, None)
-    all_tables, owner_ok, owner = row
+    all_tables, owner_ok, owner, via_root = row
     if all_tables:
         raise StartupError(
             f"publication {name} is FOR ALL TABLES, but this connector publishes exactly the configured tables. "
@@ -258,7 +317,20 @@ def plan_publication(
             f"publication {name} (owned by {owner}) publishes {', '.join(current) or 'no table'}, not exactly the "
             f"configured tables, and role {user} may not change it. Fix, as {owner}: {' '.join(fixes)}"
         )
-    return PublicationPlan(name, wanted, current)
+    # A partitioned table's changes must arrive under its own name, not its partitions' (which are not captured).
+    partitioned = sorted(
+        t
+        for t in wanted
+        if conn.execute("SELECT relkind = 'p' FROM pg_class WHERE oid = to_regclass(%s)", (t,)).fetchone() == (True,)
+    )
+    set_via_root = bool(partitioned) and not via_root
+    if set_via_root and not owner_ok:
+        raise StartupError(
+            f"publication {name} (owned by {owner}) would publish the changes of the partitioned table(s) "
+            f"{', '.join(partitioned)} under their partitions' names, which are not captured. Fix, as {owner}: "
+            f"ALTER PUBLICATION {name} SET (publish_via_partition_root = true);"
+        )
+    return PublicationPlan(name, wanted, current, set_via_root)
 
 
 def apply_publication(conn: psycopg.Connection[tuple[object, ...]], plan: PublicationPlan) -> None:
@@ -267,9 +339,18 @@ def apply_publication(conn: psycopg.Connection[tuple[object, ...]], plan: Public
     table_list = sql.SQL(", ").join(sql.Identifier(*t.split(".", 1)) for t in plan.wanted)
     ident = sql.Identifier(plan.name)
     if plan.current is None:
-        conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(ident, table_list))
+        # Partitions' changes published as their partitioned table's: the captured table is the partitioned one.
+        conn.execute(
+            sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH (publish_via_partition_root = true)").format(
+                ident, table_list
+            )
+        )
         log.info("publication_created", publication=plan.name, tables=list(plan.wanted))
-    else:
+        return
+    if plan.set_via_root:
+        conn.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(ident))
+        log.info("publication_via_partition_root", publication=plan.name)
+    if plan.current != plan.wanted:
         conn.execute(sql.SQL("ALTER PUBLICATION {} SET TABLE {}").format(ident, table_list))
         log.info("publication_altered", publication=plan.name, tables=list(plan.wanted), previous=list(plan.current))
 

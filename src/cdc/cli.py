@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -28,7 +29,43 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
-    print(f"{args.file}: valid ({len(config.tables)} tables, topic prefix {config.topic_prefix})")
+    patterns = [t for t in config.tables if t.name is None]
+    print(
+        f"{args.file}: valid ({len(config.tables)} tables, {len(patterns)} of them patterns, "
+        f"topic prefix {config.topic_prefix})"
+    )
+    if not patterns:
+        return 0
+    if args.offline:
+        print("  patterns: syntax valid; not expanded (--offline)")
+        return 0
+    return _expand_patterns(config)
+
+
+def _expand_patterns(config: Any) -> int:
+    """What each pattern entry selects in the source database now; 1 when they cannot be expanded."""
+    import psycopg  # noqa: PLC0415
+
+    from cdc.catalog import StartupError, resolve_tables  # noqa: PLC0415
+    from cdc.config import ConfigError  # noqa: PLC0415
+
+    try:
+        conn = psycopg.connect(
+            config.source.conninfo(application_name="cdc-validate"), autocommit=True, connect_timeout=5
+        )
+    except (psycopg.OperationalError, ConfigError) as e:
+        print(f"  patterns: syntax valid; not expanded: cannot connect to Postgres ({str(e).strip()})")
+        return 0
+    with conn:
+        try:
+            selection = resolve_tables(conn, config.tables, exclude=[config.snapshot.signal_table])
+        except StartupError as e:
+            print(str(e), file=sys.stderr)
+            return 1
+    for selector, names in selection.expanded.items():
+        print(f"  {selector} -> {', '.join(names) or '(nothing yet: allow_empty)'}")
+    for selector, names in selection.named_over_pattern.items():
+        print(f"  {selector} also matches {', '.join(names)}: named in 'tables', so those entries' settings apply")
     return 0
 
 
@@ -104,8 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_snapshot_cli(sub)  # cdc snapshot --config FILE TABLE...
 
-    p = sub.add_parser("validate", help="check a configuration file and explain every error")
+    p = sub.add_parser(
+        "validate",
+        help="check a configuration file and explain every error; show what table patterns select in the database",
+    )
     p.add_argument("file")
+    p.add_argument("--offline", action="store_true", help="do not connect to Postgres to expand table patterns")
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser(

@@ -32,7 +32,7 @@ class ColumnPolicy:
     """include / exclude / mask for one table."""
 
     def __init__(self, table: TableConfig, fixed_value: str, salt: str | None) -> None:
-        self._name = table.name
+        self._name = table.qualified
         self._include = set(table.columns) if table.columns is not None else None
         self._exclude = set(table.exclude_columns)
         self._masks: dict[str, Callable[[Any], Any]] = {}
@@ -115,7 +115,7 @@ class ColumnPolicy:
 def policies(tables: Iterable[TableConfig], fixed_value: str, salt: str | None) -> dict[str, ColumnPolicy]:
     """A policy for each table that restricts or masks columns; tables not listed publish everything."""
     return {
-        t.name: ColumnPolicy(t, fixed_value, salt)
+        t.qualified: ColumnPolicy(t, fixed_value, salt)
         for t in tables
         if t.columns is not None or t.exclude_columns or t.mask
     }

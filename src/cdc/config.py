@@ -100,7 +100,31 @@ class SourceConfig(_Section):
 
 
 class TableConfig(_Section):
-    name: str = Field(description="schema-qualified table name, e.g. public.orders")
+    """One entry of ``tables``: a table by ``name``, or every table a ``pattern`` (glob) or ``regex`` selects.
+
+    Pattern entries are expanded against the database catalog at start-up, on SIGHUP and at each
+    ``table_rescan_interval_s`` (``cdc.selection``); every table they select gets the entry's settings.
+    """
+
+    name: str | None = Field(
+        default=None, description="schema-qualified table name, e.g. public.orders (give one of name, pattern, regex)"
+    )
+    pattern: str | None = Field(
+        default=None,
+        description="glob over schema.table selecting every matching ordinary or partitioned table (not views, not "
+        "partitions: those come through their partitioned table): * and ? stay within the schema or the table "
+        "name, [abc] is a character class; no schema means public; e.g. public.order_*",
+    )
+    regex: str | None = Field(
+        default=None,
+        description="regular expression (Python syntax) that must match the whole schema.table, like Debezium's "
+        "table.include.list, e.g. 'public\\.order_\\d+'",
+    )
+    allow_empty: bool = Field(
+        default=False,
+        description="pattern/regex only: a pattern matching no table is logged (table_pattern_empty) instead of "
+        "refusing to start",
+    )
     key: list[str] | None = Field(
         default=None, description="key columns; default: the primary key (or the replica identity index)"
     )
@@ -120,6 +144,18 @@ class TableConfig(_Section):
     )
 
     @model_validator(mode="after")
+    def _one_selector(self) -> TableConfig:
+        given = [k for k in ("name", "pattern", "regex") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of name, pattern, regex"
+                + (f" (this entry has {', '.join(given)})" if given else "")
+            )
+        if self.allow_empty and self.name is not None:
+            raise ValueError("allow_empty applies to pattern and regex entries only; remove it from a named table")
+        return self
+
+    @model_validator(mode="after")
     def _columns_consistent(self) -> TableConfig:
         key = set(self.key or ())
         clash = key & (set(self.exclude_columns) | set(self.mask))
@@ -133,7 +169,9 @@ class TableConfig(_Section):
 
     @field_validator("name")
     @classmethod
-    def _qualified(cls, v: str) -> str:
+    def _qualified(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
         if "." not in v:
             v = f"public.{v}"
         schema, _, table = v.partition(".")
@@ -141,13 +179,49 @@ class TableConfig(_Section):
             raise ValueError(f"expected schema.table, got {v!r}")
         return v
 
+    @field_validator("pattern")
+    @classmethod
+    def _glob(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        from cdc.selection import check_glob  # noqa: PLC0415 - cdc.selection imports this module
+
+        return check_glob(v)
+
+    @field_validator("regex")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"not a valid regular expression ({e}): {v!r}") from None
+        return v
+
+    @property
+    def qualified(self) -> str:
+        """The table's schema.table; only for a named entry (pattern entries are expanded first)."""
+        if self.name is None:
+            raise ValueError(f"the table entry {self.selector} is a pattern, not a table: expand it first")
+        return self.name
+
+    @property
+    def selector(self) -> str:
+        """How the entry selects tables, for messages: the name, ``pattern 'public.order_*'`` or ``regex '...'``."""
+        if self.pattern is not None:
+            return f"pattern {self.pattern!r}"
+        if self.regex is not None:
+            return f"regex {self.regex!r}"
+        return self.qualified
+
     @property
     def schema_name(self) -> str:
-        return self.name.partition(".")[0]
+        return self.qualified.partition(".")[0]
 
     @property
     def table_name(self) -> str:
-        return self.name.partition(".")[2]
+        return self.qualified.partition(".")[2]
 
 
 class KafkaConfig(_Section):
@@ -275,7 +349,16 @@ class Config(BaseSettings):
     )
 
     source: SourceConfig
-    tables: list[TableConfig] = Field(min_length=1, description="captured tables")
+    tables: list[TableConfig] = Field(
+        min_length=1,
+        description="captured tables, by name or pattern; a table named here wins over a pattern that also matches it",
+    )
+    table_rescan_interval_s: float = Field(
+        default=0,
+        ge=0,
+        description="while streaming, look for new tables matching a pattern or regex entry this often (they are "
+        "captured and snapshotted like tables added on SIGHUP); 0: only at start-up and on SIGHUP",
+    )
     kafka: KafkaConfig
     topic_prefix: str = Field(description="topics are <topic_prefix>.<schema>.<table>")
     format: Literal["json", "avro"] = Field(
@@ -323,7 +406,7 @@ class Config(BaseSettings):
 
     @model_validator(mode="after")
     def _unique_tables(self) -> Config:
-        names = [t.name for t in self.tables]
+        names = [t.selector for t in self.tables]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"tables: listed more than once: {', '.join(dupes)}")
@@ -336,7 +419,7 @@ class Config(BaseSettings):
                 "outbox.on_error: dead_letter needs limits.dead_letter_topic (where malformed events go); "
                 "set it, or use on_error: fail"
             )
-        captured = {t.name for t in self.tables}
+        captured = {t.name for t in self.tables if t.name is not None}
         both = sorted(captured & {t.name for t in self.outbox.tables})
         if both:
             raise ValueError(

@@ -28,12 +28,13 @@ from cdc.catalog import (
     column_type_oids,
     describe_outbox_tables,
     describe_tables,
+    expand_config,
     apply_publication,
     load_types,
     plan_publication,
 )
 from cdc.columns import ColumnPolicy, ColumnPolicyError, policies
-from cdc.config import Config, ConfigError, load_config
+from cdc.config import Config, ConfigError, TableConfig, load_config
 from cdc.decoder import pgoutput
 from cdc.decoder.changes import ChangeDecoder, ChangeError
 from cdc.decoder.spool import Spool, SpoolError
@@ -78,6 +79,7 @@ from cdc.snapshot.state import KafkaStore, topics_holding_records
 from cdc.sink.serialize import EventSerializer, JsonSerializer, JsonSettings, SerializationError
 from cdc.instance import InstanceLock
 from cdc.observe import HttpEndpoint, Stats
+from cdc.selection import Selection
 
 log = structlog.get_logger("cdc.pipeline")
 
@@ -111,6 +113,8 @@ class Pipeline:
         self._partitions: dict[str, int] = {}
         self._reload_requested = False
         self._config_path: Path | None = None
+        self._declared = config.tables  # as configured, patterns included; self.config.tables has them expanded
+        self._next_rescan = float("inf")
         self._policies: dict[str, ColumnPolicy] = {}
         self._lock = InstanceLock(config.source.conninfo(), config.source.slot)
         self.stats = Stats()
@@ -144,12 +148,14 @@ class Pipeline:
             conn = psycopg.connect(cfg.source.conninfo(application_name="cdc-setup"), autocommit=True)
         except psycopg.OperationalError as e:
             raise StartupError(
-                f"cannot connect to Postgres ({cfg.source.dsn}): {str(e).strip()}. "
-                "Fix: check source.dsn, the password (CDC_SOURCE__PASSWORD or source.password_file) and pg_hba.conf."
+                f"cannot connect to Postgres ({cfg.source.dsn}): {str(e).strip()}. Fix: {_connect_fix(str(e))}"
             ) from None
         with conn:
             check_server(conn)
             self._lock.acquire()
+            self.config, selection = expand_config(conn, cfg)
+            cfg = self.config
+            _log_selection(selection)
             self._tables = describe_tables(conn, cfg.tables)
             self._outbox_tables = describe_outbox_tables(conn, cfg.outbox.tables)
             self._policies = self._column_policies()
@@ -182,6 +188,7 @@ class Pipeline:
             spool = Spool(spool_root / cfg.source.slot)
         self._decoder = ChangeDecoder({**self._tables, **self._outbox_tables}, types, spool=spool)
         self._delivery = self._make_delivery()
+        self._schedule_rescan()
         log.info(
             "ready",
             tables=sorted(self._tables),
@@ -480,6 +487,8 @@ class Pipeline:
                 self._keep_up(stream, budget)
                 if self._reload_requested and not in_tx:
                     self._reload()
+                elif not in_tx and time.monotonic() >= self._next_rescan:
+                    self._apply_tables(self._declared, "rescan")
                 if heartbeat is not None and not in_tx:
                     beat = heartbeat.due()
                     if beat is not None:
@@ -598,55 +607,85 @@ class Pipeline:
         return int(str(row[0])) if row and row[0] is not None else None
 
     def _reload(self) -> None:
-        """Pick up a changed table list without a restart; other changes need one."""
+        """Pick up a changed table list (and new tables matching its patterns) without a restart; other
+        changes need one."""
         self._reload_requested = False
-        assert self._config_path is not None and self._decoder is not None and self._serializer is not None
+        assert self._config_path is not None
         try:
             new = load_config(self._config_path)
         except ConfigError as e:
             log.error("reload_rejected", error=str(e))
             return
-        old_names = [t.name for t in self.config.tables]
-        new_names = [t.name for t in new.tables]
-        others_changed = new.model_copy(update={"tables": self.config.tables}) != self.config
+        others_changed = new.model_copy(update={"tables": self._declared}) != self.config.model_copy(
+            update={"tables": self._declared}
+        )
         if others_changed:
             log.warning("reload_needs_restart", reason="settings other than 'tables' changed; they apply at restart")
-        if new.tables == self.config.tables:
-            log.info("reload_no_table_change")
-            return
+        self._apply_tables(new.tables, "reload")
+
+    def _schedule_rescan(self) -> None:
+        interval = self.config.table_rescan_interval_s
+        patterns = any(t.name is None for t in self._declared)
+        self._next_rescan = time.monotonic() + interval if interval and patterns else float("inf")
+
+    def _apply_tables(self, declared: list[TableConfig], reason: str) -> None:
+        """Capture the tables ``declared`` selects now (patterns expanded against the catalog): new ones get
+        their topics, join the publication and are snapshotted while streaming; removed ones stop."""
+        assert self._decoder is not None and self._serializer is not None
         cfg = self.config
-        with psycopg.connect(cfg.source.conninfo(application_name="cdc-reload"), autocommit=True) as conn:
+        try:
+            conn = psycopg.connect(cfg.source.conninfo(application_name=f"cdc-{reason}"), autocommit=True)
+        except psycopg.OperationalError as e:
+            log.error("reload_rejected", reason=reason, error="cannot connect to Postgres: " + str(e).strip())
+            self._schedule_rescan()
+            return
+        with conn:
             try:
-                tables = describe_tables(conn, new.tables)
+                candidate, selection = expand_config(conn, cfg.model_copy(update={"tables": declared}))
+            except StartupError as e:
+                log.error("reload_rejected", reason=reason, error=str(e))
+                self._schedule_rescan()
+                return
+            self._declared = declared
+            self._schedule_rescan()
+            if candidate.tables == cfg.tables:
+                if reason == "reload":
+                    log.info("reload_no_table_change")
+                return
+            _log_selection(selection)
+            try:
+                tables = describe_tables(conn, candidate.tables)
                 publication = plan_publication(
                     conn, cfg.source.publication, [*tables.keys(), *self._outbox_tables.keys()]
                 )
             except StartupError as e:
-                log.error("reload_rejected", error=str(e))
+                log.error("reload_rejected", reason=reason, error=str(e))
                 return
             oids = column_type_oids(conn, [t.oid for t in (*tables.values(), *self._outbox_tables.values())])
             types = load_types(conn, [o for o in oids if o not in BUILTIN_TYPES])
             admin = admin_client(cfg.kafka.bootstrap_servers, cfg.kafka.producer)
             old_tables = self._tables
             self._tables = tables
-            self.config = cfg.model_copy(update={"tables": new.tables})
+            self.config = candidate
             try:
-                self._policies = self._column_policies()
+                policies = self._column_policies()
             except StartupError as e:
                 self._tables, self.config = old_tables, cfg
-                log.error("reload_rejected", error=str(e))
+                log.error("reload_rejected", reason=reason, error=str(e))
                 return
+            # In place: the running session holds this dict, and an added table's masks must apply at once.
+            self._policies.clear()
+            self._policies.update(policies)
             self._partitions.update(ensure_topics(admin, self._topic_specs(self._serializer)))
             apply_publication(conn, publication)
             self._decoder.update_tables({**tables, **self._outbox_tables}, types)
-            if self._snapshots is not None:
-                self._snapshots.tables_changed(tables, types)
-        added = sorted(set(new_names) - set(old_names))
+            snapshotted = self._snapshots.tables_changed(tables, types) if self._snapshots is not None else []
         log.info(
             "reload_tables",
-            added=added,
-            removed=sorted(set(old_names) - set(new_names)),
-            note="added tables are captured from now on; their existing rows need a snapshot",
+            reason=reason,
+            added=sorted(set(tables) - set(old_tables)),
+            removed=sorted(set(old_tables) - set(tables)),
+            snapshot=snapshotted,
         )
 
     def _keep_up(self, stream: ReplicationStream, budget: int) -> None:
@@ -732,6 +771,23 @@ def make_serializer(cfg: Config, partitions_of: Callable[[str], int]) -> EventSe
 def _clip(content: Any, limit: int = 500) -> str:
     text = repr(dict(content))
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _connect_fix(error: str) -> str:
+    if any(word in error for word in ("SSL", "certificate", "sslmode", "server does not support SSL")):
+        return (
+            "check the TLS settings in source.dsn: sslrootcert must name the CA that signed the server's "
+            "certificate (sslmode=verify-full also checks the host name against it), sslcert/sslkey a client "
+            "certificate if the server asks for one; and that the server runs with ssl=on."
+        )
+    return "check source.dsn, the password (CDC_SOURCE__PASSWORD or source.password_file) and pg_hba.conf."
+
+
+def _log_selection(selection: Selection) -> None:
+    for selector, names in selection.expanded.items():
+        log.info("table_pattern_expanded", selector=selector, tables=list(names))
+    for selector in selection.empty:
+        log.warning("table_pattern_empty", selector=selector, note="allow_empty is set: none of its tables yet")
 
 
 def _describe(event: ChangeEvent | TruncateEvent | MessageEvent) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from cdc.catalog import StartupError, expand_config
 from cdc.config import Config
 from cdc.sink.kafka import librdkafka_logger
 from cdc.sink.serialize import JsonSerializer, JsonSettings
@@ -42,11 +43,16 @@ def collect(config: Config) -> dict[str, Any]:
             JsonSettings(topic_prefix=config.topic_prefix, database=config.source.database), lambda _: 1
         )
         tables = {}
-        for t in config.tables:
+        try:
+            captured = expand_config(conn, config)[0].tables  # patterns as they expand now
+        except StartupError as e:
+            out["tables_error"] = str(e)
+            captured = [t for t in config.tables if t.name is not None]
+        for t in captured:
             est = conn.execute(
-                "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", (t.name,)
+                "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)", (t.qualified,)
             ).fetchone()
-            tables[t.name] = {
+            tables[t.qualified] = {
                 "topic": naming.topic_name(t.schema_name, t.table_name),
                 "estimated_rows": est[0] if est else None,
             }
@@ -90,6 +96,8 @@ def render(status: dict[str, Any]) -> str:
         lines.append(f"  retained WAL: {status['retained_wal_bytes']} bytes (restart_lsn {status['restart_lsn']})")
     if "kafka_error" in status:
         lines.append(f"  kafka: {status['kafka_error']}")
+    if "tables_error" in status:
+        lines.append(f"  tables: {status['tables_error']}")
     lines.append("tables:")
     for name, info in status["tables"].items():
         lines.append(

@@ -31,6 +31,8 @@ def test_up_twice_gives_the_same_endpoints_and_status_reports_running(
     assert st["postgres"]["running"] and st["kafka"]["running"]
     assert st["postgres_dsn"] == services.postgres_dsn
     assert st["kafka_bootstrap"] == services.kafka_bootstrap
+    assert st["kafka_ssl_bootstrap"] == services.kafka_ssl_bootstrap
+    assert st["kafka_ssl_ca_location"] == services.kafka_ssl_ca_location
     assert st["schema_registry_url"] == services.schema_registry_url
     assert st["schema_registry"]["running"] is registry
     json.dumps(st)  # JSON-able as promised

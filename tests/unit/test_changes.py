@@ -725,3 +725,34 @@ def test_the_fast_path_of_row_changes_gives_exactly_what_the_general_path_gives(
     general = outcome(lambda: general_path(payloads))
 
     assert repr(fast) == repr(general)  # repr: Decimal('NaN') equals nothing, itself included
+
+
+# --- relations that are announced but not captured ------------------------------------------------
+
+PARTITION = 16400
+
+
+def test_a_partition_announced_beside_its_captured_partitioned_table_is_not_an_error(decoder: ChangeDecoder) -> None:
+    # publish_via_partition_root: PostgreSQL 15 sends the Relation of the partitioned table and of the
+    # partition, then the change under the partitioned table's id.
+    events = feed(
+        decoder,
+        begin(C1, TS, 700),
+        accounts(),
+        relation(PARTITION, name="accounts_2024", columns=TWO_COLUMNS),
+        insert(ACCOUNTS, tuple_data(b"1", b"ada")),
+        commit(C1, E1, TS),
+    )
+    changes = [e for e in events if isinstance(e, ChangeEvent)]
+    assert [(c.table.qualified, c.after) for c in changes] == [("public.accounts", {"id": 1, "name": "ada"})]
+
+
+def test_a_change_of_a_table_that_is_not_captured_stops_with_its_name(decoder: ChangeDecoder) -> None:
+    with pytest.raises(ChangeError, match="sent changes of public.accounts_2024, which is not a configured table"):
+        feed(
+            decoder,
+            begin(C1, TS, 700),
+            relation(PARTITION, name="accounts_2024", columns=TWO_COLUMNS),
+            insert(PARTITION, tuple_data(b"1", b"ada")),
+            commit(C1, E1, TS),
+        )

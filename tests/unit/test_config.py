@@ -96,3 +96,31 @@ def test_duplicate_tables_are_refused(tmp_path):
 def test_unqualified_table_names_default_to_public(tmp_path):
     c = load_config(write(tmp_path, GOOD.replace("  - public.customers", "  - customers")))
     assert c.tables[0].name == "public.customers"
+
+
+def test_tables_take_names_globs_and_regexes_in_one_list(tmp_path):
+    text = GOOD.replace(
+        "  - name: public.orders\n    key: [id]\n",
+        "  - name: public.orders\n    key: [id]\n  - pattern: order_*\n    exclude_columns: [note]\n"
+        "  - regex: 'sales\\.orders_\\d{4}'\n    allow_empty: true\n",
+    ) + "table_rescan_interval_s: 60\n"
+    c = load_config(write(tmp_path, text))
+    assert [t.selector for t in c.tables] == [
+        "public.customers",
+        "public.orders",
+        "pattern 'public.order_*'",
+        "regex 'sales\\\\.orders_\\\\d{4}'",
+    ]
+    assert c.tables[3].allow_empty and c.table_rescan_interval_s == 60
+
+
+def test_a_bad_pattern_is_named_with_its_key_path(tmp_path):
+    text = GOOD.replace("  - public.customers\n", "  - public.customers\n  - regex: 'public\\.(orders'\n")
+    with pytest.raises(ConfigError, match=r"tables\.1\.regex: .*not a valid regular expression"):
+        load_config(write(tmp_path, text))
+
+
+def test_the_same_pattern_twice_is_refused(tmp_path):
+    text = GOOD.replace("  - public.customers\n", "  - pattern: public.x*\n  - pattern: x*\n")
+    with pytest.raises(ConfigError, match=r"listed more than once: pattern 'public.x\*'"):
+        load_config(write(tmp_path, text))

@@ -282,8 +282,9 @@ def test_the_example_configuration_validates(clean_env: pytest.MonkeyPatch) -> N
     config = load_config(DOCS / "example.yaml")
     assert config.source.password is None, "the example must not carry a password"
     assert config.masking.salt is None, "the example must not carry the masking salt"
-    assert {t.name for t in config.tables} == {
+    assert {t.selector for t in config.tables} == {
         "public.customers", "public.products", "public.orders", "public.order_lines",
+        "pattern 'public.audit_*'", "regex 'archive\\\\.orders_\\\\d{4}'",
     }  # fmt: skip
 
 

@@ -154,6 +154,9 @@ class ChangeDecoder:
         self._tables = tables
         self._types: dict[int, PgType] = {**CATALOG_TEXT_TYPES, **BUILTIN_TYPES, **types}
         self._relations: dict[int, _Relation] = {}
+        # Relations announced but not captured: a partition whose changes the publication sends as its
+        # partitioned table's (publish_via_partition_root: pgoutput announces both). Only a change of one is an error.
+        self._uncaptured: dict[int, str] = {}
         self._xid: int | None = None
         self._commit_lsn = Lsn(0)
         self._commit_ts = 0
@@ -178,6 +181,7 @@ class ChangeDecoder:
             # it puts the relation cache back before the cache is cleared, not later, at garbage collection.
             unfinished.close()
         self._relations.clear()
+        self._uncaptured.clear()
         self._xid = None
         self._ordinal = 0
         self._block = None
@@ -409,8 +413,13 @@ class ChangeDecoder:
                 count = self._ordinal
                 self._xid, self._ordinal = None, 0
                 return TxCommit(xid, commit_lsn, end_lsn, ts, count)
+            case pg.Relation(namespace=ns, name=name) if f"{ns}.{name}" not in self._tables:
+                self._relations.pop(message.relation_id, None)
+                self._uncaptured[message.relation_id] = f"{ns}.{name}"
+                return None
             case pg.Relation():
                 self._seq += 1
+                self._uncaptured.pop(message.relation_id, None)
                 self._relations[message.relation_id] = self._build_relation(message, self._seq)
                 return None
             case pg.Type(type_oid=oid, namespace=ns, name=name):
@@ -520,6 +529,11 @@ class ChangeDecoder:
         try:
             return self._relations[relation_id]
         except KeyError:
+            if relation_id in self._uncaptured:
+                raise ChangeError(
+                    f"the publication sent changes of {self._uncaptured[relation_id]}, which is not a configured "
+                    "table. Fix: add it to 'tables', or remove it from the publication."
+                ) from None
             raise ChangeError(
                 f"a change for relation {relation_id} arrived before its Relation message (protocol violation)"
             ) from None

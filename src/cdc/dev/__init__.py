@@ -36,6 +36,8 @@ class Endpoints:
     postgres_dsn: str
     kafka_bootstrap: str
     schema_registry_url: str | None
+    kafka_ssl_bootstrap: str | None = None  # the broker's SSL listener (security.protocol=SSL)
+    kafka_ssl_ca_location: str | None = None  # the CA that signed its certificate (ssl.ca.location)
 
 
 def default_state_dir() -> Path:
@@ -97,7 +99,14 @@ def up(state_dir: Path, *, registry: bool = True, log: FilteringBoundLogger | No
             pid = _registry_running(state_dir, log)
             port = registry_module.status(state_dir)["port"]
             url = registry_module.url(port) if pid is not None and isinstance(port, int) else None
-        endpoints = Endpoints(postgres_dsn=pg_future.result(), kafka_bootstrap=kafka_future.result(), schema_registry_url=url)
+        kf = kafka.status(state_dir)
+        endpoints = Endpoints(
+            postgres_dsn=pg_future.result(),
+            kafka_bootstrap=kafka_future.result(),
+            schema_registry_url=url,
+            kafka_ssl_bootstrap=kafka.bootstrap(kf["ssl_port"]) if isinstance(kf["ssl_port"], int) else None,
+            kafka_ssl_ca_location=kf["ssl_ca_location"],
+        )
     log.info("dev.up", state_dir=str(state_dir), seconds=round(time.monotonic() - started, 1), **endpoints.__dict__)
     return endpoints
 
@@ -130,6 +139,8 @@ def status(state_dir: Path) -> dict[str, Any]:
         "state_dir": str(state_dir),
         "postgres_dsn": postgres.dsn(pg["port"]) if isinstance(pg["port"], int) else None,
         "kafka_bootstrap": kafka.bootstrap(kf["port"]) if isinstance(kf["port"], int) else None,
+        "kafka_ssl_bootstrap": kafka.bootstrap(kf["ssl_port"]) if isinstance(kf["ssl_port"], int) else None,
+        "kafka_ssl_ca_location": kf["ssl_ca_location"],
         "schema_registry_url": registry_module.url(rg["port"]) if rg["running"] and isinstance(rg["port"], int) else None,
         "postgres": pg,
         "kafka": kf,

@@ -2,7 +2,12 @@
 
 Layout under `<state>/kafka/`: `data/` (log.dirs, incl. the KRaft metadata log),
 `server.properties`, `log4j2.properties`, `logs/server.log` (log4j2), `kafka.out`
-(stdout/stderr of the JVM), `kafka.pid`, `service.json` (ports and cluster id).
+(stdout/stderr of the JVM), `kafka.pid`, `service.json` (ports and cluster id), `tls/` (a
+throw-away CA and server certificate, ``cdc.dev.tls``).
+
+Two client listeners: PLAINTEXT, and SSL (server authentication with the dev CA in
+`tls/ca.crt`, a PEM keystore, no keytool) for trying and testing TLS. Without openssl the
+broker starts with PLAINTEXT only.
 The jars live in `$CDC_CACHE_DIR/kafka/` (default ~/.cache/cdc), shared by every checkout.
 """
 
@@ -21,7 +26,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from structlog.typing import FilteringBoundLogger
 
-from cdc.dev import _proc
+from cdc.dev import _proc, tls
 from cdc.dev._proc import DevServiceError
 
 POM = "kafka-pom.xml"
@@ -74,18 +79,31 @@ def _cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 
-def _server_properties(state_dir: Path, broker_port: int, controller_port: int) -> str:
+def tls_dir(state_dir: Path) -> Path:
+    return root_dir(state_dir) / "tls"
+
+
+def _server_properties(state_dir: Path, broker_port: int, controller_port: int, ssl_port: int | None = None) -> str:
     data = root_dir(state_dir) / "data"
+    client_listeners = [f"PLAINTEXT://127.0.0.1:{broker_port}"]
+    ssl_settings: dict[str, str | int] = {}
+    if ssl_port is not None:
+        client_listeners.append(f"SSL://127.0.0.1:{ssl_port}")
+        ssl_settings = {
+            "listener.name.ssl.ssl.keystore.type": "PEM",
+            "listener.name.ssl.ssl.keystore.location": str(tls.ensure(tls_dir(state_dir)).server_pem),
+        }
     settings: dict[str, str | int] = {
         "process.roles": "broker,controller",
         "node.id": NODE_ID,
         # A static quorum (kraft.version 0) keeps working if the controller port changes later.
         "controller.quorum.voters": f"{NODE_ID}@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{broker_port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{broker_port}",
+        "listeners": ",".join([*client_listeners, f"CONTROLLER://127.0.0.1:{controller_port}"]),
+        "advertised.listeners": ",".join(client_listeners),
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,SSL:SSL,CONTROLLER:PLAINTEXT",
+        **ssl_settings,
         "log.dirs": str(data),
         "num.partitions": 1,
         "default.replication.factor": 1,
@@ -189,7 +207,12 @@ def up(state_dir: Path, log: FilteringBoundLogger) -> str:
     root = root_dir(state_dir)
     service = _proc.read_json(_service_file(state_dir))
     pid = running(state_dir, log)
-    if pid is not None and isinstance(service.get("broker_port"), int):
+    want_ssl = tls.available()
+    if not want_ssl:
+        log.warning("dev.kafka.no_ssl_listener", reason="openssl is not installed", effect="PLAINTEXT only")
+    if pid is not None and isinstance(service.get("broker_port"), int) and (
+        isinstance(service.get("ssl_port"), int) or not want_ssl
+    ):
         port = int(service["broker_port"])
         address = bootstrap(port)
         _proc.wait_ready(
@@ -203,7 +226,7 @@ def up(state_dir: Path, log: FilteringBoundLogger) -> str:
         log.info("dev.kafka.reused", pid=pid, port=port)
         return address
     if pid is not None:
-        # Ours, but we lost track of its ports: restart it cleanly.
+        # Ours, but we lost track of its ports (or it predates the SSL listener): restart it cleanly.
         _proc.stop_pid(pid, _markers(state_dir), log, "kafka")
 
     java = _proc.find_java()
@@ -216,8 +239,11 @@ def up(state_dir: Path, log: FilteringBoundLogger) -> str:
         saved = service if attempt == 1 else {}
         broker_port = _proc.choose_port(saved.get("broker_port"), log, "kafka")
         controller_port = _proc.choose_port(saved.get("controller_port"), log, "kafka-controller", avoid=[broker_port])
+        ssl_port = None
+        if want_ssl:
+            ssl_port = _proc.choose_port(saved.get("ssl_port"), log, "kafka-ssl", avoid=[broker_port, controller_port])
         try:
-            return _start(state_dir, java, libs, cluster_id, broker_port, controller_port, log)
+            return _start(state_dir, java, libs, cluster_id, broker_port, controller_port, log, ssl_port)
         except DevServiceError as exc:
             if attempt == 2 or not _proc.port_in_use(exc):
                 raise
@@ -233,14 +259,16 @@ def _start(
     broker_port: int,
     controller_port: int,
     log: FilteringBoundLogger,
+    ssl_port: int | None = None,
 ) -> str:
     root = root_dir(state_dir)
-    _config_file(state_dir).write_text(_server_properties(state_dir, broker_port, controller_port))
+    _config_file(state_dir).write_text(_server_properties(state_dir, broker_port, controller_port, ssl_port))
     (root / "log4j2.properties").write_text(_log4j2_properties(state_dir))
     _proc.write_json(
         _service_file(state_dir),
-        {"broker_port": broker_port, "controller_port": controller_port, "cluster_id": cluster_id, "version": version()},
-    )
+        {"broker_port": broker_port, "controller_port": controller_port, "ssl_port": ssl_port,
+         "cluster_id": cluster_id, "version": version()},
+    )  # fmt: skip
     _format(java, libs, state_dir, cluster_id, log)
 
     started = time.monotonic()
@@ -264,7 +292,7 @@ def _start(
         _proc.stop_pid(pid, _markers(state_dir), log, "kafka", timeout=10.0)
         _pid_file(state_dir).unlink(missing_ok=True)
         raise
-    log.info("dev.kafka.started", pid=pid, port=broker_port, controller_port=controller_port,
+    log.info("dev.kafka.started", pid=pid, port=broker_port, controller_port=controller_port, ssl_port=ssl_port,
              version=version(), seconds=round(time.monotonic() - started, 1))  # fmt: skip
     return address
 
@@ -284,10 +312,14 @@ def status(state_dir: Path) -> dict[str, Any]:
     pid = _proc.peek_pid(_pid_file(state_dir), _markers(state_dir))
     alive = pid is not None
     port = service.get("broker_port")
+    ssl_port = service.get("ssl_port")
+    ca = tls_dir(state_dir) / "ca.crt"
     return {
         "running": alive,
         "pid": pid if alive else None,
         "port": port if isinstance(port, int) else None,
+        "ssl_port": ssl_port if isinstance(ssl_port, int) else None,
+        "ssl_ca_location": str(ca) if isinstance(ssl_port, int) and ca.exists() else None,
         "controller_port": service.get("controller_port"),
         "version": service.get("version"),
         "log": str(log_files(state_dir)[1]),

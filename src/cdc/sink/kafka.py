@@ -155,7 +155,9 @@ def check_reachable(admin: AdminClient, bootstrap_servers: str, timeout: float =
     except KafkaException as e:
         raise SinkError(
             f"cannot reach Kafka at {bootstrap_servers} within {timeout:.0f}s ({e.args[0].str() if e.args else e}). "
-            "Fix: check kafka.bootstrap_servers and that the broker is running and reachable."
+            "Fix: check kafka.bootstrap_servers, that the broker is running and reachable, and that the listener's "
+            "security matches kafka.producer (security.protocol; ssl.ca.location: the CA that signed the broker's "
+            "certificate; sasl.*): a TLS or SASL failure is logged before this (librdkafka events)."
         ) from None
 
 

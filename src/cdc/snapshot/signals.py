@@ -66,12 +66,14 @@ def _cmd_snapshot(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
-    captured = {t.name for t in config.tables}
+    from cdc.selection import selects  # noqa: PLC0415
+
+    captured = sorted(t.selector for t in config.tables)
     names = [t if "." in t else f"public.{t}" for t in args.tables]
-    unknown = [t for t in names if t not in captured]
+    unknown = [t for t in names if not selects(config.tables, t)]
     if unknown:
         print(
-            f"not captured by this configuration: {', '.join(unknown)} (captured: {', '.join(sorted(captured))}). "
+            f"not captured by this configuration: {', '.join(unknown)} (captured: {', '.join(captured)}). "
             "Add the table to 'tables' first: a table added there is snapshotted at the next start anyway.",
             file=sys.stderr,
         )
