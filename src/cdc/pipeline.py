@@ -8,6 +8,7 @@ only serves delivery reports and status updates until the budget frees up.
 
 from __future__ import annotations
 
+import gc
 import signal
 import struct
 import tempfile
@@ -798,6 +799,17 @@ def _describe(event: ChangeEvent | TruncateEvent | MessageEvent) -> str:
     return f"message {event.prefix}"
 
 
+def tune_gc() -> None:
+    """The daemon allocates a few short-lived, acyclic objects per row (dicts, tuples, records) which
+    reference counting frees; the cyclic collector's default thresholds made it walk the heap every
+    700 of them. Everything alive at start-up (modules, configuration) is frozen out of its walks and
+    collections run every 50,000 allocations: measured on the benchmark row, decoding and JSON
+    serialization each took about a third less CPU."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
+
+
 def run(config_path: Path) -> int:
     """Entry point of ``cdc run``: 0 after a clean stop, 1 on a fatal error, 2 on a bad configuration."""
     try:
@@ -818,6 +830,7 @@ def run(config_path: Path) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGHUP, on_hangup)
+    tune_gc()
     try:
         pipeline.run()
     except SnapshotInterrupted as e:
