@@ -46,7 +46,7 @@ from cdc.decoder.stream import XLOGDATA_HEADER_SIZE, ReplicationStream, protocol
 from cdc.dev import postgres
 from cdc.event import ChangeEvent, TxCommit
 from cdc.lsn import Lsn
-from cdc.pipeline import tune_gc
+from cdc.process import tune_gc
 
 DB = "cdc_bench_decoder"
 TABLE = "public.bench_rows"
@@ -104,7 +104,7 @@ def write_rows(dsn: str, rows: int, tx_size: int) -> Lsn:
 def read_with_cdc(dsn: str, slot: str, target: Lsn) -> tuple[float, int]:
     """Seconds and rows: receive and decode into ChangeEvents until the commit at or past ``target``.
 
-    With the daemon's garbage-collector settings (``cdc.pipeline.tune_gc``), as ``cdc run`` has them."""
+    With the daemon's garbage-collector settings (``cdc.process.tune_gc``), as ``cdc run`` has them."""
     tune_gc()
     with psycopg.connect(dsn, autocommit=True) as conn:
         tables = describe_tables(conn, [TableConfig(name=TABLE)])

@@ -8,7 +8,6 @@ only serves delivery reports and status updates until the budget frees up.
 
 from __future__ import annotations
 
-import gc
 import signal
 import struct
 import tempfile
@@ -50,6 +49,7 @@ from cdc.decoder.stream import (
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.event import ChangeEvent, MessageEvent, TruncateEvent, TxBegin, TxCommit
 from cdc.lsn import Lsn
+from cdc.process import tune_gc
 from cdc.outbox.route import Malformed, OutboxError, OutboxEvent, OutboxRouter
 from cdc.sink.delivery import (
     AtLeastOnce,
@@ -797,17 +797,6 @@ def _describe(event: ChangeEvent | TruncateEvent | MessageEvent) -> str:
     if isinstance(event, TruncateEvent):
         return ",".join(t.qualified for t in event.tables)
     return f"message {event.prefix}"
-
-
-def tune_gc() -> None:
-    """The daemon allocates a few short-lived, acyclic objects per row (dicts, tuples, records) which
-    reference counting frees; the cyclic collector's default thresholds made it walk the heap every
-    700 of them. Everything alive at start-up (modules, configuration) is frozen out of its walks and
-    collections run every 50,000 allocations: measured on the benchmark row, decoding and JSON
-    serialization each took about a third less CPU."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)
 
 
 def run(config_path: Path) -> int:

@@ -38,6 +38,7 @@ from psycopg import sql
 from cdc import log as logsetup
 from cdc.event import ChangeEvent, Op, TxBegin, TxCommit, change_event
 from cdc.lsn import Lsn
+from cdc.process import tune_gc
 from cdc.sink.kafka import SinkError
 from cdc.sink.serialize import SerializationError
 from cdc.snapshot.copytext import CopyFormatError, RowParser, row_parser
@@ -144,6 +145,7 @@ def run_worker(spec: WorkerSpec, parent_pid: int, tasks: multiprocessing.queues.
         os._exit(1)  # the parent died before the death signal was armed
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator decides when workers stop
     logsetup.configure("console" if spec.log_format == "console" else "json", spec.log_level)
+    tune_gc()  # a spawned interpreter: the daemon's settings are not inherited
     wid = spec.worker_id
     try:
         conn = psycopg.connect(spec.conninfo, autocommit=True)
