@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(BIN)/cdc demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider -ra tests
+	$(BIN)/python -m pytest -p no:cacheprovider -ra --durations=20 tests
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -ra tests/unit
