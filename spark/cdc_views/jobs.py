@@ -51,7 +51,7 @@ from cdc_views.reader import (
     reduce_topics,
 )
 from cdc_views.tables import Encoding, TableShape
-from cdc_views.warehouse import ensure_table, merge_rows, table_path, table_schema
+from cdc_views.warehouse import ensure_table, merge_rows, table_path, table_schema, written_rows
 
 log = structlog.get_logger("cdc_views.jobs")
 
@@ -118,7 +118,7 @@ def merge_view(
     source = rows.withColumn("_view_hash", _row_hash(value_columns))
     if not DeltaTable.isDeltaTable(spark, str(path)):  # a first build: no MERGE needed
         source.write.format("delta").mode("errorifexists").save(str(path))
-        return spark.read.format("delta").load(str(path)).count()
+        return written_rows(spark, path)
     table = ensure_table(spark, path, source.schema)
     target = table.toDF()
     if scope is not None:

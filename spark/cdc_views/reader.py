@@ -227,17 +227,25 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
         if encoding.schemas_enable:
             key_map = F.from_json(F.get_json_object(key, "$.payload"), "map<string,string>")
             key = F.get_json_object(key, "$.payload")
-        df = raw.select(
+        # two projections, so that each from_json runs once per record (Spark keeps a projection
+        # whose expensive columns are referenced several times apart from the next one)
+        parsed_df = raw.select(
             "topic", "partition", "offset",
             key.alias("key_text"),
-            key.isNull().alias("key_missing"),
-            F.when(key_map.isNull(), F.lit("key is not a JSON object")).alias("key_problem"),
-            key_map.getItem(TRUNCATE_KEY_FIELD).isNotNull().alias("is_marker"),
+            key_map.alias("key_map"),
             value.isNull().alias("tombstone"),
             parsed.alias("env"),
-            parsed["after"].alias("after"),
             lsn_header.alias("lsn_header"),
             commit_header.alias("commit_header"),
+        )  # fmt: skip
+        df = parsed_df.select(
+            "topic", "partition", "offset", "key_text",
+            F.col("key_text").isNull().alias("key_missing"),
+            F.when(F.col("key_map").isNull(), F.lit("key is not a JSON object")).alias("key_problem"),
+            F.col("key_map").getItem(TRUNCATE_KEY_FIELD).isNotNull().alias("is_marker"),
+            "tombstone", "env",
+            F.col("env.after").alias("after"),
+            "lsn_header", "commit_header",
             F.lit(None).cast(StringType()).alias("value_problem"),
         )  # fmt: skip
     op = F.col("env.op")
