@@ -206,6 +206,8 @@ class AvroSchemas:
                     out.writers[sid] = _spark_ready(json.loads(text))
             for topic in sorted(topics):
                 latest = registry.latest(f"{topic}-value")
+                reader: dict[str, Any] | None
+                reader_id: int | None
                 if latest is not None:
                     reader, reader_id = _spark_ready(json.loads(latest.schema)), latest.id
                 else:  # records under another subject name: the newest writer of the topic reads them all

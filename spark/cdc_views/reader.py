@@ -4,20 +4,22 @@ A table's topic is read with Spark's Kafka source (batch from the earliest offse
 and reduced in three steps, each a plain DataFrame transformation, so batch jobs and streaming
 micro-batches share them:
 
-1. ``envelopes(raw)``: one row per record: the key's text (the row identity), the LSNs from the
-   ``cdc.lsn``/``cdc.commit_lsn`` headers (the envelope's ``source.lsn`` when a header is missing),
-   ``op``, the JSON text of ``after``, and what the record is: ``row`` (c/u/r), ``delete`` (d or a
-   tombstone), ``truncate`` (a marker: key ``{"__cdc_truncate_partition":p}``, op ``t``) or ``bad``
-   (key or value that is not what the connector writes; with a reason).
+1. ``envelopes(raw, encoding, avro)``: one row per record: the key's text (the row identity), the
+   LSNs from the ``cdc.lsn``/``cdc.commit_lsn`` headers (the envelope's ``source.lsn`` when a header
+   is missing), ``op``, ``after`` (JSON: its text; Avro: the value's bytes), and what the record is:
+   ``row`` (c/u/r), ``delete`` (d or a tombstone), ``truncate`` (a marker: key
+   ``{"__cdc_truncate_partition":p}``, op ``t``) or ``bad`` (key or value that is not what the
+   connector writes; with a reason).
 2. ``latest(envelopes)``: the last record of each key in offset order (a key lives in one
    partition); markers keep their latest per partition; every bad record stays, on its own.
-3. ``decode_rows(latest, table)``: the ``after`` of each row parsed and converted to typed columns
-   (see ``decode``); a present value that does not convert makes the record ``bad``.
+3. ``decode_rows(latest, table, encoding, avro)``: the ``after`` of each row parsed and converted to
+   typed columns (see ``decode``); a present value that does not convert makes the record ``bad``.
 
-``Changes.of(...)`` then takes the truncate markers (a marker at offset o of partition p discards
-every record of p below o), collects bad records, and fails with ``UndecodableRecords`` (partition
-and offset of each, up to a limit, and the count) unless ``on_bad_record="skip"``, in which case
-they are left out, counted and logged. Superseded records are checked as envelopes only.
+``Changes.of(...)`` then persists the decoded records, takes the truncate markers (a marker at offset
+o of partition p discards every record of p below o), collects bad records, and fails with
+``UndecodableRecords`` (partition and offset of each, up to a limit, and the count) unless
+``on_bad_record="skip"``, in which case they are left out, counted and logged. Superseded records
+are checked as envelopes only. ``Changes.unpersist()`` frees the decoded records.
 
 Columns of the reduced rows: the table's columns, then the ``META`` columns:
 ``_cdc_key`` (key text), ``_cdc_partition``, ``_cdc_offset``, ``_cdc_lsn``, ``_cdc_commit_lsn``
@@ -25,10 +27,14 @@ Columns of the reduced rows: the table's columns, then the ``META`` columns:
 ``_cdc_action``: ``upsert``, ``delete`` or ``keep`` (a skipped bad record of a known key: the view
 keeps what it has for that key).
 
-An Avro path fits step 1 only: ``envelopes`` would take the value through ``from_avro`` (Confluent
-wire format: magic byte 0, 4-byte schema id, Avro body; the schema fetched from the registry by
-id before the job starts) instead of ``from_json``; steps 2 and 3 are format-agnostic except that
-Avro values are typed already. It is not implemented: the connector writes JSON only.
+Formats (``Encoding.format``): ``json`` (Debezium JSON, with or without the schema block) and
+``avro`` (Confluent wire format: magic byte 0, 4-byte schema id, Avro body). For Avro,
+``avro_schemas(raw, encoding, registry)`` first finds the schema ids in the records and fetches
+their schemas (``cdc_views.avro.AvroSchemas``); step 1 decodes keys and envelopes with Spark's
+``from_avro`` per writer schema, step 3 resolves the latest records' ``after`` to the topic's
+latest value schema; step 2 and everything after are the same for both formats. A wrong magic
+byte, an unknown schema id or a body that does not decode is a ``bad`` record; a registry that
+does not answer is ``RegistryUnavailable``.
 """
 
 from __future__ import annotations
