@@ -102,9 +102,9 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "registry", None):
         from cdc.sink.registry import RegistrySettings  # noqa: PLC0415
 
-        configured = merged.get("registry")
-        merged["registry"] = (
-            configured.model_copy(update={"url": args.registry}) if configured else RegistrySettings(url=args.registry)
+        configured = merged.get("registry")  # its credentials and TLS settings stay; the URL is validated again
+        merged["registry"] = RegistrySettings.model_validate(
+            {**(configured.model_dump() if configured else {}), "url": args.registry}
         )
     if args.tables:
         merged["tables"] = [t.strip() for t in args.tables.split(",") if t.strip()]

@@ -208,7 +208,7 @@ def test_a_registry_that_does_not_answer_is_one_clear_error(spark: Any, avro_sho
 
 
 def test_the_command_line_takes_format_and_registry_from_the_connector_config(tmp_path: Path) -> None:
-    from cdc_views.cli import _config_defaults  # noqa: PLC0415
+    from cdc_views.cli import _config_defaults, _settings, build_parser  # noqa: PLC0415
 
     config = write_config(
         tmp_path / "cdc.yaml",
@@ -225,3 +225,11 @@ def test_the_command_line_takes_format_and_registry_from_the_connector_config(tm
     assert settings["registry"].url == "http://registry:8080/apis/ccompat/v7"
     assert settings["decimal_handling"] == "string"
     assert settings["tables"] == ["public.customers"]
+    args = build_parser().parse_args(["rebuild", "--config", str(config), "--warehouse", "wh",
+                                      "--registry", "http://other:8081"])  # fmt: skip
+    assert _settings(args)["registry"].url == "http://other:8081"
+    no_registry = build_parser().parse_args(["rebuild", "--config", str(config), "--warehouse", "wh", "--format", "avro"])
+    assert _settings(no_registry)["format"] == "avro"
+    with pytest.raises(SystemExit, match="missing --registry"):
+        _settings(build_parser().parse_args(["rebuild", "--dsn", "host=db", "--tables", "public.t", "--bootstrap", "k:1",
+                                             "--topic-prefix", "p", "--format", "avro", "--warehouse", "wh"]))  # fmt: skip
