@@ -17,6 +17,10 @@ partition early on), then, in one Spark session (local mode, ``--master``), meas
 
 and prints the median of the runs for each, in records/s of the topic. The topic is reused by
 later runs with the same ``--records`` (``--fresh-topic`` to produce it again).
+
+``--format avro`` produces the topic with the connector's ``AvroSerializer`` instead (Confluent wire
+format; the local services then include the schema registry, or give ``--registry``) and runs the
+jobs with format avro.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import tempfile
 import time
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import structlog
 from confluent_kafka import Producer
@@ -40,7 +45,9 @@ sys.path.insert(0, str(REPO / "spark"))
 
 from cdc.event import ChangeEvent, Column, Op, PgType, TableSchema, TruncateEvent  # noqa: E402
 from cdc.lsn import Lsn  # noqa: E402
-from cdc.sink.serialize import JsonSerializer, JsonSettings  # noqa: E402
+from cdc.sink.avro import AvroSerializer, AvroSettings  # noqa: E402
+from cdc.sink.registry import RegistryClient  # noqa: E402
+from cdc.sink.serialize import EventSerializer, JsonSerializer, JsonSettings  # noqa: E402
 
 log = structlog.get_logger("bench.spark_rebuild")
 
@@ -70,9 +77,14 @@ def _row(key: int, rng: random.Random, version: int) -> dict[str, object]:
     }
 
 
-def produce(bootstrap: str, topic_prefix: str, records: int, partitions: int) -> str:
-    """The synthetic topic: ~1 key per 4 records (insert, updates, and 1 in 20 keys deleted)."""
-    serializer = JsonSerializer(JsonSettings(topic_prefix=topic_prefix, database="bench"), lambda _t: partitions)
+def produce(bootstrap: str, topic_prefix: str, records: int, partitions: int, registry: str | None = None) -> str:
+    """The synthetic topic: ~1 key per 4 records (insert, updates, and 1 in 20 keys deleted); Avro with ``registry``."""
+    serializer: EventSerializer[Any]
+    if registry is None:
+        serializer = JsonSerializer(JsonSettings(topic_prefix=topic_prefix, database="bench"), lambda _t: partitions)
+    else:
+        settings = AvroSettings(topic_prefix=topic_prefix, database="bench")
+        serializer = AvroSerializer(settings, lambda _t: partitions, RegistryClient(registry))
     topic = serializer.topic_for(TABLE)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1, config={"cleanup.policy": "compact"})])[topic].result(60)
@@ -136,26 +148,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shuffle-partitions", type=int, default=8)
     parser.add_argument("--driver-memory", default="6g")
     parser.add_argument("--fresh-topic", action="store_true")
+    parser.add_argument("--format", choices=["json", "avro"], default="json")
+    parser.add_argument("--registry", help="format avro with --bootstrap: the schema registry's URL")
     args = parser.parse_args(argv)
 
     from cdc_views.jobs import JobConfig, rebuild  # noqa: PLC0415 - after sys.path is set
     from cdc_views.reader import KafkaSource, read_batch  # noqa: PLC0415
     from cdc_views.session import build_session  # noqa: PLC0415
-    from cdc_views.tables import ColumnShape, Kind, TableShape  # noqa: PLC0415
+    from cdc_views.tables import ColumnShape, Encoding, Kind, TableShape  # noqa: PLC0415
 
-    bootstrap = args.bootstrap
+    from cdc.sink.registry import RegistrySettings  # noqa: PLC0415
+
+    bootstrap, registry = args.bootstrap, args.registry
+    avro = args.format == "avro"
     if bootstrap is None:
         from cdc import dev  # noqa: PLC0415
 
-        bootstrap = dev.up(REPO / ".cdc-dev" / "bench", registry=False).kafka_bootstrap
-    prefix = f"bench{args.records}"
+        endpoints = dev.up(REPO / ".cdc-dev" / "bench", registry=avro)
+        bootstrap, registry = endpoints.kafka_bootstrap, registry or endpoints.schema_registry_url
+    if avro and registry is None:
+        raise SystemExit("error: --format avro needs a schema registry (--registry URL with --bootstrap)")
+    prefix = f"bench{args.records}" + ("avro" if avro else "")
     source = KafkaSource(bootstrap)
     topic = f"{prefix}.public.bench_orders"
     if args.fresh_topic and topic in source.existing_topics():
         AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])[topic].result(60)
         time.sleep(2)
     if topic not in source.existing_topics():
-        produce(bootstrap, prefix, args.records, args.partitions)
+        produce(bootstrap, prefix, args.records, args.partitions, registry if avro else None)
 
     shape = TableShape("public", "bench_orders", (
         ColumnShape("id", Kind.INT64, "int8"), ColumnShape("customer_id", Kind.INT32, "int4"),
@@ -165,12 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     spark = build_session("bench-spark-rebuild", master=args.master, shuffle_partitions=args.shuffle_partitions,
                           conf={"spark.driver.memory": args.driver_memory})  # fmt: skip
     total = read_batch(spark, source, [topic]).count()
-    print(f"topic {topic}: {total} records, {args.partitions} partitions; Spark {spark.version}, {args.master}")
+    print(f"topic {topic} ({args.format}): {total} records, {args.partitions} partitions; Spark {spark.version}, {args.master}")
     timings: dict[str, list[float]] = {"count": [], "rebuild": [], "rebuild again": []}
     for run in range(1, args.runs + 1):
         work = Path(tempfile.mkdtemp(prefix="bench-warehouse-"))
         try:
-            cfg = JobConfig(source, prefix, {shape.qualified: shape}, work)
+            cfg = JobConfig(source, prefix, {shape.qualified: shape}, work, Encoding(format=args.format),
+                            registry=RegistrySettings(url=registry) if avro and registry else None)  # fmt: skip
             t = time.monotonic()
             read_batch(spark, source, [topic]).count()
             timings["count"].append(time.monotonic() - t)

@@ -9,7 +9,9 @@ Commands:
 
 Where the topics are, which tables, and how values were written come from the connector's own
 configuration (``--config cdc.yaml``: kafka.bootstrap_servers, topic_prefix, tables and their keys,
-source.dsn with its password, the json section), or from the individual options, which win.
+source.dsn with its password, format, the json or avro section, schema_registry), or from the
+individual options, which win. Format avro (``--format avro --registry URL``) reads the
+Confluent wire format with the writer schemas from the registry (see ``cdc_views.avro``).
 """
 
 from __future__ import annotations
@@ -36,8 +38,6 @@ def _config_defaults(path: str | None) -> dict[str, Any]:
     from cdc.config import load_config  # noqa: PLC0415 - only with --config
 
     cfg = load_config(path)
-    if cfg.format != "json":
-        raise SystemExit(f"error: the jobs read format 'json' only; {path} has format {cfg.format!r}")
     if any(t.name is None for t in cfg.tables):  # pattern entries: the tables they select in the database now
         import psycopg  # noqa: PLC0415
 
@@ -48,6 +48,7 @@ def _config_defaults(path: str | None) -> dict[str, Any]:
                 cfg = expand_config(conn, cfg)[0]
         except (psycopg.Error, StartupError) as e:
             raise SystemExit(f"error: cannot expand the table patterns of {path}: {str(e).strip()}") from None
+    values = cfg.avro_format if cfg.format == "avro" else cfg.json_format
     return {
         "bootstrap": cfg.kafka.bootstrap_servers,
         "kafka_settings": {k: str(v) for k, v in cfg.kafka.producer.items() if k.startswith(("security.", "sasl.", "ssl."))},
@@ -55,10 +56,12 @@ def _config_defaults(path: str | None) -> dict[str, Any]:
         "tables": [t.name for t in cfg.tables],
         "keys": {t.name: list(t.key) for t in cfg.tables if t.key},
         "dsn": cfg.source.conninfo(),
-        "decimal_handling": cfg.json_format.decimal_handling,
-        "time_precision": cfg.json_format.time_precision,
-        "interval_handling": cfg.json_format.interval_handling,
-        "schemas_enable": cfg.json_format.schemas_enable,
+        "format": cfg.format,
+        "registry": cfg.schema_registry,
+        "decimal_handling": values.decimal_handling,
+        "time_precision": values.time_precision,
+        "interval_handling": values.interval_handling,
+        "schemas_enable": cfg.json_format.schemas_enable if cfg.format == "json" else False,
     }
 
 
@@ -74,6 +77,9 @@ def _common(p: argparse.ArgumentParser, *, kafka: bool = True) -> None:
     if kafka:
         p.add_argument("--bootstrap", help="Kafka bootstrap servers")
         p.add_argument("--topic-prefix")
+        p.add_argument("--format", choices=["json", "avro"], help="how the connector wrote the records (default json)")
+        p.add_argument("--registry", help="format avro: the schema registry's Confluent-compatible URL "
+                       "(Apicurio: http://host:8080/apis/ccompat/v7)")  # fmt: skip
         p.add_argument("--on-bad-record", choices=["fail", "skip"], default="fail",
                        help="a record that does not decode: fail the job (default) or skip it (counted and logged)")  # fmt: skip
         p.add_argument("--views", default="warehouse,orders,search", help="comma-separated: warehouse, orders, search")
@@ -99,15 +105,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     merged = _config_defaults(args.config)
-    for name in ("dsn", "bootstrap", "topic_prefix", "decimal_handling", "time_precision", "interval_handling"):
+    for name in ("dsn", "bootstrap", "topic_prefix", "decimal_handling", "time_precision", "interval_handling", "format"):
         value = getattr(args, name, None)
         if value is not None:
             merged[name] = value
+    if getattr(args, "registry", None):
+        from cdc.sink.registry import RegistrySettings  # noqa: PLC0415
+
+        configured = merged.get("registry")  # its credentials and TLS settings stay; the URL is validated again
+        merged["registry"] = RegistrySettings.model_validate(
+            {**(configured.model_dump() if configured else {}), "url": args.registry}
+        )
     if args.tables:
         merged["tables"] = [t.strip() for t in args.tables.split(",") if t.strip()]
     missing = [n for n in ("dsn", "tables") if not merged.get(n)]
     if args.command in ("rebuild", "stream"):
         missing += [n for n in ("bootstrap", "topic_prefix") if not merged.get(n)]
+    if args.command in ("rebuild", "stream") and merged.get("format") == "avro" and not merged.get("registry"):
+        missing.append("registry")
     if missing:
         raise SystemExit(f"error: missing {', '.join('--' + m.replace('_', '-') for m in missing)} (or give --config cdc.yaml)")
     return merged
@@ -126,6 +141,7 @@ def _job_config(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
         warehouse=args.warehouse.resolve(),
         encoding=_encoding(settings),
         on_bad_record=args.on_bad_record,
+        registry=settings.get("registry"),
     )
 
 
@@ -138,6 +154,7 @@ def _encoding(settings: dict[str, Any]) -> Any:
         time_precision=settings.get("time_precision") or defaults.time_precision,
         interval_handling=settings.get("interval_handling") or defaults.interval_handling,
         schemas_enable=bool(settings.get("schemas_enable", False)),
+        format=settings.get("format") or defaults.format,
     )
 
 

@@ -38,9 +38,20 @@ from pyspark.sql.types import StructField, StructType
 
 from cdc_views import search as search_index
 from cdc_views import views
-from cdc_views.reader import META, Changes, KafkaSource, OnBadRecord, envelopes, latest, read_stream, reduce_topics
+from cdc.sink.registry import RegistryClient, RegistrySettings
+from cdc_views.reader import (
+    META,
+    Changes,
+    KafkaSource,
+    OnBadRecord,
+    avro_schemas,
+    envelopes,
+    latest,
+    read_stream,
+    reduce_topics,
+)
 from cdc_views.tables import Encoding, TableShape
-from cdc_views.warehouse import ensure_table, merge_rows, table_path, table_schema
+from cdc_views.warehouse import ensure_table, merge_rows, table_path, table_schema, written_rows
 
 log = structlog.get_logger("cdc_views.jobs")
 
@@ -57,6 +68,10 @@ class JobConfig:
     warehouse: Path
     encoding: Encoding = field(default_factory=Encoding)
     on_bad_record: OnBadRecord = "fail"
+    registry: RegistrySettings | None = None  # format avro: where the writer and reader schemas are
+
+    def registry_client(self) -> RegistryClient | None:
+        return RegistryClient.from_settings(self.registry) if self.registry is not None else None
 
     def topic(self, name: str) -> str:
         return self.tables[name].topic(self.topic_prefix)
@@ -103,7 +118,7 @@ def merge_view(
     source = rows.withColumn("_view_hash", _row_hash(value_columns))
     if not DeltaTable.isDeltaTable(spark, str(path)):  # a first build: no MERGE needed
         source.write.format("delta").mode("errorifexists").save(str(path))
-        return spark.read.format("delta").load(str(path)).count()
+        return written_rows(spark, path)
     table = ensure_table(spark, path, source.schema)
     target = table.toDF()
     if scope is not None:
@@ -156,9 +171,13 @@ def rebuild(spark: SparkSession, cfg: JobConfig, wanted: Sequence[View] = ALL_VI
         raise ValueError(f"nothing to build: views {list(wanted)} need the tables {list(views.SHOP_TABLES)}")
     topics = {n: cfg.topic(n) for n in names}
     log.info("rebuild.started", views=list(wanted), topics=list(topics.values()), warehouse=str(cfg.warehouse))
-    reduced = reduce_topics(spark, cfg.source, list(topics.values()), cfg.encoding)
+    reduced, avro = reduce_topics(spark, cfg.source, list(topics.values()), cfg.encoding, cfg.registry_client())
+    changes: dict[str, Changes] = {}
     try:
-        by_topic = Changes.of_topics(reduced, {topics[n]: cfg.tables[n] for n in names}, cfg.encoding, cfg.on_bad_record)
+        by_topic = Changes.of_topics(
+            reduced, {topics[n]: cfg.tables[n] for n in names}, cfg.encoding, cfg.on_bad_record, avro
+        )
+        reduced.unpersist()  # the decoded records are persisted now: the views read those
         changes = {n: by_topic[topics[n]] for n in names}
         summary["bad_records_skipped"] = {n: c.bad_count for n, c in changes.items() if c.bad_count}
         if "warehouse" in wanted:
@@ -179,6 +198,8 @@ def rebuild(spark: SparkSession, cfg: JobConfig, wanted: Sequence[View] = ALL_VI
                 )
     finally:
         reduced.unpersist()
+        for change in changes.values():
+            change.unpersist()
     summary["seconds"] = round(time.monotonic() - started, 2)
     log.info("rebuild.finished", **{k.replace(" ", "_"): v for k, v in summary.items()})
     return summary
@@ -294,14 +315,17 @@ def micro_batch_writer(
     topics = cfg.topics
     by_topic = {t: n for n, t in topics.items()}
     shop = views.has_shop_tables(cfg.tables) and ("orders" in wanted or "search" in wanted)
+    registry = cfg.registry_client()  # one client: schemas by id are fetched once for all micro-batches
 
     def write(batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        reduced = latest(envelopes(batch, cfg.encoding)).persist(StorageLevel.MEMORY_AND_DISK)
+        avro = avro_schemas(batch, cfg.encoding, registry)
+        reduced = latest(envelopes(batch, cfg.encoding, avro)).persist(StorageLevel.MEMORY_AND_DISK)
+        changes: dict[str, Changes] = {}
         try:
             present = [by_topic[r[0]] for r in reduced.select("topic").distinct().collect() if r[0] in by_topic]
             found = Changes.of_topics(reduced, {topics[n]: cfg.tables[n] for n in present}, cfg.encoding,
-                                      cfg.on_bad_record)  # fmt: skip
+                                      cfg.on_bad_record, avro)  # fmt: skip
             changes = {n: found[topics[n]] for n in present}
             touched = Touched()
             if shop:
@@ -315,6 +339,8 @@ def micro_batch_writer(
                      touched_products=len(touched.products), seconds=round(time.monotonic() - started, 2))  # fmt: skip
         finally:
             reduced.unpersist()
+            for change in changes.values():
+                change.unpersist()
 
     return write
 

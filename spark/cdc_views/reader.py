@@ -4,20 +4,22 @@ A table's topic is read with Spark's Kafka source (batch from the earliest offse
 and reduced in three steps, each a plain DataFrame transformation, so batch jobs and streaming
 micro-batches share them:
 
-1. ``envelopes(raw)``: one row per record: the key's text (the row identity), the LSNs from the
-   ``cdc.lsn``/``cdc.commit_lsn`` headers (the envelope's ``source.lsn`` when a header is missing),
-   ``op``, the JSON text of ``after``, and what the record is: ``row`` (c/u/r), ``delete`` (d or a
-   tombstone), ``truncate`` (a marker: key ``{"__cdc_truncate_partition":p}``, op ``t``) or ``bad``
-   (key or value that is not what the connector writes; with a reason).
+1. ``envelopes(raw, encoding, avro)``: one row per record: the key's text (the row identity), the
+   LSNs from the ``cdc.lsn``/``cdc.commit_lsn`` headers (the envelope's ``source.lsn`` when a header
+   is missing), ``op``, ``after`` (JSON: its text; Avro: the value's bytes), and what the record is:
+   ``row`` (c/u/r), ``delete`` (d or a tombstone), ``truncate`` (a marker: key
+   ``{"__cdc_truncate_partition":p}``, op ``t``) or ``bad`` (key or value that is not what the
+   connector writes; with a reason).
 2. ``latest(envelopes)``: the last record of each key in offset order (a key lives in one
    partition); markers keep their latest per partition; every bad record stays, on its own.
-3. ``decode_rows(latest, table)``: the ``after`` of each row parsed and converted to typed columns
-   (see ``decode``); a present value that does not convert makes the record ``bad``.
+3. ``decode_rows(latest, table, encoding, avro)``: the ``after`` of each row parsed and converted to
+   typed columns (see ``decode``); a present value that does not convert makes the record ``bad``.
 
-``Changes.of(...)`` then takes the truncate markers (a marker at offset o of partition p discards
-every record of p below o), collects bad records, and fails with ``UndecodableRecords`` (partition
-and offset of each, up to a limit, and the count) unless ``on_bad_record="skip"``, in which case
-they are left out, counted and logged. Superseded records are checked as envelopes only.
+``Changes.of(...)`` then persists the decoded records, takes the truncate markers (a marker at offset
+o of partition p discards every record of p below o), collects bad records, and fails with
+``UndecodableRecords`` (partition and offset of each, up to a limit, and the count) unless
+``on_bad_record="skip"``, in which case they are left out, counted and logged. Superseded records
+are checked as envelopes only. ``Changes.unpersist()`` frees the decoded records.
 
 Columns of the reduced rows: the table's columns, then the ``META`` columns:
 ``_cdc_key`` (key text), ``_cdc_partition``, ``_cdc_offset``, ``_cdc_lsn``, ``_cdc_commit_lsn``
@@ -25,10 +27,14 @@ Columns of the reduced rows: the table's columns, then the ``META`` columns:
 ``_cdc_action``: ``upsert``, ``delete`` or ``keep`` (a skipped bad record of a known key: the view
 keeps what it has for that key).
 
-An Avro path fits step 1 only: ``envelopes`` would take the value through ``from_avro`` (Confluent
-wire format: magic byte 0, 4-byte schema id, Avro body; the schema fetched from the registry by
-id before the job starts) instead of ``from_json``; steps 2 and 3 are format-agnostic except that
-Avro values are typed already. It is not implemented: the connector writes JSON only.
+Formats (``Encoding.format``): ``json`` (Debezium JSON, with or without the schema block) and
+``avro`` (Confluent wire format: magic byte 0, 4-byte schema id, Avro body). For Avro,
+``avro_schemas(raw, encoding, registry)`` first finds the schema ids in the records and fetches
+their schemas (``cdc_views.avro.AvroSchemas``); step 1 decodes keys and envelopes with Spark's
+``from_avro`` per writer schema, step 3 resolves the latest records' ``after`` to the topic's
+latest value schema; step 2 and everything after are the same for both formats. A wrong magic
+byte, an unknown schema id or a body that does not decode is a ``bad`` record; a registry that
+does not answer is ``RegistryUnavailable``.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 from confluent_kafka import KafkaException
@@ -48,6 +54,10 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from cdc_views.decode import decode, failed, row_schema
 from cdc_views.tables import Encoding, TableShape
+
+if TYPE_CHECKING:
+    from cdc.sink.registry import RegistryClient
+    from cdc_views.avro import AvroSchemas
 
 log = structlog.get_logger("cdc_views.reader")
 
@@ -75,6 +85,10 @@ class ReadError(RuntimeError):
 
 class TopicNotFound(ReadError):
     pass
+
+
+class RegistryUnavailable(ReadError):
+    """Format avro: the schema registry does not answer (or refuses); names the URL and the fix."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,31 +188,74 @@ def _header(name: str) -> Column:
     return F.element_at(matches, 1)["value"].cast(StringType())
 
 
-def envelopes(raw: DataFrame, encoding: Encoding) -> DataFrame:
-    """Kafka records -> one classified row per record (see the module docstring)."""
-    key = F.col("key").cast(StringType())
-    value = F.col("value").cast(StringType())
-    parsed = F.from_json(value, _WRAPPED_ENVELOPE)["payload"] if encoding.schemas_enable else F.from_json(value, _ENVELOPE)
-    key_map = F.from_json(key, "map<string,string>")
-    if encoding.schemas_enable:
-        key_map = F.from_json(F.get_json_object(key, "$.payload"), "map<string,string>")
-        key = F.get_json_object(key, "$.payload")
+def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = None) -> DataFrame:
+    """Kafka records -> one classified row per record (see the module docstring).
+
+    ``encoding.format == "avro"`` needs ``avro``, the schemas of these records (``AvroSchemas.scan``);
+    ``after`` is then the value's bytes, decoded by ``decode_rows`` for the latest records only.
+    """
     has_headers = "headers" in raw.columns
     lsn_header = _header("cdc.lsn").cast(LongType()) if has_headers else F.lit(None).cast(LongType())
     commit_header = _header("cdc.commit_lsn").cast(LongType()) if has_headers else F.lit(None).cast(LongType())
-    df = raw.select(
-        "topic",
-        "partition",
-        "offset",
-        key.alias("key_text"),
-        key_map.alias("key_map"),
-        value.isNull().alias("tombstone"),
-        parsed.alias("env"),
-        lsn_header.alias("lsn_header"),
-        commit_header.alias("commit_header"),
-    )
+    if encoding.format == "avro":
+        if avro is None:
+            raise ValueError("format avro: envelopes() needs the records' schemas (AvroSchemas.scan)")
+        from cdc_views.avro import schema_id  # noqa: PLC0415 - spark-avro only for Avro topics
+
+        # three projections, so that each schema id and each decode is computed once per record
+        ids = raw.select(
+            "topic", "partition", "offset", "key", "value",
+            schema_id(F.col("key")).alias("kid"),
+            schema_id(F.col("value")).alias("vid"),
+            lsn_header.alias("lsn_header"),
+            commit_header.alias("commit_header"),
+        )  # fmt: skip
+        kid, vid = F.col("kid"), F.col("vid")
+        decoded = ids.select(
+            "*", avro.key_text(F.col("key"), kid).alias("key_text"), avro.envelope(F.col("value"), vid).alias("env")
+        )
+        df = decoded.select(
+            "topic", "partition", "offset", "key_text",
+            F.col("key").isNull().alias("key_missing"),
+            F.when(F.col("key").isNotNull(), avro.key_problem(kid, F.col("key_text"))).alias("key_problem"),
+            avro.is_marker(kid).alias("is_marker"),
+            F.col("value").isNull().alias("tombstone"),
+            "env",
+            F.col("value").alias("after"),
+            "lsn_header", "commit_header",
+            F.when(F.col("value").isNotNull(), avro.value_problem(vid, F.col("env"))).alias("value_problem"),
+        )  # fmt: skip
+    else:
+        key = F.col("key").cast(StringType())
+        value = F.col("value").cast(StringType())
+        parsed = F.from_json(value, _WRAPPED_ENVELOPE)["payload"] if encoding.schemas_enable else F.from_json(value, _ENVELOPE)
+        key_map = F.from_json(key, "map<string,string>")
+        if encoding.schemas_enable:
+            key_map = F.from_json(F.get_json_object(key, "$.payload"), "map<string,string>")
+            key = F.get_json_object(key, "$.payload")
+        # two projections, so that each from_json runs once per record (Spark keeps a projection
+        # whose expensive columns are referenced several times apart from the next one)
+        parsed_df = raw.select(
+            "topic", "partition", "offset",
+            key.alias("key_text"),
+            key_map.alias("key_map"),
+            value.isNull().alias("tombstone"),
+            parsed.alias("env"),
+            lsn_header.alias("lsn_header"),
+            commit_header.alias("commit_header"),
+        )  # fmt: skip
+        df = parsed_df.select(
+            "topic", "partition", "offset", "key_text",
+            F.col("key_text").isNull().alias("key_missing"),
+            F.when(F.col("key_map").isNull(), F.lit("key is not a JSON object")).alias("key_problem"),
+            F.col("key_map").getItem(TRUNCATE_KEY_FIELD).isNotNull().alias("is_marker"),
+            "tombstone", "env",
+            F.col("env.after").alias("after"),
+            "lsn_header", "commit_header",
+            F.lit(None).cast(StringType()).alias("value_problem"),
+        )  # fmt: skip
     op = F.col("env.op")
-    record, reason = _classify(op)
+    record, reason = _classify(op, check_after=encoding.format != "avro")
     lsn = F.coalesce(F.col("lsn_header"), F.col("env.source.lsn"))
     return df.select(
         "topic",
@@ -211,29 +268,34 @@ def envelopes(raw: DataFrame, encoding: Encoding) -> DataFrame:
         lsn.alias("lsn"),
         F.coalesce(F.col("commit_header"), lsn).alias("commit_lsn"),
         F.col("env.source.ts_ms").alias("ts_ms"),
-        F.col("env.after").alias("after"),
+        F.col("after"),
     )
 
 
-def _classify(op: Column) -> tuple[Column, Column]:
-    is_marker = F.col("key_map").getItem(TRUNCATE_KEY_FIELD).isNotNull()
-    checks: list[tuple[Column, str, str | None]] = [
-        (F.col("key_text").isNull(), "bad", "null key (a change topic's records are all keyed)"),
-        (F.col("key_map").isNull(), "bad", "key is not a JSON object"),
+def _classify(op: Column, *, check_after: bool) -> tuple[Column, Column]:
+    """(record kind, reason) of an envelope row; ``check_after``: a c/u/r needs a non-null ``after``
+    (Avro rows are decoded after the reduction, where a missing ``after`` is reported)."""
+    is_marker = F.col("is_marker")
+    no_after = F.col("after").isNull() if check_after else F.lit(False)
+    checks: list[tuple[Column, str, str | Column | None]] = [
+        (F.col("key_missing"), "bad", "null key (a change topic's records are all keyed)"),
+        (F.col("key_problem").isNotNull(), "bad", F.col("key_problem")),
         (F.col("tombstone") & is_marker, "bad", "tombstone with a truncate marker's key"),
         (F.col("tombstone"), "delete", None),
+        (F.col("value_problem").isNotNull(), "bad", F.col("value_problem")),
         (F.col("env").isNull() | op.isNull(), "bad", "value is not a Debezium envelope (no op)"),
         (is_marker & (op == "t"), "truncate", None),
         (is_marker, "bad", f"key has {TRUNCATE_KEY_FIELD} but op is not 't'"),
         (op == "d", "delete", None),
-        (op.isin("c", "u", "r") & F.col("env.after").isNull(), "bad", "op c/u/r without an 'after' row"),
+        (op.isin("c", "u", "r") & no_after, "bad", "op c/u/r without an 'after' row"),
         (op.isin("c", "u", "r"), "row", None),
     ]
     record: Column = F.lit("bad")
     reason: Column = F.concat(F.lit("unexpected op "), F.coalesce(op, F.lit("null")))
     for condition, kind, why in reversed(checks):
+        text = why if isinstance(why, Column) else F.lit(why).cast(StringType())
         record = F.when(condition, F.lit(kind)).otherwise(record)
-        reason = F.when(condition, F.lit(why).cast(StringType())).otherwise(reason)
+        reason = F.when(condition, text).otherwise(reason)
     return record, reason
 
 
@@ -257,21 +319,45 @@ def latest(env: DataFrame) -> DataFrame:
 # --------------------------------------------------------------------------- step 3
 
 
-def decode_rows(reduced: DataFrame, table: TableShape, encoding: Encoding) -> DataFrame:
-    """Rows with typed columns; ``record`` becomes ``bad`` (with the column named) where a value fails."""
-    parsed = reduced.withColumn("_row", F.from_json(F.col("after"), row_schema(table.columns)))
+def decode_rows(
+    reduced: DataFrame, table: TableShape, encoding: Encoding, avro: AvroSchemas | None = None, *, topic: str = ""
+) -> DataFrame:
+    """Rows with typed columns; ``record`` becomes ``bad`` (with the column named) where a value fails.
+
+    Avro: ``reduced`` holds ``topic`` only; its rows are resolved to the topic's latest value schema.
+    """
     typed: list[Column] = []
     failures: list[tuple[Column, str]] = []
-    for column in table.columns:
-        raw = F.col("_row").getField(column.name)
-        value = decode(raw, column, encoding)
-        typed.append(value.alias(column.name))
-        failures.append((failed(raw, value, column), column.name))
+    if encoding.format == "avro":
+        if avro is None:
+            raise ValueError("format avro: decode_rows() needs the records' schemas (AvroSchemas.scan)")
+        from cdc_views.avro import column_value  # noqa: PLC0415 - spark-avro only for Avro topics
+
+        after = avro.after(topic, F.col("after"))
+        if after is None:  # no value was ever written: only deletes and markers
+            parsed = reduced.withColumn("_row", F.lit(None).cast(StructType([])))
+        else:
+            parsed = reduced.withColumn("_row", F.when(F.col("record") == "row", after))
+        row_type = parsed.schema["_row"].dataType
+        assert isinstance(row_type, StructType)
+        for column in table.columns:
+            value, bad = column_value(F.col("_row"), row_type, column, encoding)
+            typed.append(value.alias(column.name))
+            failures.append((bad, column.name))
+        missing = "'after' is missing or does not decode with the topic's latest value schema"
+    else:
+        parsed = reduced.withColumn("_row", F.from_json(F.col("after"), row_schema(table.columns)))
+        for column in table.columns:
+            raw = F.col("_row").getField(column.name)
+            value = decode(raw, column, encoding)
+            typed.append(value.alias(column.name))
+            failures.append((failed(raw, value, column), column.name))
+        missing = "'after' is not a JSON object"
     row_ok = (F.col("record") == "row") & F.col("_row").isNotNull()
     reason: Column = F.lit(None).cast(StringType())
     for condition, name in reversed(failures):
         reason = F.when(condition, F.lit(f"column {name!r}: value cannot be converted")).otherwise(reason)
-    reason = F.when(F.col("record") == "row", F.when(F.col("_row").isNull(), F.lit("'after' is not a JSON object")).otherwise(reason))
+    reason = F.when(F.col("record") == "row", F.when(F.col("_row").isNull(), F.lit(missing)).otherwise(reason))
     decoded = parsed.select(
         "topic", "partition", "offset", "key", "record", "reason", "op", "lsn", "commit_lsn", "ts_ms",
         reason.alias("_decode_error"),
@@ -298,6 +384,12 @@ class Changes:
     truncates: dict[int, int]  # partition -> offset of its latest truncate marker
     bad_count: int
     bad: list[BadRecord]
+    decoded: DataFrame | None = None  # the persisted decoded records ``rows`` reads; see ``unpersist``
+
+    def unpersist(self) -> None:
+        """Free the decoded records ``rows`` reads (call when the view is written)."""
+        if self.decoded is not None:
+            self.decoded.unpersist()
 
     @classmethod
     def of(
@@ -308,9 +400,10 @@ class Changes:
         *,
         topic: str,
         on_bad_record: OnBadRecord = "fail",
+        avro: AvroSchemas | None = None,
     ) -> Changes:
         """From one topic's reduced records (``latest``); persist ``reduced``: it is read twice."""
-        return cls.of_topics(reduced, {topic: table}, encoding, on_bad_record)[topic]
+        return cls.of_topics(reduced, {topic: table}, encoding, on_bad_record, avro)[topic]
 
     @classmethod
     def of_topics(
@@ -319,21 +412,37 @@ class Changes:
         tables: Mapping[str, TableShape],
         encoding: Encoding,
         on_bad_record: OnBadRecord = "fail",
+        avro: AvroSchemas | None = None,
     ) -> dict[str, Changes]:
         """For each ``topic: table`` of ``reduced`` (several topics), checked in one Spark job.
 
         ``UndecodableRecords`` (for the first topic that has any) unless ``on_bad_record='skip'``.
+        ``avro``: the schemas of the records ``reduced`` came from (format avro).
         """
-        decoded = {t: decode_rows(reduced.where(F.col("topic") == t), table, encoding) for t, table in tables.items()}
-        summaries = _summaries(list(decoded.values()))
-        out: dict[str, Changes] = {}
-        for topic, table in tables.items():
-            truncates, bad_count, bad = summaries.get(topic, ({}, 0, []))
-            if bad_count and on_bad_record == "fail":
-                raise UndecodableRecords(topic, bad_count, bad)
-            if bad_count:
-                log.warning("reader.bad_records_skipped", topic=topic, count=bad_count, first=[str(b) for b in bad[:5]])
-            out[topic] = cls(table, _rows(decoded[topic], table, truncates), truncates, bad_count, bad)
+        # Persisted, each record is decoded once for the check and the rows; and a filter on ``record``
+        # (a function of every decoded column) is not pushed below the decoding, where Spark would
+        # inline the from_json/from_avro of ``after`` once per reference to it.
+        decoded = {
+            t: decode_rows(reduced.where(F.col("topic") == t), table, encoding, avro, topic=t).persist(
+                StorageLevel.MEMORY_AND_DISK
+            )
+            for t, table in tables.items()
+        }
+        try:
+            summaries = _summaries(list(decoded.values()))
+            out: dict[str, Changes] = {}
+            for topic, table in tables.items():
+                truncates, bad_count, bad = summaries.get(topic, ({}, 0, []))
+                if bad_count and on_bad_record == "fail":
+                    raise UndecodableRecords(topic, bad_count, bad)
+                if bad_count:
+                    log.warning("reader.bad_records_skipped", topic=topic, count=bad_count, first=[str(b) for b in bad[:5]])
+                rows = _rows(decoded[topic], table, truncates)
+                out[topic] = cls(table, rows, truncates, bad_count, bad, decoded[topic])
+        except BaseException:
+            for frame in decoded.values():
+                frame.unpersist()
+            raise
         return out
 
 
@@ -390,6 +499,20 @@ def _truncated(truncates: Mapping[int, int]) -> Column:
     return condition
 
 
+def avro_schemas(raw: DataFrame, encoding: Encoding, registry: RegistryClient | None) -> AvroSchemas | None:
+    """The schemas of ``raw``'s records for format avro (one Spark job and registry look-ups), else None."""
+    if encoding.format != "avro":
+        return None
+    if registry is None:
+        raise ReadError("format avro needs the schema registry: give --registry URL, or a --config with schema_registry.url")
+    from cdc_views.avro import AvroSchemaError, AvroSchemas  # noqa: PLC0415 - spark-avro only for Avro topics
+
+    try:
+        return AvroSchemas.scan(raw, registry)
+    except AvroSchemaError as exc:
+        raise RegistryUnavailable(str(exc)) from None
+
+
 def table_changes(
     spark: SparkSession,
     source: KafkaSource,
@@ -397,16 +520,28 @@ def table_changes(
     topic: str,
     encoding: Encoding,
     on_bad_record: OnBadRecord = "fail",
+    registry: RegistryClient | None = None,
 ) -> Changes:
     """A batch read of one table's topic from offset 0, reduced to its latest state (not cached)."""
-    reduced = latest(envelopes(read_batch(spark, source, [topic]), encoding))
-    return Changes.of(reduced, table, encoding, topic=topic, on_bad_record=on_bad_record)
+    raw = read_batch(spark, source, [topic])
+    avro = avro_schemas(raw, encoding, registry)
+    reduced = latest(envelopes(raw, encoding, avro))
+    return Changes.of(reduced, table, encoding, topic=topic, on_bad_record=on_bad_record, avro=avro)
 
 
-def reduce_topics(spark: SparkSession, source: KafkaSource, topics: Sequence[str], encoding: Encoding) -> DataFrame:
-    """One batch read of several topics from offset 0, reduced (``latest``) and persisted.
+def reduce_topics(
+    spark: SparkSession,
+    source: KafkaSource,
+    topics: Sequence[str],
+    encoding: Encoding,
+    registry: RegistryClient | None = None,
+) -> tuple[DataFrame, AvroSchemas | None]:
+    """One batch read of several topics from offset 0, reduced (``latest``) and persisted; and, for
+    format avro, the records' schemas (``registry`` needed), which ``Changes.of_topics`` takes.
 
     Take a topic's part with ``.where(F.col("topic") == topic)``; ``unpersist()`` when done.
     """
-    reduced = latest(envelopes(read_batch(spark, source, topics), encoding))
-    return reduced.persist(StorageLevel.MEMORY_AND_DISK)
+    raw = read_batch(spark, source, topics)
+    avro = avro_schemas(raw, encoding, registry)
+    reduced = latest(envelopes(raw, encoding, avro))
+    return reduced.persist(StorageLevel.MEMORY_AND_DISK), avro

@@ -2,9 +2,9 @@
 
 The record values carry no types (JSON without the schema block), so the column types come from
 the source database's catalog, the same authority the connector used: ``read_shapes(dsn, tables)``.
-``Encoding`` holds the connector's JSON settings that change how a value is written
-(``json.decimal_handling``, ``json.time_precision``, ``json.interval_handling``,
-``json.schemas_enable``); jobs must be given the same settings as the connector.
+``Encoding`` holds the connector's settings that change how a value is written (``format``, and
+``decimal_handling``, ``time_precision``, ``interval_handling`` of its ``json`` or ``avro``
+section, ``json.schemas_enable``); jobs must be given the same settings as the connector.
 """
 
 from __future__ import annotations
@@ -41,12 +41,17 @@ class Kind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Encoding:
-    """The connector's JSON settings that decide how values were written (its ``json`` section)."""
+    """How the connector wrote the records: its ``format`` and that format's section (``json``/``avro``).
+
+    ``format="avro"``: Confluent wire format, schemas in the registry (``cdc_views.avro``); the
+    value settings mean the same as in JSON and ``schemas_enable`` does not apply.
+    """
 
     decimal_handling: Literal["precise", "string", "double"] = "precise"
     time_precision: Literal["adaptive", "iso"] = "adaptive"
     interval_handling: Literal["numeric", "string"] = "numeric"
     schemas_enable: bool = False
+    format: Literal["json", "avro"] = "json"
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,6 +94,15 @@ def ensure_table(spark: SparkSession, path: Path, schema: StructType) -> DeltaTa
     return table
 
 
+def written_rows(spark: SparkSession, path: Path) -> int:
+    """Rows the Delta table's latest commit wrote (its ``numOutputRows``; no second read of the data)."""
+    last = DeltaTable.forPath(spark, str(path)).history(1).select("operationMetrics").first()
+    metrics = last["operationMetrics"] if last is not None else None
+    if metrics and "numOutputRows" in metrics:
+        return int(metrics["numOutputRows"])
+    return spark.read.format("delta").load(str(path)).count()
+
+
 def effective_changes(rows: DataFrame, target: DataFrame, *, full: bool) -> DataFrame:
     """The rows of ``rows`` that change ``target``, plus (``full``) deletes of keys ``rows`` lacks.
 
@@ -132,7 +141,7 @@ def merge_rows(
     if not DeltaTable.isDeltaTable(spark, str(path)):  # a first build: no MERGE needed
         live = rows.where(F.col("_cdc_action") == "upsert").select(*columns)
         live.write.format("delta").mode("errorifexists").save(str(path))
-        return spark.read.format("delta").load(str(path)).count()
+        return written_rows(spark, path)
     table = ensure_table(spark, path, schema)
     if truncates:
         stale = functools.reduce(

@@ -239,6 +239,13 @@ class RegistryClient:
 
     def schema_text(self, schema_id: int) -> str:
         """The schema registered with id ``schema_id`` (what a consumer decodes a record with)."""
+        text = self.find_schema_text(schema_id)
+        if text is None:
+            raise RegistryError(f"the schema registry at {self._url} has no schema with id {schema_id} (HTTP 404)")
+        return text
+
+    def find_schema_text(self, schema_id: int) -> str | None:
+        """The schema registered with id ``schema_id``, or None when the registry does not know the id."""
         text = self._texts.get(schema_id)
         if text is not None:
             return text
@@ -247,6 +254,8 @@ class RegistryClient:
             text = str(body["schema"])
             self._texts[schema_id] = text
             return text
+        if status == 404:
+            return None
         raise self._unexpected(f"reading the schema with id {schema_id}", status, body, None)
 
     def is_compatible(self, subject: str, schema: Mapping[str, Any] | str) -> bool:
