@@ -32,6 +32,7 @@ from pathlib import Path
 import psycopg
 import yaml
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from decoder import PUBLICATION, TABLE, create_slots, read_with_cdc, setup_database, write_rows  # bench/decoder.py
 
@@ -65,7 +66,7 @@ def daemon(config: dict[str, object], workdir: Path, name: str) -> tuple[subproc
 
 
 def end_to_end(dsn: str, bootstrap: str, slot: str, target: str, workdir: Path, fmt: str, registry: str | None) -> float:
-    prefix = f"bench_{slot}"
+    prefix = f"bench_{RUN}_{slot}"
     config: dict[str, object] = {
         "source": {"dsn": dsn, "slot": slot, "publication": PUBLICATION},
         "tables": [TABLE],
@@ -74,6 +75,7 @@ def end_to_end(dsn: str, bootstrap: str, slot: str, target: str, workdir: Path, 
         "format": fmt,
         "http": {"enabled": False},
         "status_interval_s": 1.0,
+        "snapshot": {"mode": "no_data"},  # the slots were made before the workload: stream it, read nothing
     }
     if fmt == "avro":
         config["schema_registry"] = {"url": registry}
@@ -99,7 +101,7 @@ def end_to_end(dsn: str, bootstrap: str, slot: str, target: str, workdir: Path, 
 def latency(dsn: str, bootstrap: str, workdir: Path, seconds: float, rate: int) -> list[float]:
     slot = "bench_latency"
     create_slots(dsn, [slot])
-    prefix = "bench_latency"
+    prefix = f"bench_{RUN}_latency"
     config = {
         "source": {"dsn": dsn, "slot": slot, "publication": PUBLICATION},
         "tables": [TABLE],
@@ -107,6 +109,7 @@ def latency(dsn: str, bootstrap: str, workdir: Path, seconds: float, rate: int) 
         "topic_prefix": prefix,
         "http": {"enabled": False},
         "status_interval_s": 1.0,
+        "snapshot": {"mode": "no_data"},  # only the latency workload: not the rows written before
     }
     proc, _ = daemon(config, workdir, slot)
     topic = f"{prefix}.{TABLE}"
@@ -167,6 +170,21 @@ def latency(dsn: str, bootstrap: str, workdir: Path, seconds: float, rate: int) 
     return samples
 
 
+# Topic prefixes are unique per invocation: a progress topic left by an earlier run (its table had
+# another OID in the database recreated since) would make the daemon snapshot the table again while
+# it is being measured.
+RUN = time.strftime("%Y%m%d%H%M%S")
+
+
+def drop_bench_topics(bootstrap: str) -> None:
+    """Delete the topics earlier invocations left (a 1M-row run leaves ~1 GB per format)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    old = [t for t in admin.list_topics(timeout=10).topics if t.startswith("bench_") and not t.startswith(f"bench_{RUN}")]
+    if old:
+        for future in admin.delete_topics(old, operation_timeout=30).values():
+            future.result()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -181,6 +199,7 @@ def main() -> int:
     if "avro" in formats and endpoints.schema_registry_url is None:
         raise SystemExit("no schema registry could be started: run with --formats json")
     dsn = setup_database(endpoints.postgres_dsn)
+    drop_bench_topics(endpoints.kafka_bootstrap)
     runs = list(range(args.runs))
     create_slots(dsn, [f"bench_dec_{i}" for i in runs] + [f"bench_{f}_{i}" for f in formats for i in runs])
     t0 = time.perf_counter()
