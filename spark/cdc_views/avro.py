@@ -45,7 +45,7 @@ from pyspark.sql.avro.functions import from_avro
 from pyspark.sql.types import ArrayType, BinaryType, DataType, DecimalType, StringType, StructType
 
 from cdc.sink.avro import avro_field_name
-from cdc.sink.registry import RegistryClient, RegistryError
+from cdc.sink.registry import RegistryClient, RegistryError, named_types
 from cdc_views.decode import decode, spark_type
 from cdc_views.tables import ColumnShape, Encoding, Kind, TableShape
 
@@ -80,35 +80,6 @@ def body(data: Column) -> Column:
 # --------------------------------------------------------------------------- schemas as Spark reads them
 
 
-def _named_types(schema: Any) -> dict[str, Any]:
-    """Full name -> definition of every named type (records, enums, fixed) in a schema document."""
-    names: dict[str, Any] = {}
-
-    def walk(node: Any, namespace: str) -> None:
-        if isinstance(node, list):
-            for branch in node:
-                walk(branch, namespace)
-        elif isinstance(node, dict):
-            kind = node.get("type")
-            if kind in ("record", "enum", "fixed") and isinstance(node.get("name"), str):
-                name = node["name"]
-                space = node.get("namespace", namespace) if "." not in name else name.rpartition(".")[0]
-                full = name if "." in name else (f"{space}.{name}" if space else name)
-                names[full] = node
-                namespace = space or ""
-            for f in node.get("fields", []) if kind == "record" else []:
-                walk(f.get("type"), namespace)
-            if kind == "array":
-                walk(node.get("items"), namespace)
-            elif kind == "map":
-                walk(node.get("values"), namespace)
-            elif isinstance(kind, dict | list):
-                walk(kind, namespace)
-
-    walk(schema, schema.get("namespace", "") if isinstance(schema, dict) else "")
-    return names
-
-
 def _inline(node: Any, names: Mapping[str, Any], namespace: str) -> Any:
     """``node`` with a reference to a named type replaced by its definition (a field kept alone needs it)."""
     if isinstance(node, list):
@@ -137,7 +108,7 @@ def _spark_ready(node: Any) -> Any:
 
 def _pruned(schema: dict[str, Any], keep: Mapping[str, Iterable[str] | None]) -> dict[str, Any]:
     """The envelope record with only the ``keep`` fields (a nested record's field list, or all of it)."""
-    names = _named_types(schema)
+    names = named_types(schema)
     namespace = schema.get("namespace", "")
     fields = []
     for f in schema["fields"]:

@@ -16,8 +16,6 @@ for ``spark-submit``).
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
@@ -25,12 +23,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 import structlog
+
+from cdc.dev._proc import cache_dir, file_lock
 
 log = structlog.get_logger("cdc_views.jars")
 
@@ -66,13 +65,7 @@ class Versions:
 
 def cache_root() -> Path:
     """``$CDC_CACHE_DIR/spark-jars`` (default ``$XDG_CACHE_HOME/cdc`` or ``~/.cache/cdc``), as the dev services do."""
-    env = os.environ.get("CDC_CACHE_DIR")
-    if env:
-        base = Path(env).expanduser()
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        base = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "cdc"
-    return (base / "spark-jars").resolve()
+    return cache_dir() / "spark-jars"
 
 
 def target_dir(versions: Versions | None = None) -> Path:
@@ -95,18 +88,6 @@ def job_jars(versions: Versions | None = None) -> list[Path]:
     return jars
 
 
-@contextlib.contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-
-
 def _maven() -> str:
     mvn = shutil.which("mvn")
     if mvn is None:
@@ -121,7 +102,7 @@ def fetch(versions: Versions | None = None) -> list[Path]:
     if (target / ".complete").exists():
         return job_jars(v)
     root = target.parent
-    with _lock(root / ".lock"):
+    with file_lock(root / ".lock"):
         if (target / ".complete").exists():
             return job_jars(v)
         work = Path(tempfile.mkdtemp(prefix=".fetch-", dir=root))

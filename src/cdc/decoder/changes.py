@@ -508,20 +508,7 @@ class ChangeDecoder:
                 return None
         except _FAST_PATH_DECLINES:
             return None
-        self._ordinal += 1
-        return change_event(
-            op,
-            rel.schema,
-            before,
-            after,
-            self._commit_lsn,
-            lsn,
-            self._xid,
-            self._ordinal,
-            self._commit_ts,
-            False,
-            _NOTHING_UNCHANGED,
-        )
+        return self._change(op, rel, before, after, lsn, _NOTHING_UNCHANGED)
 
     # -- helpers --------------------------------------------------------------------------------
 

@@ -512,8 +512,8 @@ def _invalid(writer: _Writer, datum: dict[str, Any], what: str, exc: Exception) 
         fastavro.validation.validate(datum, writer.parsed, raise_errors=True)
     except fastavro.validation.ValidationError as validation:
         detail = "; ".join(str(e) for e in validation.errors) or str(validation)
-    except Exception:  # noqa: BLE001 - the writer's own message is still there
-        pass
+    except (TypeError, ValueError, KeyError, AttributeError, OverflowError):
+        pass  # the validator itself tripped on the datum: the writer's own message (detail) is still there
     return SerializationError(
         f"{what} does not fit its Avro schema (subject {writer.subject!r}, id {writer.schema_id}): {detail}"
     )

@@ -472,11 +472,12 @@ def describe_changes(old: Any, new: Any) -> list[str]:
     Only the shape matters here (names, types, defaults); the registry decides compatibility.
     """
     out: list[str] = []
-    _diff(old, new, _names(old), _names(new), "", set(), out)
+    _diff(old, new, named_types(old), named_types(new), "", set(), out)
     return out
 
 
-def _names(schema: Any) -> dict[str, Any]:
+def named_types(schema: Any) -> dict[str, Any]:
+    """Full name -> definition of every named type (records, enums, fixed) in a schema document."""
     names: dict[str, Any] = {}
 
     def walk(node: Any, namespace: str) -> None:

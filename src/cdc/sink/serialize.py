@@ -1290,10 +1290,9 @@ def truncate_key_schema(topic: str) -> ConnectSchema:
 
 
 def row_encoder(fields: Sequence[_Field]) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """``_encode_row`` for one plan's fields, generated with the column loop unrolled (it runs per row).
-
-    Same result and same exceptions as ``_encode_row(fields, row)``.
-    """
+    """A function encoding one row of the plan's fields, generated with the column loop unrolled (it runs
+    per row): NULL stays None, an unchanged TOASTed value becomes the field's placeholder, any other value
+    goes through the field's encoder (or as it is when there is none). Encoders' errors propagate."""
     lines = ["def encode(row, toast=toast):"]
     names: dict[str, Any] = {"toast": UNCHANGED_TOAST}
     for i, (name, encode, placeholder) in enumerate(fields):
@@ -1309,22 +1308,6 @@ def row_encoder(fields: Sequence[_Field]) -> Callable[[dict[str, Any]], dict[str
     exec("\n".join(lines), names)  # noqa: S102 - column names enter the source only through repr()
     encoder: Callable[[dict[str, Any]], dict[str, Any]] = names["encode"]
     return encoder
-
-
-def _encode_row(fields: Sequence[_Field], row: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    toast = UNCHANGED_TOAST
-    for name, encode, placeholder in fields:
-        value = row.get(name)
-        if value is None:
-            out[name] = None
-        elif value is toast:
-            out[name] = placeholder
-        elif encode is None:
-            out[name] = value
-        else:
-            out[name] = encode(value)
-    return out
 
 
 def _encode_key(table: TableSchema, key_fields: Sequence[_Field], row: dict[str, Any]) -> dict[str, Any]:
