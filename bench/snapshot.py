@@ -11,10 +11,11 @@ In one run, on the local services (``cdc dev up``):
 3. Per-row costs of the snapshot's own steps on a sample (one process): parse the COPY
    line through the stream's converters, build the ChangeEvent and serialize it, produce.
 4. The initial snapshot (``cdc.snapshot.initial.InitialSnapshot``: a new slot with an
-   exported snapshot, planning, worker processes, COPY, JSON serialization, produce,
-   wait for every acknowledgment) with each worker count; a fresh slot and topic each.
-   Rows/s is rows over the whole run, start-up included; "copy" excludes the start-up
-   (slot, planning, worker start).
+   exported snapshot, planning, worker processes, COPY, JSON, produce, wait for every
+   acknowledgment) with each worker count, with the server building the rows' JSON
+   (``snapshot.server_json``, the default) and, for comparison, the ordinary path where
+   Python parses and serializes every row; a fresh slot and topic each. Rows/s is rows
+   over the whole run, start-up (slot, planning, worker start) included.
 """
 
 from __future__ import annotations
@@ -139,7 +140,9 @@ def per_row_costs(dsn: str, bootstrap: str, prefix: str, sample: int) -> dict[st
     }
 
 
-def snapshot_run(dsn: str, bootstrap: str, prefix: str, slot: str, workers: int, chunk_rows: int) -> dict[str, Any]:
+def snapshot_run(
+    dsn: str, bootstrap: str, prefix: str, slot: str, workers: int, chunk_rows: int, server_json: bool
+) -> dict[str, Any]:
     topic = f"{prefix}.public.bench_rows"
     partitions = ensure_topics(admin_client(bootstrap, {}), [TopicSpec(topic, 3, 1)])
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -147,7 +150,9 @@ def snapshot_run(dsn: str, bootstrap: str, prefix: str, slot: str, workers: int,
     output = JsonKafkaOutput(
         JsonSettings(topic_prefix=prefix, database=DB), partitions, producer_config(bootstrap, {}, 1_000_000), 1_000_000
     )
-    settings = SnapshotConfig(workers=workers, chunk_rows=chunk_rows, progress_log_s=30, progress_bar=False)
+    settings = SnapshotConfig(
+        workers=workers, chunk_rows=chunk_rows, progress_log_s=30, progress_bar=False, server_json=server_json
+    )
     progress = ProgressTracker("initial", log_interval_s=30)
     snapshot = InitialSnapshot(
         conninfo=dsn, slot=slot, tables=tables, output=output, state=SnapshotState(MemoryStore()),
@@ -157,6 +162,7 @@ def snapshot_run(dsn: str, bootstrap: str, prefix: str, slot: str, workers: int,
     result = snapshot.run()
     elapsed = time.monotonic() - started
     copy_s = progress.read().elapsed_s  # the tracker starts with the engine; the copy phase is what follows planning
+    assert result.server_json_rows == (result.rows if server_json else 0), "the path asked for was not taken"
     return {"rows": result.rows, "elapsed_s": elapsed, "rows_per_s": result.rows / elapsed, "tracker_s": copy_s}
 
 
@@ -165,6 +171,8 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--workers", default=f"1,{min(4, os.cpu_count() or 2)}", help="worker counts to run, e.g. 1,2,4")
     parser.add_argument("--chunk-rows", type=int, default=50_000)
+    parser.add_argument("--ordinary-workers", default=str(min(4, os.cpu_count() or 2)),
+                        help="worker counts for the ordinary path (Python builds the JSON); empty: skip it")  # fmt: skip
     parser.add_argument("--copy-runs", type=int, default=3, help="bare COPY runs (median)")
     parser.add_argument("--sample", type=int, default=100_000, help="rows for the per-row cost breakdown")
     parser.add_argument("--keep", action="store_true", help="keep the database and topics afterwards")
@@ -183,12 +191,14 @@ def main() -> int:
         costs = per_row_costs(dsn, endpoints.kafka_bootstrap, f"{prefix}_costs", min(args.sample, args.rows))
         print("per-row cost, one process: " + ", ".join(f"{k} {v:.2f} µs" for k, v in costs.items())
               + f"; total {sum(costs.values()):.2f} µs = {1e6 / sum(costs.values()):,.0f} rows/s")  # fmt: skip
-        results = []
-        for workers in (int(w) for w in args.workers.split(",")):
-            r = snapshot_run(dsn, endpoints.kafka_bootstrap, f"{prefix}_w{workers}", f"bench_w{workers}_{int(time.time())}",
-                             workers, args.chunk_rows)  # fmt: skip
-            results.append((workers, r))
-            print(f"snapshot, {workers} worker(s): {r['rows']:,} rows in {r['elapsed_s']:.1f}s = "
+        runs = [(True, int(w)) for w in args.workers.split(",") if w]
+        runs += [(False, int(w)) for w in args.ordinary_workers.split(",") if w]
+        for server_json, workers in runs:
+            tag = f"{'s' if server_json else 'o'}{workers}"
+            r = snapshot_run(dsn, endpoints.kafka_bootstrap, f"{prefix}_{tag}", f"bench_{tag}_{int(time.time())}",
+                             workers, args.chunk_rows, server_json)  # fmt: skip
+            path = "server-built JSON" if server_json else "ordinary path (Python JSON)"
+            print(f"snapshot, {path}, {workers} worker(s): {r['rows']:,} rows in {r['elapsed_s']:.1f}s = "
                   f"{r['rows_per_s']:,.0f} rows/s = {r['rows_per_s'] / copy_rate * 100:.1f}% of bare COPY")  # fmt: skip
     finally:
         if not args.keep:

@@ -205,6 +205,23 @@ def test_snapshot_read() -> None:
     assert p["source"]["snapshot"] == "true"
 
 
+@pytest.mark.parametrize("schemas_enable", [False, True])
+@pytest.mark.parametrize("xid", [771, None])
+def test_read_parts_reassemble_the_snapshot_read_records(schemas_enable: bool, xid: int | None) -> None:
+    s, _ = serializer(schemas_enable=schemas_enable)
+    read = ChangeEvent(Op.READ, CUSTOMERS, None, ALICE_AFTER, Lsn(24023128), Lsn(24023128), xid, 1, COMMIT_US, True, frozenset())
+    [record] = s.records(read)
+    parts = s.read_parts(CUSTOMERS, COMMIT_US, Lsn(24023128), xid)
+    assert parts.topic == record.topic
+    assert parts.columns == tuple(c.name for c in CUSTOMERS.columns)
+    assert parts.key_columns == ("id",)
+    key_object = orjson.dumps({"id": ALICE_AFTER["id"]})
+    after_object = orjson.dumps(payload(record)["after"])
+    assert parts.key_head + key_object + parts.key_end == record.key
+    value = parts.value_head + after_object + parts.value_middle + parts.times(CLOCK_NS) + parts.value_end
+    assert value == record.value
+
+
 def test_delete_then_tombstone() -> None:
     s, _ = serializer()
     key_only = {"id": 1}  # REPLICA IDENTITY DEFAULT: the old key only

@@ -32,6 +32,7 @@ remove it from the configuration).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import multiprocessing
 import multiprocessing.process
 import multiprocessing.queues
@@ -85,6 +86,7 @@ class InitialResult:
     complete: bool  # every chunk copied; False: some are left for DBLog (tables rewritten meanwhile)
     dropped: tuple[str, ...]  # tables dropped while the snapshot ran
     elapsed_s: float
+    server_json_rows: int = 0  # rows of chunks read with server-built JSON (cdc.snapshot.sqljson)
 
 
 class _Exporter:
@@ -179,7 +181,7 @@ class InitialSnapshot:
                 chunks = [(tables[p.table], c) for p in plans.values() for c in p.chunks()]
                 count = max(1, min(self._settings.workers, len(chunks)))
                 spec = WorkerSpec(0, self._conninfo, name, self._output, point, xid, time.time_ns() // 1000,
-                                  self._log_format, self._log_level)  # fmt: skip
+                                  self._log_format, self._log_level, self._settings.server_json)  # fmt: skip
                 workers = self._start_workers(spec, count, reports)
             finally:
                 exporter.close()  # every reader imported the snapshot (or never will)
@@ -198,12 +200,15 @@ class InitialSnapshot:
             "snapshot_copied",
             consistent_point=str(point),
             rows=result[0],
+            server_json_rows=result[3],
             complete=result[1],
             dropped=sorted(result[2]),
             elapsed_s=round(elapsed, 3),
             rows_per_s=round(result[0] / elapsed, 1) if elapsed > 0 else None,
         )
-        return InitialResult(point, result[0], tuple(sorted(tables)), result[1], tuple(sorted(result[2])), elapsed)
+        return InitialResult(
+            point, result[0], tuple(sorted(tables)), result[1], tuple(sorted(result[2])), elapsed, result[3]
+        )
 
     # -- steps ----------------------------------------------------------------------------------
 
@@ -259,8 +264,7 @@ class InitialSnapshot:
         workers: dict[int, _Worker] = {}
         for wid in range(count):
             tasks: multiprocessing.queues.Queue[ChunkTask | None] = self._context.Queue()
-            worker_spec = WorkerSpec(wid, spec.conninfo, spec.snapshot_name, spec.output, spec.consistent_point,
-                                     spec.xid, spec.commit_ts_us, spec.log_format, spec.log_level)  # fmt: skip
+            worker_spec = dataclasses.replace(spec, worker_id=wid)
             process = self._context.Process(
                 target=run_worker, args=(worker_spec, os.getpid(), tasks, reports), name=f"cdc-snapshot-{wid}", daemon=True
             )
@@ -323,7 +327,7 @@ class InitialSnapshot:
         workers: dict[int, _Worker],
         reports: multiprocessing.queues.Queue[Report],
         point: Lsn,
-    ) -> tuple[int, bool, set[str]]:
+    ) -> tuple[int, bool, set[str], int]:
         """Hand out chunks, record finished ones. Returns (rows, complete, dropped tables)."""
         pending: collections.deque[ChunkTask] = collections.deque(
             ChunkTask(table, chunk, n * _ORDINAL_STRIDE) for n, (table, chunk) in enumerate(chunks)
@@ -331,7 +335,7 @@ class InitialSnapshot:
         assigned: dict[int, list[ChunkTask]] = {wid: [] for wid in workers}  # in the worker's queue, in order
         dropped: set[str] = set()
         deferred: set[str] = set()
-        rows = 0
+        rows = server_json_rows = 0
         while pending or any(assigned.values()):
             if self._should_stop():
                 raise SnapshotInterrupted(
@@ -353,6 +357,7 @@ class InitialSnapshot:
             elif isinstance(report, ChunkDone):
                 _settled(assigned, report.worker, report.table, report.index)
                 rows += report.rows
+                server_json_rows += report.rows if report.server_json else 0
                 self._state.chunk_done(report.table, report.index, report.rows)
                 self._progress.chunk_done(report.table)
             elif isinstance(report, ChunkSkipped):
@@ -408,7 +413,7 @@ class InitialSnapshot:
             self._state.set_initial(InitialStatus.COPYING, consistent_point=str(point), rows=rows,
                                     dropped=sorted(dropped), deferred=sorted(deferred))  # fmt: skip
         self._state.flush()
-        return rows, complete, dropped
+        return rows, complete, dropped, server_json_rows
 
     # -- workers --------------------------------------------------------------------------------
 

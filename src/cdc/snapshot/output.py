@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from cdc.columns import ColumnPolicy, policies
 from cdc.config import Config, TableConfig
 from cdc.event import ChangeEvent, MessageEvent, TruncateEvent, TxBegin, TxCommit
-from cdc.sink.delivery import AtLeastOnce, DeadLetters
+from cdc.sink.delivery import AtLeastOnce, BulkProducer, DeadLetters
 from cdc.sink.kafka import producer_config
 from cdc.sink.record import Record
 from cdc.sink.serialize import JsonSerializer, JsonSettings
@@ -51,6 +51,11 @@ class Output:
     serializer: Serializer
     delivery: RecordDelivery
     transform: Transform | None = None  # what the pipeline applies between decoder and serializer (column policies)
+    policy_tables: frozenset[str] = frozenset()  # the tables ``transform`` changes
+    # JSON only: the producer for rows whose JSON the server builds (cdc.snapshot.sqljson), and the
+    # size above which such a row goes through ``delivery`` instead (its size limit, dead letters)
+    bulk: BulkProducer | None = None
+    max_record_bytes: int = 0
 
 
 class OutputFactory(Protocol):
@@ -81,7 +86,11 @@ class JsonKafkaOutput:
         serializer = JsonSerializer(self.settings, self._partitions.__getitem__)
         dead = DeadLetters(self.dead_letter_topic) if self.dead_letter_topic else None
         delivery = AtLeastOnce(dict(self.producer), max_record_bytes=self.max_record_bytes, dead_letters=dead)
-        return Output(serializer, delivery, _transform(policies(self.tables, self.mask_fixed_value, self.mask_salt)))
+        by_table = policies(self.tables, self.mask_fixed_value, self.mask_salt)
+        return Output(
+            serializer, delivery, _transform(by_table), frozenset(by_table),
+            BulkProducer(self.producer), self.max_record_bytes,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,11 @@ class ConfiguredOutput:
         dead = DeadLetters(cfg.limits.dead_letter_topic) if cfg.limits.dead_letter_topic else None
         delivery = AtLeastOnce(producer, max_record_bytes=cfg.limits.max_record_bytes, dead_letters=dead)
         salt = cfg.masking.salt.get_secret_value() if cfg.masking.salt is not None else None
-        return Output(serializer, delivery, _transform(policies(cfg.tables, cfg.masking.fixed_value, salt)))
+        by_table = policies(cfg.tables, cfg.masking.fixed_value, salt)
+        bulk = BulkProducer(producer) if isinstance(serializer, JsonSerializer) else None
+        return Output(
+            serializer, delivery, _transform(by_table), frozenset(by_table), bulk, cfg.limits.max_record_bytes
+        )  # fmt: skip
 
 
 def _transform(by_table: Mapping[str, ColumnPolicy]) -> Transform | None:

@@ -375,23 +375,26 @@ def key_predicate(table: SnapshotTable, keys: KeyRange) -> sql.Composable:
     return sql.SQL(" AND ").join(parts) if parts else sql.SQL("TRUE")
 
 
-def chunk_select(table: SnapshotTable, chunk: Chunk, *, limit: int | None = None) -> sql.Composed:
-    """``COPY (SELECT <columns> FROM <table> WHERE <chunk>) TO STDOUT``; with ``limit``, in key order."""
-    columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.schema.columns)
-    relation = sql.Identifier(table.schema.schema, table.schema.name)
+def chunk_where(table: SnapshotTable, chunk: Chunk) -> sql.Composable:
+    """The rows of ``chunk``: a key range, a range of heap pages, or the whole table."""
     if chunk.keys is not None:
-        where = key_predicate(table, chunk.keys)
-    elif chunk.pages is not None:
+        return key_predicate(table, chunk.keys)
+    if chunk.pages is not None:
         first, end = chunk.pages
         conds: list[sql.Composable] = []
         if first > 0:
             conds.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({first},0)")))
         if end is not None:
             conds.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({end},0)")))
-        where = sql.SQL(" AND ").join(conds) if conds else sql.SQL("TRUE")
-    else:
-        where = sql.SQL("TRUE")
-    query = sql.SQL("SELECT {} FROM {} WHERE {}").format(columns, relation, where)
+        return sql.SQL(" AND ").join(conds) if conds else sql.SQL("TRUE")
+    return sql.SQL("TRUE")
+
+
+def chunk_select(table: SnapshotTable, chunk: Chunk, *, limit: int | None = None) -> sql.Composed:
+    """``COPY (SELECT <columns> FROM <table> WHERE <chunk>) TO STDOUT``; with ``limit``, in key order."""
+    columns = sql.SQL(", ").join(sql.Identifier(c.name) for c in table.schema.columns)
+    relation = sql.Identifier(table.schema.schema, table.schema.name)
+    query = sql.SQL("SELECT {} FROM {} WHERE {}").format(columns, relation, chunk_where(table, chunk))
     if limit is not None:
         if not table.keyed:
             raise ValueError(f"{table.name} has no chunk key to read it in key order")

@@ -28,6 +28,7 @@ import multiprocessing.queues
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,10 +41,12 @@ from cdc.event import ChangeEvent, Op, TxBegin, TxCommit, change_event
 from cdc.lsn import Lsn
 from cdc.process import tune_gc
 from cdc.sink.kafka import SinkError
-from cdc.sink.serialize import SerializationError
+from cdc.sink.record import Record
+from cdc.sink.serialize import JsonSerializer, SerializationError, position_headers
 from cdc.snapshot.copytext import CopyFormatError, RowParser, row_parser
 from cdc.snapshot.output import Output, OutputFactory
 from cdc.snapshot.plan import LEAVES, Chunk, SnapshotTable, chunk_select, session_setup
+from cdc.snapshot.sqljson import JsonQuery, json_query
 
 _NOTHING_UNCHANGED: frozenset[str] = frozenset()
 
@@ -66,6 +69,7 @@ class WorkerSpec:
     commit_ts_us: int
     log_format: str = "json"
     log_level: str = "info"
+    server_json: bool = True  # let the server build the rows' JSON where it can (cdc.snapshot.sqljson)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +101,7 @@ class ChunkDone:
     table: str
     index: int
     rows: int
+    server_json: bool = False  # read with server-built JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +166,8 @@ def run_worker(spec: WorkerSpec, parent_pid: int, tasks: multiprocessing.queues.
         return
     reports.put(Ready(wid, None))
     output = spec.output()
-    parsers: dict[str, tuple[SnapshotTable, RowParser]] = {}
+    readers: dict[str, _Reader] = {}
+    server_json = spec.server_json and output.bulk is not None and _utf8(conn)
     try:
         while True:
             task = tasks.get()
@@ -169,15 +175,23 @@ def run_worker(spec: WorkerSpec, parent_pid: int, tasks: multiprocessing.queues.
                 break
             name, index = task.table.name, task.chunk.index
             try:
-                rows = _copy_chunk(conn, output, spec, task, parsers, reports)
+                reader = readers.get(name)
+                if reader is None or reader.table != task.table:
+                    reader = readers[name] = _reader(task.table, output, spec, server_json)
+                if reader.query is not None:
+                    rows = _copy_chunk_json(conn, output, spec, task, reader, reports)
+                else:
+                    rows = _copy_chunk(conn, output, spec, task, reader.parse, reports)
             except _Skip as e:
                 reports.put(ChunkSkipped(wid, name, index, e.reason, str(e)))
                 continue
             except (psycopg.Error, CopyFormatError, SinkError, SerializationError) as e:
                 reports.put(Failed(wid, name, index, f"{type(e).__name__}: {str(e).strip()}"))
                 break
-            reports.put(ChunkDone(wid, name, index, rows))
+            reports.put(ChunkDone(wid, name, index, rows, reader.query is not None))
         output.delivery.drain(_DRAIN_TIMEOUT_S)
+        if output.bulk is not None:
+            output.bulk.drain(_DRAIN_TIMEOUT_S)
     except SinkError as e:
         reports.put(Failed(wid, None, None, f"{type(e).__name__}: {e}"))
     finally:
@@ -209,20 +223,40 @@ def _check_table(conn: psycopg.Connection[Any], table: SnapshotTable) -> None:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Reader:
+    """How this worker reads a table's chunks."""
+
+    table: SnapshotTable
+    parse: RowParser  # a COPY text line -> the row, as the stream converts it
+    query: JsonQuery | None  # the server builds the rows' JSON (cdc.snapshot.sqljson); None: parse every row
+
+
+def _utf8(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute("SELECT current_setting('server_encoding') = 'UTF8'").fetchone()
+    return bool(row and row[0])
+
+
+def _reader(table: SnapshotTable, output: Output, spec: WorkerSpec, server_json: bool) -> _Reader:
+    parse = row_parser(table.schema.columns, where=table.name)
+    query = None
+    serializer = output.serializer
+    if server_json and table.name not in output.policy_tables and isinstance(serializer, JsonSerializer):
+        parts = serializer.read_parts(table.schema, spec.commit_ts_us, spec.consistent_point, spec.xid)
+        query = json_query(table, parts, serializer.settings)
+    log.info("snapshot_table_reader", worker=spec.worker_id, table=table.name, server_json=query is not None)
+    return _Reader(table, parse, query)
+
+
 def _copy_chunk(
     conn: psycopg.Connection[Any],
     output: Output,
     spec: WorkerSpec,
     task: ChunkTask,
-    parsers: dict[str, tuple[SnapshotTable, RowParser]],
+    parse: RowParser,
     reports: multiprocessing.queues.Queue[Report],
 ) -> int:
     table = task.table
-    cached = parsers.get(table.name)
-    if cached is None or cached[0] != table:
-        cached = (table, row_parser(table.schema.columns, where=table.name))
-        parsers[table.name] = cached
-    parse = cached[1]
     delivery, records, transform = output.delivery, output.serializer.records, output.transform
     send, tick = delivery.send, delivery.tick
     schema, point, xid, ts = table.schema, spec.consistent_point, spec.xid, spec.commit_ts_us
@@ -258,6 +292,94 @@ def _copy_chunk(
             conn.execute("ROLLBACK TO SAVEPOINT cdc_chunk")
             conn.execute("RELEASE SAVEPOINT cdc_chunk")
     while delivery.drain(_DRAIN_TIMEOUT_S):
+        log.warning("snapshot_waiting_for_kafka", worker=wid, table=table.name, chunk=task.chunk.index)
+    if n > reported:
+        reports.put(Rows(wid, table.name, n - reported))
+    return n
+
+
+_CLOCK_EVERY = 256  # rows between readings of the clock for the envelopes' processing time
+
+
+def _copy_chunk_json(
+    conn: psycopg.Connection[Any],
+    output: Output,
+    spec: WorkerSpec,
+    task: ChunkTask,
+    reader: _Reader,
+    reports: multiprocessing.queues.Queue[Report],
+) -> int:
+    """``_copy_chunk`` with the rows' JSON built by the server: per row, split the COPY line, splice the key
+    and ``after`` objects into the envelope's constant parts, produce. A row the SQL does not cover (its
+    JSON fields are NULL) and an oversized record take the ordinary path through ``output.delivery``."""
+    query, parse = reader.query, reader.parse
+    assert query is not None and output.bulk is not None
+    table, parts, bulk = task.table, query.parts, output.bulk
+    delivery, records, transform = output.delivery, output.serializer.records, output.transform
+    produce, wait, limit = bulk.produce, bulk.wait, output.max_record_bytes
+    topic, key_head, key_end = parts.topic, parts.key_head, parts.key_end
+    value_head, value_middle, value_end = parts.value_head, parts.value_middle, parts.value_end
+    times = parts.times
+    schema, point, xid, ts = table.schema, spec.consistent_point, spec.xid, spec.commit_ts_us
+    position: dict[str, str | bytes | None] = dict(position_headers(point, point, xid, 0))
+    read_op = Op.READ
+    wid = spec.worker_id
+    ordinal = task.ordinal_base
+    n = 0
+    reported = 0
+    tail = b""
+    conn.execute("SAVEPOINT cdc_chunk")
+    try:
+        _check_table(conn, table)
+        delivery.begin(TxBegin(xid or 0, point, ts))
+        with conn.cursor().copy(query.copy(task.chunk)) as copy:
+            read = copy.read
+            while True:
+                data = read()
+                if not data:
+                    break
+                line = bytes(data[:-1])
+                ordinal += 1
+                if n % _CLOCK_EVERY == 0:
+                    tail = value_middle + times(time.time_ns()) + value_end
+                    if n % _PROGRESS_EVERY == 0 and n:
+                        bulk.check()
+                        delivery.tick()
+                        reports.put(Rows(wid, table.name, n - reported))
+                        reported = n
+                n += 1
+                key, _, rest = line.partition(b"\t")
+                if key == b"\\N":  # not covered by the SQL: the columns follow as COPY text
+                    row = parse(rest.partition(b"\t")[2])
+                    event = change_event(read_op, schema, None, row, point, point, xid, ordinal, ts, True, _NOTHING_UNCHANGED)
+                    for record in records(transform(event) if transform is not None else event):
+                        delivery.send(record, table.name)
+                    continue
+                after = rest[: rest.index(b"\t")]
+                # COPY doubled the JSON's backslashes (the JSON has no other characters COPY escapes)
+                if b"\\" in after:
+                    after = after.replace(b"\\\\", b"\\")
+                if b"\\" in key:
+                    key = key.replace(b"\\\\", b"\\")
+                headers = position.copy()
+                headers["cdc.ordinal"] = b"%d" % ordinal
+                key = key_head + key + key_end
+                value = value_head + after + tail
+                if len(value) > limit:
+                    delivery.send(Record(topic, key, value, position_headers(point, point, xid, ordinal)), table.name)
+                    continue
+                while True:
+                    try:
+                        produce(topic, value, key, headers=headers)
+                        break
+                    except BufferError:
+                        wait()
+        delivery.commit(TxCommit(xid or 0, point, point, ts, n))
+    finally:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.UNKNOWN:
+            conn.execute("ROLLBACK TO SAVEPOINT cdc_chunk")
+            conn.execute("RELEASE SAVEPOINT cdc_chunk")
+    while delivery.drain(_DRAIN_TIMEOUT_S) or bulk.drain(_DRAIN_TIMEOUT_S):
         log.warning("snapshot_waiting_for_kafka", worker=wid, table=table.name, chunk=task.chunk.index)
     if n > reported:
         reports.put(Rows(wid, table.name, n - reported))
