@@ -497,7 +497,8 @@ class BulkProducer:
         self.check()
 
     def check(self) -> None:
-        self._producer.poll(0)
+        """Raise if a failure was reported (reports are served by ``wait`` and ``drain``; a poll here would
+        cost more than the early warning is worth on the per-row path)."""
         if self.failure is not None:
             raise DeliveryFailed(self.failure)
 

@@ -338,7 +338,7 @@ def _copy_chunk_json(
                 data = read()
                 if not data:
                     break
-                line = bytes(data[:-1])
+                line = bytes(data)  # ends in a newline, after the last (raw) column
                 ordinal += 1
                 if n % _CLOCK_EVERY == 0:
                     tail = value_middle + times(time.time_ns()) + value_end
@@ -348,14 +348,13 @@ def _copy_chunk_json(
                         reports.put(Rows(wid, table.name, n - reported))
                         reported = n
                 n += 1
-                key, _, rest = line.partition(b"\t")
+                key, after, rest = line.split(b"\t", 2)
                 if key == b"\\N":  # not covered by the SQL: the columns follow as COPY text
-                    row = parse(rest.partition(b"\t")[2])
+                    row = parse(rest[:-1])
                     event = change_event(read_op, schema, None, row, point, point, xid, ordinal, ts, True, _NOTHING_UNCHANGED)
                     for record in records(transform(event) if transform is not None else event):
                         delivery.send(record, table.name)
                     continue
-                after = rest[: rest.index(b"\t")]
                 # COPY doubled the JSON's backslashes (the JSON has no other characters COPY escapes)
                 if b"\\" in after:
                     after = after.replace(b"\\\\", b"\\")
