@@ -174,6 +174,7 @@ def main() -> int:
     parser.add_argument("--ordinary-workers", default=str(min(4, os.cpu_count() or 2)),
                         help="worker counts for the ordinary path (Python builds the JSON); empty: skip it")  # fmt: skip
     parser.add_argument("--copy-runs", type=int, default=3, help="bare COPY runs (median)")
+    parser.add_argument("--runs", type=int, default=3, help="snapshot runs per configuration (median)")
     parser.add_argument("--sample", type=int, default=100_000, help="rows for the per-row cost breakdown")
     parser.add_argument("--keep", action="store_true", help="keep the database and topics afterwards")
     args = parser.parse_args()
@@ -191,15 +192,21 @@ def main() -> int:
         costs = per_row_costs(dsn, endpoints.kafka_bootstrap, f"{prefix}_costs", min(args.sample, args.rows))
         print("per-row cost, one process: " + ", ".join(f"{k} {v:.2f} µs" for k, v in costs.items())
               + f"; total {sum(costs.values()):.2f} µs = {1e6 / sum(costs.values()):,.0f} rows/s")  # fmt: skip
-        runs = [(True, int(w)) for w in args.workers.split(",") if w]
-        runs += [(False, int(w)) for w in args.ordinary_workers.split(",") if w]
-        for server_json, workers in runs:
-            tag = f"{'s' if server_json else 'o'}{workers}"
-            r = snapshot_run(dsn, endpoints.kafka_bootstrap, f"{prefix}_{tag}", f"bench_{tag}_{int(time.time())}",
-                             workers, args.chunk_rows, server_json)  # fmt: skip
+        configs = [(True, int(w)) for w in args.workers.split(",") if w]
+        configs += [(False, int(w)) for w in args.ordinary_workers.split(",") if w]
+        for server_json, workers in configs:
             path = "server-built JSON" if server_json else "ordinary path (Python JSON)"
-            print(f"snapshot, {path}, {workers} worker(s): {r['rows']:,} rows in {r['elapsed_s']:.1f}s = "
-                  f"{r['rows_per_s']:,.0f} rows/s = {r['rows_per_s'] / copy_rate * 100:.1f}% of bare COPY")  # fmt: skip
+            rates = []
+            for run in range(args.runs):
+                tag = f"{'s' if server_json else 'o'}{workers}r{run}"
+                r = snapshot_run(dsn, endpoints.kafka_bootstrap, f"{prefix}_{tag}", f"bench_{tag}_{int(time.time())}",
+                                 workers, args.chunk_rows, server_json)  # fmt: skip
+                rates.append(r["rows_per_s"])
+                print(f"  snapshot, {path}, {workers} worker(s), run {run + 1}: {r['rows']:,} rows in "
+                      f"{r['elapsed_s']:.1f}s = {r['rows_per_s']:,.0f} rows/s")  # fmt: skip
+            rate = statistics.median(rates)
+            print(f"snapshot, {path}, {workers} worker(s): median {rate:,.0f} rows/s of {len(rates)} runs = "
+                  f"{rate / copy_rate * 100:.1f}% of bare COPY (ratio {rate / copy_rate:.3f})")  # fmt: skip
     finally:
         if not args.keep:
             names = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix)]

@@ -23,12 +23,14 @@ events, making a topic end on a stale value.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing.queues
 import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -248,6 +250,20 @@ def _reader(table: SnapshotTable, output: Output, spec: WorkerSpec, server_json:
     return _Reader(table, parse, query)
 
 
+@contextlib.contextmanager
+def _chunk_savepoint(conn: psycopg.Connection[Any], table: SnapshotTable) -> Iterator[None]:
+    """Steps 1, 2 and 4 of the module's list around a chunk's COPY: a savepoint, the lock and the checks; the
+    rollback to the savepoint (the chunk only read), which releases the lock."""
+    conn.execute("SAVEPOINT cdc_chunk")
+    try:
+        _check_table(conn, table)
+        yield
+    finally:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.UNKNOWN:
+            conn.execute("ROLLBACK TO SAVEPOINT cdc_chunk")
+            conn.execute("RELEASE SAVEPOINT cdc_chunk")
+
+
 def _copy_chunk(
     conn: psycopg.Connection[Any],
     output: Output,
@@ -266,9 +282,7 @@ def _copy_chunk(
     ordinal = task.ordinal_base
     n = 0
     reported = 0
-    conn.execute("SAVEPOINT cdc_chunk")
-    try:
-        _check_table(conn, table)
+    with _chunk_savepoint(conn, table):
         delivery.begin(TxBegin(xid or 0, point, ts))
         with conn.cursor().copy(chunk_select(table, task.chunk)) as copy:
             read = copy.read
@@ -287,10 +301,6 @@ def _copy_chunk(
                     reports.put(Rows(wid, table.name, n - reported))
                     reported = n
         delivery.commit(TxCommit(xid or 0, point, point, ts, n))
-    finally:
-        if conn.info.transaction_status != psycopg.pq.TransactionStatus.UNKNOWN:
-            conn.execute("ROLLBACK TO SAVEPOINT cdc_chunk")
-            conn.execute("RELEASE SAVEPOINT cdc_chunk")
     while delivery.drain(_DRAIN_TIMEOUT_S):
         log.warning("snapshot_waiting_for_kafka", worker=wid, table=table.name, chunk=task.chunk.index)
     if n > reported:
@@ -328,9 +338,7 @@ def _copy_chunk_json(
     n = 0
     reported = 0
     tail = b""
-    conn.execute("SAVEPOINT cdc_chunk")
-    try:
-        _check_table(conn, table)
+    with _chunk_savepoint(conn, table):
         delivery.begin(TxBegin(xid or 0, point, ts))
         with conn.cursor().copy(query.copy(task.chunk)) as copy:
             read = copy.read
@@ -374,10 +382,6 @@ def _copy_chunk_json(
                     except BufferError:
                         wait()
         delivery.commit(TxCommit(xid or 0, point, point, ts, n))
-    finally:
-        if conn.info.transaction_status != psycopg.pq.TransactionStatus.UNKNOWN:
-            conn.execute("ROLLBACK TO SAVEPOINT cdc_chunk")
-            conn.execute("RELEASE SAVEPOINT cdc_chunk")
     while delivery.drain(_DRAIN_TIMEOUT_S) or bulk.drain(_DRAIN_TIMEOUT_S):
         log.warning("snapshot_waiting_for_kafka", worker=wid, table=table.name, chunk=task.chunk.index)
     if n > reported:
