@@ -112,7 +112,7 @@ def test_sigkill_at_random_moments_of_a_workload(
         for i in range(KILLS):
             c = Connector(cfg, tmp_path / f"run{i}.log").start()
             c.wait_streaming(pg_dsn, slot_name)
-            time.sleep(rng.uniform(0.05, 1.5))
+            time.sleep(rng.uniform(0.05, 0.8))
             c.stop(signal.SIGKILL)
     finally:
         workload.stop.set()
