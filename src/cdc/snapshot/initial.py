@@ -328,7 +328,8 @@ class InitialSnapshot:
         reports: multiprocessing.queues.Queue[Report],
         point: Lsn,
     ) -> tuple[int, bool, set[str], int]:
-        """Hand out chunks, record finished ones. Returns (rows, complete, dropped tables)."""
+        """Hand out chunks, record finished ones. Returns (rows, complete, dropped tables, rows read with
+        server-built JSON)."""
         pending: collections.deque[ChunkTask] = collections.deque(
             ChunkTask(table, chunk, n * _ORDINAL_STRIDE) for n, (table, chunk) in enumerate(chunks)
         )

@@ -1,7 +1,7 @@
 """Where snapshot events go: the pipeline's serializer and delivery, built afresh in each worker process.
 
 Snapshot workers are processes (the per-row work is Python: conversion,
-serialization, produce), so each builds its own serializer and producer from a
+serialization, produce), so each builds its own serializer and producers from a
 picklable ``OutputFactory``. They are the same classes, with the same settings,
 as the pipeline's: the records are byte for byte what the stream would produce
 for the same values.

@@ -10,7 +10,11 @@ Per chunk, inside the worker's one REPEATABLE READ transaction:
    invisible to older snapshots: reading it would silently miss them).
 3. ``COPY (SELECT ...) TO STDOUT``: each line through ``copytext.row_parser``
    (the stream's converters), each row a ``ChangeEvent(op=READ, snapshot=True)``
-   at the consistent point, through the serializer into the delivery.
+   at the consistent point, through the serializer into the delivery. For JSON
+   tables whose columns all have an SQL encoding (``cdc.snapshot.sqljson``) the
+   COPY returns each row's key and ``after`` JSON instead, which go into the
+   envelope's constant parts and to a ``BulkProducer``; a row the SQL does not
+   cover takes the path above.
 4. ``ROLLBACK TO SAVEPOINT`` (it read only), which releases the lock: DDL may
    run between chunks instead of waiting for the whole snapshot.
 5. Wait until Kafka acknowledged every record of the chunk, then report the
