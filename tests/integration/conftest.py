@@ -282,6 +282,23 @@ def consume_all(services: dev.Endpoints) -> ConsumeAll:
     return _consume
 
 
+_NOT_READY = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+
+def _watermarks(consumer: Consumer, tp: TopicPartition, deadline: float) -> tuple[int, int]:
+    """A topic the daemon has just created can be in the metadata before its partitions have a leader: the
+    broker then answers NOT_LEADER_FOR_PARTITION for a moment. Ask again until the deadline."""
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=max(1.0, deadline - time.monotonic()))
+            return low, high
+        except KafkaException as e:
+            err = e.args[0] if e.args else None
+            if not isinstance(err, KafkaError) or err.code() not in _NOT_READY or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+
+
 def _read_to_end(consumer: Consumer, topics: list[str], timeout: float) -> list[Message]:
     deadline = time.monotonic() + timeout
     metadata = consumer.list_topics(timeout=max(1.0, timeout))
@@ -294,9 +311,7 @@ def _read_to_end(consumer: Consumer, topics: list[str], timeout: float) -> list[
                 raise KafkaException(meta.error)
             continue  # not created yet: nothing in it
         for partition in meta.partitions:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=max(1.0, deadline - time.monotonic())
-            )
+            low, high = _watermarks(consumer, TopicPartition(topic, partition), deadline)
             assignment.append(TopicPartition(topic, partition, OFFSET_BEGINNING))
             if high > low:
                 pending.add((topic, partition))
