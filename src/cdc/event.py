@@ -88,6 +88,66 @@ class TableSchema:
 Row = dict[str, Any]
 
 
+class RenderedRow:
+    """A row the decoder wrote straight into the JSON format's text (``cdc.sink.serialize.RowRendering``).
+
+    ``json`` is the row object exactly as the JSON serializer would write it from the typed
+    values (``{"id":1,"name":"a",...}``), ``key_json`` the key object, ``key`` the typed values of
+    the key columns (what snapshots compare streamed rows by). The other columns have no typed
+    value: this is deliberately not a mapping, so code that needs a row's values cannot take one
+    for a row of fewer columns; it must handle ``RenderedRow`` or never be given one.
+    """
+
+    __slots__ = ("json", "key", "key_json")
+
+    def __init__(self, json: bytes, key: Row, key_json: bytes) -> None:
+        self.json = json
+        self.key = key
+        self.key_json = key_json
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RenderedRow):
+            return NotImplemented
+        return self.json == other.json and self.key == other.key and self.key_json == other.key_json
+
+    __hash__ = None  # type: ignore[assignment]  # mutable like the dicts it stands in for
+
+    def __repr__(self) -> str:
+        return f"RenderedRow({self.json!r})"
+
+
+AnyRow = Row | RenderedRow
+
+
+def rendered_row_error(who: str, table: TableSchema) -> TypeError:
+    """A rendered row reached code that needs every typed value: the decoder must not render this table."""
+    return TypeError(
+        f"{who} got a row of {table.qualified} rendered as JSON text, without its typed values: "
+        "the decoder renders only tables whose rows go straight to the JSON format (a bug; please report it)"
+    )
+
+Render = Callable[[bytes], bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class RowRendering:
+    """How the decoder writes one table's rows as JSON text, given by the JSON serializer.
+
+    Per column, in the table's order: ``render[i]`` turns the column's pgoutput text into its
+    JSON value, or is None, and then the column's typed value (the decoder's converter) goes
+    through ``typed[i]``. The same for the key columns (``key_index`` are their positions):
+    a key's encoding can differ from the value's (keys must be injective). Renderers raise
+    ValueError on anything they do not cover; the decoder then takes its typed path.
+    """
+
+    names: tuple[str, ...]
+    render: tuple[Render | None, ...]
+    typed: tuple[Callable[[Any], bytes], ...]
+    key_index: tuple[int, ...]
+    key_render: tuple[Render | None, ...]
+    key_typed: tuple[Callable[[Any], bytes], ...]
+
+
 @dataclass(frozen=True, slots=True)
 class ChangeEvent:
     """One row change (c, u, d) or snapshot read (r).
@@ -100,8 +160,8 @@ class ChangeEvent:
 
     op: Op
     table: TableSchema
-    before: Row | None
-    after: Row | None
+    before: AnyRow | None  # a RenderedRow when the decoder renders the table's rows as JSON text
+    after: AnyRow | None
     commit_lsn: Lsn  # LSN of the commit record of the transaction (snapshot: the slot's consistent point)
     lsn: Lsn  # the event's own LSN (snapshot: the consistent point)
     xid: int | None
@@ -114,13 +174,20 @@ class ChangeEvent:
         """The event key: key columns from ``after``, or from ``before`` for a delete."""
         row = self.after if self.after is not None else self.before
         assert row is not None, "a change event has a before or an after"
+        if type(row) is RenderedRow:
+            return dict(row.key)
+        assert isinstance(row, dict)
         return {c.name: row[c.name] for c in self.table.key_columns}
 
     def old_key(self) -> Row | None:
         """The key before an update, when the server sent the old tuple; else None."""
-        if self.before is None:
+        before = self.before
+        if before is None:
             return None
-        return {c.name: self.before[c.name] for c in self.table.key_columns}
+        if type(before) is RenderedRow:
+            return dict(before.key)
+        assert isinstance(before, dict)
+        return {c.name: before[c.name] for c in self.table.key_columns}
 
 
 def _change_event_factory() -> Callable[..., ChangeEvent]:
@@ -135,8 +202,8 @@ def _change_event_factory() -> Callable[..., ChangeEvent]:
     def change_event(
         op: Op,
         table: TableSchema,
-        before: Row | None,
-        after: Row | None,
+        before: AnyRow | None,
+        after: AnyRow | None,
         commit_lsn: Lsn,
         lsn: Lsn,
         xid: int | None,

@@ -47,7 +47,7 @@ from cdc.decoder.stream import (
     protocol_for,
 )
 from cdc.decoder.types import BUILTIN_TYPES
-from cdc.event import ChangeEvent, MessageEvent, TruncateEvent, TxBegin, TxCommit
+from cdc.event import ChangeEvent, MessageEvent, RowRendering, TableSchema, TruncateEvent, TxBegin, TxCommit
 from cdc.lsn import Lsn
 from cdc.process import tune_gc
 from cdc.outbox.route import Malformed, OutboxError, OutboxEvent, OutboxRouter
@@ -187,7 +187,9 @@ class Pipeline:
         if cfg.decoder.streaming:
             spool_root = cfg.decoder.spool_dir or Path(tempfile.gettempdir()) / "cdc-spool"
             spool = Spool(spool_root / cfg.source.slot)
-        self._decoder = ChangeDecoder({**self._tables, **self._outbox_tables}, types, spool=spool)
+        self._decoder = ChangeDecoder(
+            {**self._tables, **self._outbox_tables}, types, spool=spool, rendering=self._rendering
+        )
         self._delivery = self._make_delivery()
         self._schedule_rescan()
         log.info(
@@ -221,6 +223,18 @@ class Pipeline:
             should_stop=lambda: self._stop,
             alive=self._alive,
         )
+
+    def _rendering(self, table: TableSchema) -> RowRendering | None:
+        """Asked by the decoder per Relation message: whether it may write the table's rows straight as
+        JSON text. Not for tables whose rows something reads column by column first: a column policy
+        (include/exclude/mask) or the outbox; nor for the Avro format."""
+        serializer = self._serializer
+        if not isinstance(serializer, JsonSerializer) or not self.config.decoder.render_json:
+            return None
+        name = table.qualified
+        if name in self._policies or name in self._outbox_tables:
+            return None
+        return serializer.row_rendering(table)
 
     def _alive(self) -> None:
         self.stats.heartbeat = time.monotonic()  # a long initial snapshot is not a hung daemon
@@ -677,6 +691,7 @@ class Pipeline:
             # In place: the running session holds this dict, and an added table's masks must apply at once.
             self._policies.clear()
             self._policies.update(policies)
+            self._decoder.set_rendering(self._rendering)  # a table that gained a policy: typed rows
             self._partitions.update(ensure_topics(admin, self._topic_specs(self._serializer)))
             apply_publication(conn, publication)
             self._decoder.update_tables({**tables, **self._outbox_tables}, types)

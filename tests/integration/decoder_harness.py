@@ -23,7 +23,7 @@ from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.spool import Spool
 from cdc.decoder.stream import XLOGDATA_HEADER_SIZE, ReplicationStream, protocol_for
 from cdc.decoder.types import BUILTIN_TYPES
-from cdc.event import ChangeEvent, Event, MessageEvent, TxBegin, TxCommit
+from cdc.event import ChangeEvent, Event, MessageEvent, PgType, TxBegin, TxCommit
 from cdc.lsn import Lsn
 
 MARKER = "cdc.test.marker"
@@ -56,7 +56,9 @@ class DecoderSession:
         self.work_mem = work_mem
         self.create_slot = create_slot
         self.kinds: dict[str, int] = {}  # payloads received, by message type byte
+        self.payloads: list[tuple[bytes, Lsn]] = []  # every payload received, to feed other decoders
         self.tables: dict[str, TableInfo] = {}
+        self.types: dict[int, PgType] = {}
         self._stream: ReplicationStream | None = None
         self._decoder: ChangeDecoder | None = None
         self._spool: Spool | None = None
@@ -73,6 +75,7 @@ class DecoderSession:
             self.tables = describe_tables(conn, [TableConfig(name=t) for t in self.table_names])
             oids = column_type_oids(conn, [t.oid for t in self.tables.values()])
             types = load_types(conn, [o for o in oids if o not in BUILTIN_TYPES])
+            self.types = dict(types)
             apply_publication(conn, plan_publication(conn, self.publication, self.tables.keys()))
         if self.streaming:
             assert self.spool_dir is not None, "streaming needs a spool directory"
@@ -127,6 +130,7 @@ class DecoderSession:
             kind = chr(payload[0])
             kinds[kind] = kinds.get(kind, 0) + 1
             lsn = Lsn(int.from_bytes(frame[1:9], "big"))
+            self.payloads.append((bytes(payload), lsn))
             for event in feed(payload, lsn):
                 out.append(event)
                 if isinstance(event, TxCommit):

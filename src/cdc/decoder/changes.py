@@ -60,6 +60,7 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+import orjson
 import structlog
 
 from cdc.catalog import TableInfo
@@ -75,12 +76,15 @@ from cdc.decoder.types import (
     parser_for,
 )
 from cdc.event import (
+    AnyRow,
     ChangeEvent,
     Column,
     Event,
     MessageEvent,
     Op,
     PgType,
+    RenderedRow,
+    RowRendering,
     Row,
     TableSchema,
     TruncateEvent,
@@ -99,7 +103,9 @@ class ChangeError(Exception):
     """A message that cannot become an event; the pipeline stops rather than skip it."""
 
 
-RowParser = Callable[[bytes, int], tuple[Row, int]]
+RowParser = Callable[[bytes, int], tuple[AnyRow, int]]
+Rendering = Callable[[TableSchema], RowRendering | None]
+"""Asked once per Relation message: how to write the table's rows as JSON text, or None (typed rows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +155,15 @@ class ChangeDecoder:
     """
 
     def __init__(
-        self, tables: Mapping[str, TableInfo], types: Mapping[int, PgType], *, spool: Spool | None = None
+        self,
+        tables: Mapping[str, TableInfo],
+        types: Mapping[int, PgType],
+        *,
+        spool: Spool | None = None,
+        rendering: Rendering | None = None,
     ) -> None:
         self._tables = tables
+        self._rendering = rendering
         self._types: dict[int, PgType] = {**CATALOG_TEXT_TYPES, **BUILTIN_TYPES, **types}
         self._relations: dict[int, _Relation] = {}
         # Relations announced but not captured: a partition whose changes the publication sends as its
@@ -172,6 +184,12 @@ class ChangeDecoder:
         """A reloaded table list; Relation messages that follow use it."""
         self._tables = tables
         self._types.update(types)
+
+    def set_rendering(self, rendering: Rendering | None) -> None:
+        """Ask ``rendering`` again for every known table (what may be rendered changed: a reload)."""
+        self._rendering = rendering
+        for relation_id, rel in list(self._relations.items()):
+            self._relations[relation_id] = replace(rel, parse=self._parser(rel.schema, rel.names))
 
     def reset(self) -> None:
         """Forget per-connection state: the server resends Relation messages and streamed transactions."""
@@ -487,7 +505,7 @@ class ChangeDecoder:
                 pos = at + 5
                 if marker == _OLD_KEY or marker == _OLD:
                     old, pos = parse(buf, pos)
-                    before = old if marker == _OLD else {k: old[k] for k in rel.key_names}
+                    before = old if marker == _OLD else _key_of(old, rel.key_names)
                     marker = buf[pos]
                     pos += 1
                 if marker != _NEW:
@@ -497,7 +515,7 @@ class ChangeDecoder:
             else:
                 if marker == _OLD_KEY:
                     old, end = parse(buf, at + 5)
-                    before = {k: old[k] for k in rel.key_names}
+                    before = _key_of(old, rel.key_names)
                 elif marker == _OLD:
                     before, end = parse(buf, at + 5)
                 else:
@@ -529,8 +547,8 @@ class ChangeDecoder:
         self,
         op: Op,
         rel: _Relation,
-        before: Row | None,
-        after: Row | None,
+        before: AnyRow | None,
+        after: AnyRow | None,
         lsn: Lsn,
         unchanged: frozenset[str] = frozenset(),
     ) -> ChangeEvent:
@@ -600,9 +618,26 @@ class ChangeDecoder:
             converters.append(converter_for(pg_type, c.type_modifier))
             parsers.append(parser_for(pg_type))
         schema = TableSchema(msg.namespace, msg.name, tuple(columns), msg.relation_id, str(msg.replica_identity))
-        log.info("relation", table=qualified, columns=len(columns), replica_identity=str(msg.replica_identity))
         key_names = tuple(c.name for c in columns if c.key)
-        return _Relation(schema, names, tuple(converters), key_names, seq, _row_parser(names, parsers))
+        parse = self._parser(schema, names)
+        log.info(
+            "relation",
+            table=qualified,
+            columns=len(columns),
+            replica_identity=str(msg.replica_identity),
+            rendered_json=getattr(parse, "rendered", False),
+        )
+        return _Relation(schema, names, tuple(converters), key_names, seq, parse)
+
+    def _parser(self, schema: TableSchema, names: tuple[str, ...]) -> RowParser:
+        """The fast path's row parser: JSON text when the sink renders the table, else typed values."""
+        parsers = [parser_for(c.type) for c in schema.columns]
+        rendering = self._rendering(schema) if self._rendering is not None else None
+        if rendering is None:
+            return _row_parser(names, parsers)
+        if rendering.names != names:
+            raise ChangeError(f"the rendering of {schema.qualified} names other columns than its Relation message")
+        return _render_parser(rendering, parsers)
 
 
 def _row_parser(names: tuple[str, ...], converters: list[Callable[[bytes], Any]]) -> RowParser:
@@ -641,6 +676,69 @@ def _row_parser(names: tuple[str, ...], converters: list[Callable[[bytes], Any]]
     namespace.update({f"c{i}": convert for i, convert in enumerate(converters)})
     exec("\n".join(lines), namespace)  # noqa: S102 - the source is built here, names only through repr()
     parse: RowParser = namespace["parse"]
+    return parse
+
+
+def _key_of(old: AnyRow, key_names: tuple[str, ...]) -> AnyRow:
+    """The before row of an old-key tuple (REPLICA IDENTITY DEFAULT/INDEX): its key columns.
+
+    A rendered one is kept whole: its other columns were sent as NULL ('n'), and its JSON is
+    what the key columns alone serialize to (every other column null)."""
+    if type(old) is RenderedRow:
+        return old
+    assert isinstance(old, dict)
+    return {k: old[k] for k in key_names}
+
+
+def _render_parser(rendering: RowRendering, parsers: list[Callable[[bytes], Any]]) -> RowParser:
+    """Like ``_row_parser``, generated for one relation, but returns a ``RenderedRow``: the row's JSON
+    text, its key's JSON text and the key's typed values. A column with a direct renderer goes from its
+    text to its JSON value; any other is parsed to its typed value first (the same value the typed
+    path makes) and written by ``rendering.typed``. Renderers raise ValueError on text they do not
+    cover, which declines the whole message to the general path."""
+    names = rendering.names
+    count = len(names)
+    keys = dict(zip(rendering.key_index, range(len(rendering.key_index)), strict=True))  # column -> key position
+    namespace: dict[str, Any] = {"Slow": _Slow, "u32": _U32.unpack_from, "Row": RenderedRow}
+    lines = ["    if buf[pos] != %d or buf[pos + 1] != %d:" % (count >> 8, count & 0xFF), "        raise Slow", "    pos += 2"]
+    key_json: list[str] = []
+    for i in range(count):
+        direct = rendering.render[i]
+        j = keys.get(i)
+        namespace[f"c{i}"] = parsers[i]
+        namespace[f"t{i}"] = rendering.typed[i]
+        lines += ["    kind = buf[pos]", "    if kind == 116:", "        start = pos + 5", "        pos = start + u32(buf, pos + 1)[0]"]
+        if direct is not None:
+            namespace[f"r{i}"] = direct
+            if j is None:
+                lines.append(f"        v{i} = r{i}(buf[start:pos])")
+            else:
+                lines += [f"        x{i} = buf[start:pos]", f"        v{i} = r{i}(x{i})", f"        k{i} = c{i}(x{i})"]
+        else:
+            lines += [f"        k{i} = c{i}(buf[start:pos])", f"        v{i} = t{i}(k{i})"]
+        lines += ["    elif kind == 110:", f"        v{i} = b'null'"]
+        if j is not None:
+            lines.append(f"        k{i} = None")
+        lines += ["        pos += 1", "    else:", "        raise Slow"]
+        if j is not None:
+            if direct is not None and rendering.key_render[j] is direct:
+                key_json.append(f"v{i}")
+            else:
+                namespace[f"kt{j}"] = rendering.key_typed[j]
+                key_json.append(f"(b'null' if k{i} is None else kt{j}(k{i}))")
+    namespace["fmt"] = b"{" + b",".join(orjson.dumps(n).replace(b"%", b"%%") + b":%b" for n in names) + b"}"
+    key_names = [names[i] for i in rendering.key_index]
+    namespace["kfmt"] = b"{" + b",".join(orjson.dumps(n).replace(b"%", b"%%") + b":%b" for n in key_names) + b"}"
+    values = ", ".join(f"v{i}" for i in range(count)) + ("," if count == 1 else "")
+    typed_key = "{" + ", ".join(f"{n!r}: k{i}" for n, i in zip(key_names, rendering.key_index, strict=True)) + "}"
+    lines.append(
+        f"    return Row(fmt % ({values}), {typed_key}, kfmt % ({', '.join(key_json)}{',' if len(key_json) == 1 else ''})), pos"
+    )
+    params = "".join(f", {name}={name}" for name in namespace)
+    source = "\n".join([f"def parse(buf, pos{params}):", *lines])
+    exec(source, namespace)  # noqa: S102 - column names enter the source only through repr()
+    parse: RowParser = namespace["parse"]
+    parse.rendered = True  # type: ignore[attr-defined]  # the relation log says which path a table takes
     return parse
 
 

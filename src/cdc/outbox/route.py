@@ -52,7 +52,7 @@ from typing import Any, Final, Protocol
 import fastavro
 import orjson
 
-from cdc.event import ChangeEvent, MessageEvent, Op
+from cdc.event import ChangeEvent, MessageEvent, Op, rendered_row_error
 from cdc.lsn import Lsn
 from cdc.outbox.config import TOPIC_CHARS, OutboxConfig, OutboxTable
 from cdc.sink.record import Record
@@ -150,6 +150,8 @@ class OutboxRouter:
         if event.op is not Op.CREATE or event.after is None:
             return None
         row = event.after
+        if not isinstance(row, dict):
+            raise rendered_row_error("the outbox", event.table)
         cols = table.columns
         source = table.name
         content = _printable_row(row)

@@ -74,7 +74,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
-from cdc.event import Column, MessageEvent, TableSchema
+from cdc.event import AnyRow, Column, MessageEvent, TableSchema, rendered_row_error
 from cdc.sink.record import Record
 from cdc.sink.registry import SchemaRegistry
 from cdc.sink.serialize import (
@@ -402,9 +402,11 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
 
     # --- bytes ------------------------------------------------------------------
 
-    def _row(self, plan: _AvroPlan, row: dict[str, Any] | None, which: str) -> dict[str, Any]:
+    def _row(self, plan: _AvroPlan, row: AnyRow | None, which: str) -> dict[str, Any]:
         if row is None:
             raise SerializationError(f"table {plan.table.qualified!r}: the event has no {which} row")
+        if not isinstance(row, dict):
+            raise rendered_row_error("the Avro format", plan.table)
         out: dict[str, Any] = {}
         toast = UNCHANGED_TOAST
         column = ""
@@ -425,9 +427,11 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             raise _column_error(plan.table, column, row.get(column), exc) from exc
         return out
 
-    def _key(self, plan: _AvroPlan, row: dict[str, Any] | None) -> bytes:
+    def _key(self, plan: _AvroPlan, row: AnyRow | None) -> bytes:
         if row is None:
             raise SerializationError(f"table {plan.table.qualified!r}: the event has no row to take the key from")
+        if not isinstance(row, dict):
+            raise rendered_row_error("the Avro format", plan.table)
         assert plan.key is not None, "events of tables without key columns are refused before their keys"
         out: dict[str, Any] = {}
         column = ""

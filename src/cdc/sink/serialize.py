@@ -97,7 +97,19 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
-from cdc.event import ChangeEvent, Column, MessageEvent, Op, PgType, TableSchema, TruncateEvent, TypeKind
+from cdc.event import (
+    AnyRow,
+    ChangeEvent,
+    Column,
+    MessageEvent,
+    Op,
+    PgType,
+    RenderedRow,
+    RowRendering,
+    TableSchema,
+    TruncateEvent,
+    TypeKind,
+)
 from cdc.sink.record import Record
 from cdc.values import UNCHANGED_TOAST, Infinity, Interval, Point, TimeTz
 
@@ -796,6 +808,131 @@ def _placeholder(pg_type: PgType, spec: ConnectSchema, text: str) -> Any:
 
 
 # ---------------------------------------------------------------------------
+# Rendering: pgoutput's column text straight to the JSON value (the streaming fast path)
+# ---------------------------------------------------------------------------
+#
+# Each renderer returns exactly the bytes orjson writes for the encoder's value of the same
+# text (tests/unit/test_render.py compares them value by value) and raises ValueError for
+# any text it does not cover, which sends the row down the typed path.
+
+
+class RenderDeclined(ValueError):
+    """A column's typed value could not be encoded: the typed path will raise the real error."""
+
+
+_JSON_SPECIAL: Final = re.compile(rb'["\\\x00-\x1f]').search  # what orjson escapes in a string
+
+
+def _render_text(raw: bytes) -> bytes:
+    if raw.isascii() and _JSON_SPECIAL(raw) is None:
+        return b'"' + raw + b'"'
+    return orjson.dumps(raw.decode())  # UnicodeDecodeError is a ValueError: the typed path names it
+
+
+def _render_int(raw: bytes) -> bytes:
+    if raw.isdigit() or (raw[:1] == b"-" and raw[1:].isdigit()):
+        return raw
+    raise ValueError(raw)
+
+
+def _render_bool(raw: bytes) -> bytes:
+    if raw == b"t":
+        return b"true"
+    if raw == b"f":
+        return b"false"
+    raise ValueError(raw)
+
+
+_UUID_TEXT: Final = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}").fullmatch
+
+
+def _render_uuid(raw: bytes) -> bytes:
+    if _UUID_TEXT(raw) is None:
+        raise ValueError(raw)
+    return b'"' + raw + b'"'
+
+
+@functools.lru_cache(maxsize=64)
+def _render_fixed_numeric(scale: int) -> Callable[[bytes], bytes]:
+    """numeric(p, scale) under ``precise``: PostgreSQL prints exactly ``scale`` fraction digits."""
+    b64 = binascii.b2a_base64
+
+    def render(raw: bytes) -> bytes:
+        if scale:
+            if len(raw) <= scale or raw[-scale - 1] != 0x2E:  # '.'
+                raise ValueError(raw)
+            digits = raw[: -scale - 1] + raw[-scale:]
+        else:
+            digits = raw
+        if not (digits.isdigit() or (digits[:1] == b"-" and digits[1:].isdigit())):
+            raise ValueError(raw)  # NaN, Infinity: the typed path raises the precise error
+        n = int(digits)
+        length = (n.bit_length() if n >= 0 else (~n).bit_length()) // 8 + 1
+        return b'"' + b64(n.to_bytes(length, "big", signed=True), newline=False) + b'"'
+
+    return render
+
+
+_TIMESTAMPTZ_UTC: Final = re.compile(rb"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.(\d{1,6}))?\+00").fullmatch
+
+
+@functools.lru_cache(maxsize=8)
+def _render_zoned_timestamp(width: int) -> Callable[[bytes], bytes]:
+    """timestamptz as ZonedTimestamp, from the text a UTC session prints: years 1-9999 (AD) only."""
+    zeros = b"0" * 6
+
+    def render(raw: bytes) -> bytes:
+        match = _TIMESTAMPTZ_UTC(raw)
+        if match is None:
+            raise ValueError(raw)  # BC, years past 9999, infinity, another offset
+        if width == 0:
+            return b'"' + raw[:10] + b"T" + raw[11:19] + b'Z"'
+        fraction = (match.group(1) or b"") + zeros
+        return b'"' + raw[:10] + b"T" + raw[11:19] + b"." + fraction[:width] + b'Z"'
+
+    return render
+
+
+def _direct_renderer(pg_type: PgType, modifier: int, opts: TypeOptions) -> Callable[[bytes], bytes] | None:
+    """The renderer of a column's text, for the built-in types whose text maps to JSON cheaply.
+
+    Only types whose key encoding is their value encoding (``column_schema(..., key=True)``
+    differs for doubles, timetz and intervals, none of them here): keys are rendered by the same
+    function."""
+    if pg_type.kind is not TypeKind.BASE or pg_type.schema != "pg_catalog":
+        return None  # domains, enums, arrays, extension types: the typed path
+    name = pg_type.name
+    if name in ("int2", "int4", "int8", "oid"):
+        return _render_int
+    if name in ("text", "varchar", "bpchar", "name", "json", "jsonb", "xml"):
+        return _render_text
+    if name == "bool":
+        return _render_bool
+    if name == "uuid":
+        return _render_uuid
+    if name == "timestamptz":
+        return _render_zoned_timestamp(_time_precision(modifier))
+    if name == "numeric" and opts.decimal_handling == "precise":
+        typmod = _numeric_typmod(modifier)
+        if typmod is not None and typmod[1] >= 0:
+            return _render_fixed_numeric(typmod[1])
+    return None
+
+
+def _typed_json(encode: Encoder | None) -> Callable[[Any], bytes]:
+    """A column's typed value as JSON text, as orjson writes it inside the row object."""
+    dumps = orjson.dumps
+
+    def render(value: Any) -> bytes:
+        try:
+            return dumps(value if encode is None else encode(value))
+        except (SerializationError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise RenderDeclined(str(exc)) from exc
+
+    return render
+
+
+# ---------------------------------------------------------------------------
 # Per-table plans
 # ---------------------------------------------------------------------------
 
@@ -898,7 +1035,7 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         self._version = settings.connector_version
         self._database = settings.database
         self._placeholder = settings.unavailable_value
-        self._plans_by_id: dict[int, PlanT] = {}
+        self._plans_by_id: dict[int, tuple[TableSchema, PlanT]] = {}
         self._plans: dict[TableSchema, PlanT] = {}
         self._topic_owner: dict[str, tuple[str, str]] = {}
         self._message_topic = _TOPIC_CHARS.sub("_", f"{self._prefix}.message")
@@ -932,9 +1069,12 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         return topic
 
     def _plan(self, table: TableSchema) -> PlanT:
-        plan = self._plans_by_id.get(id(table))
-        if plan is not None and plan.table is table:
-            return plan
+        # By identity first: hashing a TableSchema walks all its columns. The entry holds the schema
+        # object itself (not the plan's, which may be an equal one from before a reconnect), so an id
+        # is never taken for another object's.
+        entry = self._plans_by_id.get(id(table))
+        if entry is not None and entry[0] is table:
+            return entry[1]
         plan = self._plans.get(table)
         if plan is None:
             plan = self._build_plan(table)
@@ -943,7 +1083,7 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
             self._plans[table] = plan
         if len(self._plans_by_id) >= _MAX_PLANS:
             self._plans_by_id.clear()
-        self._plans_by_id[id(table)] = plan
+        self._plans_by_id[id(table)] = (table, plan)
         return plan
 
     @abc.abstractmethod
@@ -1081,21 +1221,24 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
             "origin_lsn": None,
         }
 
-    def _key_payload(self, plan: PlanT, row: dict[str, Any] | None) -> bytes:
+    def _key_payload(self, plan: PlanT, row: AnyRow | None) -> bytes:
         """The key as JSON text (``{"id":1}``): the JSON format's key payload, and every format's key headers."""
+        if type(row) is RenderedRow:
+            return row.key_json
         if row is None:
             raise SerializationError(f"table {plan.table.qualified!r}: the event has no row to take the key from")
+        assert isinstance(row, dict)
         try:
             return orjson.dumps(_encode_key(plan.table, plan.key_fields, row))
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise _value_error(plan.table, plan.key_fields, row, exc) from exc
 
     @abc.abstractmethod
-    def _row(self, plan: PlanT, row: dict[str, Any] | None, which: str) -> dict[str, Any]:
+    def _row(self, plan: PlanT, row: AnyRow | None, which: str) -> Any:
         """A row's columns encoded for the envelope's ``before``/``after``."""
 
     @abc.abstractmethod
-    def _key(self, plan: PlanT, row: dict[str, Any] | None) -> bytes:
+    def _key(self, plan: PlanT, row: AnyRow | None) -> bytes:
         """The record key of a row: the same bytes for every event of the row."""
 
     @abc.abstractmethod
@@ -1239,6 +1382,33 @@ class JsonSerializer(EventSerializer[_TablePlan]):
             value_end=b"}}" if self._schemas else b"}",
         )
 
+    def row_rendering(self, table: TableSchema) -> RowRendering | None:
+        """How the decoder may write ``table``'s rows as JSON text (``RenderedRow``), skipping typed
+        values where a column's text maps straight to its JSON; None: the table cannot be keyed (the
+        typed path raises that error at its first row)."""
+        try:
+            plan = self._plan(table)
+        except SerializationError:
+            return None
+        if not plan.key_fields:
+            return None
+        opts = self._opts
+        render: list[Callable[[bytes], bytes] | None] = []
+        typed: list[Callable[[Any], bytes]] = []
+        for column, (_, encode, _) in zip(table.columns, plan.fields, strict=True):
+            render.append(_direct_renderer(column.type, column.modifier, opts))
+            typed.append(_typed_json(encode))
+        names = tuple(c.name for c in table.columns)
+        key_index = tuple(names.index(name) for name, _, _ in plan.key_fields)
+        return RowRendering(
+            names=names,
+            render=tuple(render),
+            typed=tuple(typed),
+            key_index=key_index,
+            key_render=tuple(render[i] for i in key_index),  # the direct types encode keys as values
+            key_typed=tuple(_typed_json(encode) for _, encode, _ in plan.key_fields),
+        )
+
     def _truncate_key(self, plan: _TablePlan, partition: int) -> bytes:
         payload = orjson.dumps({TRUNCATE_KEY_FIELD: partition})
         return plan.truncate_key_prefix + payload + b"}" if self._schemas else payload
@@ -1286,15 +1456,18 @@ class JsonSerializer(EventSerializer[_TablePlan]):
             return plan.value_prefix + body + b"}"
         return body
 
-    def _row(self, plan: _TablePlan, row: dict[str, Any] | None, which: str) -> dict[str, Any]:
+    def _row(self, plan: _TablePlan, row: AnyRow | None, which: str) -> Any:
+        if type(row) is RenderedRow:
+            return orjson.Fragment(row.json)
         if row is None:
             raise SerializationError(f"table {plan.table.qualified!r}: the event has no {which} row")
+        assert isinstance(row, dict)
         try:
             return plan.encode_row(row)
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise _value_error(plan.table, plan.fields, row, exc) from exc
 
-    def _key(self, plan: _TablePlan, row: dict[str, Any] | None) -> bytes:
+    def _key(self, plan: _TablePlan, row: AnyRow | None) -> bytes:
         payload = self._key_payload(plan, row)
         if self._schemas:
             return plan.key_prefix + payload + b"}"

@@ -43,10 +43,12 @@ from typing import Any, Final
 import structlog
 
 from cdc.event import (
+    AnyRow,
     ChangeEvent,
     Event,
     MessageEvent,
     Op,
+    RenderedRow,
     Row,
     TableSchema,
     TruncateEvent,
@@ -147,8 +149,10 @@ class Window:
         self.reason: str | None = None
         self.done = threading.Event()
 
-    def key(self, row: Row) -> Key:
-        return tuple(freeze(row.get(name)) for name in self.key_names)
+    def key(self, row: AnyRow) -> Key:
+        values = row.key if type(row) is RenderedRow else row
+        assert isinstance(values, dict)
+        return tuple(freeze(values.get(name)) for name in self.key_names)
 
     def settle(self, outcome: Outcome, reason: str | None = None) -> None:
         self.outcome = outcome

@@ -1,0 +1,173 @@
+"""Rendering pgoutput column text straight to JSON: bytes in, the typed path's bytes out.
+
+Each direct renderer must return exactly what orjson writes for the serializer's encoding of
+the value the decoder's converter makes of the same text, and must decline (ValueError) what it
+does not cover. ``tests/integration/test_render_json.py`` checks whole records from a real server.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cdc.catalog import TableInfo
+from cdc.decoder.changes import ChangeDecoder
+from cdc.decoder.pgoutput import UNCHANGED
+from cdc.decoder.types import BUILTIN_TYPES, converter_for
+from cdc.event import ChangeEvent, RenderedRow
+from cdc.sink.serialize import JsonSerializer, JsonSettings, TypeOptions, _direct_renderer, column_schema
+from tests.unit.test_pgoutput import begin, insert, relation, tuple_data, update
+
+TYPES = {t.name: t for t in BUILTIN_TYPES.values()}
+PRECISE = TypeOptions("precise", "adaptive", "numeric")
+
+
+def numeric_typmod(precision: int, scale: int) -> int:
+    return ((precision << 16) | scale) + 4
+
+
+def typed_json(type_name: str, modifier: int, text: bytes) -> bytes:
+    pg_type = TYPES[type_name]
+    value = converter_for(pg_type, modifier)(text)
+    encode = column_schema(pg_type, modifier, PRECISE, False, "column").encode
+    return orjson.dumps(value if encode is None else encode(value))
+
+
+def render(type_name: str, modifier: int, text: bytes) -> bytes:
+    renderer = _direct_renderer(TYPES[type_name], modifier, PRECISE)
+    assert renderer is not None
+    return renderer(text)
+
+
+@given(st.integers(-(2**63), 2**63 - 1), st.sampled_from(["int2", "int4", "int8", "oid"]))
+def test_integers_render_as_their_text(n: int, type_name: str) -> None:
+    text = str(n).encode()
+    assert render(type_name, -1, text) == typed_json(type_name, -1, text)
+
+
+@given(st.text(st.characters(blacklist_categories=("Cs",))), st.sampled_from(["text", "varchar", "bpchar", "name", "jsonb"]))
+def test_strings_render_as_orjson_writes_them(s: str, type_name: str) -> None:
+    text = s.encode()
+    assert render(type_name, -1, text) == typed_json(type_name, -1, text)
+
+
+@given(st.integers(-(10**17), 10**17), st.integers(0, 6))
+def test_fixed_scale_numerics_render_as_base64_twos_complement(unscaled: int, scale: int) -> None:
+    digits = str(abs(unscaled)).rjust(scale + 1, "0")
+    text = ("-" if unscaled < 0 else "") + (digits[: len(digits) - scale] + "." + digits[-scale:] if scale else digits)
+    modifier = numeric_typmod(18, scale)
+    assert render("numeric", modifier, text.encode()) == typed_json("numeric", modifier, text.encode())
+
+
+@given(
+    st.datetimes(min_value=datetime(1, 1, 1), max_value=datetime(9999, 12, 31, 23, 59, 59, 999999)),
+    st.integers(0, 6),
+)
+def test_utc_timestamps_render_as_zoned_timestamps_at_the_columns_precision(moment: datetime, precision: int) -> None:
+    micro = moment.microsecond - moment.microsecond % 10 ** (6 - precision)  # what the column keeps
+    fraction = f"{micro:06d}".rstrip("0")
+    text = (
+        f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d} {moment.hour:02d}:{moment.minute:02d}:{moment.second:02d}"
+        + ("." + fraction if fraction else "")
+        + "+00"
+    )
+    assert render("timestamptz", precision, text.encode()) == typed_json("timestamptz", precision, text.encode())
+    assert render("timestamptz", -1, text.encode()) == typed_json("timestamptz", -1, text.encode())
+
+
+@given(st.uuids())
+def test_uuids_render_as_their_canonical_text(u: Any) -> None:
+    text = str(u).encode()
+    assert render("uuid", -1, text) == typed_json("uuid", -1, text)
+
+
+@pytest.mark.parametrize(
+    ("type_name", "modifier", "text"),
+    [
+        ("numeric", numeric_typmod(12, 2), b"NaN"),
+        ("numeric", numeric_typmod(12, 2), b"1.5"),  # not the column's scale: never sent, still declined
+        ("numeric", numeric_typmod(12, 0), b"1.5"),
+        ("timestamptz", -1, b"infinity"),
+        ("timestamptz", -1, b"-infinity"),
+        ("timestamptz", -1, b"0044-03-15 12:00:00+00 BC"),
+        ("timestamptz", -1, b"10000-01-01 00:00:00+00"),
+        ("timestamptz", -1, b"2024-01-31 12:00:00+02"),  # a session not in UTC
+        ("uuid", -1, b"A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11"),
+        ("bool", -1, b"true"),
+        ("int8", -1, b"1e3"),
+        ("text", -1, b"\xff\xfe"),  # not UTF-8: the typed path names the column
+    ],
+)
+def test_text_a_renderer_does_not_cover_is_declined(type_name: str, modifier: int, text: bytes) -> None:
+    with pytest.raises(ValueError):
+        render(type_name, modifier, text)
+
+
+def test_types_without_a_direct_renderer_are_rendered_from_their_typed_value() -> None:
+    for name in ("float8", "date", "timestamp", "interval", "bytea", "money", "timetz"):
+        assert _direct_renderer(TYPES[name], -1, PRECISE) is None, name
+    assert _direct_renderer(TYPES["numeric"], -1, PRECISE) is None  # variable scale: a struct
+    assert _direct_renderer(TYPES["numeric"], numeric_typmod(12, 2), TypeOptions("string", "adaptive", "numeric")) is None
+
+
+# -- through the decoder ------------------------------------------------------------------------------
+
+COLUMNS = ((1, "id", 20, -1), (0, 'we%ird "name', 25, -1), (0, "amount", 1700, numeric_typmod(12, 2)), (0, "f", 701, -1))
+TABLES = {"public.accounts": TableInfo("public", "accounts", 16384, "d", ("id",), ("id", 'we%ird "name', "amount", "f"), frozenset({"id"}))}
+
+
+def feed(decoder: ChangeDecoder, *payloads: bytes) -> list[ChangeEvent]:
+    out = []
+    for i, payload in enumerate(payloads):
+        out += [e for e in decoder.feed(payload, 0x100 + i) if isinstance(e, ChangeEvent)]  # type: ignore[arg-type]
+    return out
+
+
+def serializer() -> JsonSerializer:
+    return JsonSerializer(JsonSettings(topic_prefix="p", database="db"), lambda topic: 1, clock_ns=lambda: 1)
+
+
+def test_a_rendered_row_serializes_as_the_typed_row_and_keeps_its_typed_key() -> None:
+    ser = serializer()
+    row = tuple_data(b"7", b'100% "sure"', b"-1.50", b"0.1")
+    payloads = (relation(columns=COLUMNS), begin(), insert(16384, row), update(16384, row, key=tuple_data(b"6", None, None, None)))
+    fast = feed(ChangeDecoder(TABLES, {}, rendering=ser.row_rendering), *payloads)
+    typed = feed(ChangeDecoder(TABLES, {}), *payloads)
+    assert [type(e.after) for e in fast] == [RenderedRow, RenderedRow]
+    assert type(fast[1].before) is RenderedRow
+    assert [ser.records(e) for e in fast] == [serializer().records(e) for e in typed]
+    assert fast[0].key() == {"id": 7} and fast[1].old_key() == {"id": 6}
+    after = fast[0].after
+    assert isinstance(after, RenderedRow)
+    assert after.json == b'{"id":7,"we%ird \\"name":"100% \\"sure\\"","amount":"/2o=","f":0.1}'
+    assert after.key_json == b'{"id":7}'
+
+
+def test_an_unchanged_toasted_value_takes_the_typed_path() -> None:
+    ser = serializer()
+    payloads = (relation(columns=COLUMNS), begin(), update(16384, tuple_data(b"7", UNCHANGED, b"1.00", None)))
+    (event,) = feed(ChangeDecoder(TABLES, {}, rendering=ser.row_rendering), *payloads)
+    assert isinstance(event.after, dict) and event.unchanged == {'we%ird "name'}
+
+
+def test_set_rendering_applies_to_tables_already_announced() -> None:
+    ser = serializer()
+    decoder = ChangeDecoder(TABLES, {}, rendering=ser.row_rendering)
+    row = insert(16384, tuple_data(b"1", b"a", b"1.00", None))
+    (first,) = feed(decoder, relation(columns=COLUMNS), begin(), row)
+    decoder.set_rendering(lambda table: None)  # e.g. the table gained a column policy at a reload
+    (second,) = feed(decoder, row)
+    decoder.set_rendering(ser.row_rendering)
+    (third,) = feed(decoder, row)
+    assert [type(e.after) for e in (first, second, third)] == [RenderedRow, dict, RenderedRow]
+
+
+def test_a_rendered_row_is_not_a_mapping() -> None:
+    row = RenderedRow(b'{"id":1}', {"id": 1}, b'{"id":1}')
+    with pytest.raises(TypeError):
+        row["id"]  # type: ignore[index]
