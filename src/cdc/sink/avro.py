@@ -77,9 +77,11 @@ import cdc
 from cdc.event import AnyRow, Column, MessageEvent, TableSchema, rendered_row_error
 from cdc.sink.record import Record
 from cdc.sink.registry import SchemaRegistry
+from cdc.sink.avro_write import Encoded, Unsupported, Write, compile_writer
 from cdc.sink.serialize import (
     MESSAGE_KEY_SCHEMA,
     MESSAGE_VALUE_SCHEMA,
+    SOURCE_SCHEMA,
     TRUNCATE_KEY_FIELD,
     ConnectSchema,
     Encoder,
@@ -255,6 +257,7 @@ class _Writer:
     prefix: bytes
     subject: str
     schema_id: int
+    write: Write | None  # compiled (cdc.sink.avro_write); None: fastavro only
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,6 +307,14 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         self._truncate_keys: dict[str, _Writer] = {}
         self._message_key: _Writer | None = None
         self._message_value: _Writer | None = None
+        # The envelope's source block per transaction and table, encoded around its two per-event fields.
+        try:
+            self._source_fields: list[tuple[str, Write]] | None = compile_writer(avro_schema(SOURCE_SCHEMA))[1][
+                avro_name(SOURCE_SCHEMA.name or "")
+            ]
+        except Unsupported:
+            self._source_fields = None
+        self._source_parts: dict[tuple[int, int | None, int | None, int, bool], tuple[Any, ...]] = {}
 
     @property
     def settings(self) -> AvroSettings:
@@ -369,6 +380,45 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             value=value,
         )
 
+    def _source(
+        self,
+        table: TableSchema,
+        commit_ts_us: int,
+        commit_lsn: int | None,
+        lsn: int,
+        xid: int | None,
+        snapshot: bool,
+    ) -> Any:
+        """The source block, encoded once per transaction and table but for ``sequence`` and ``lsn``."""
+        value = super()._source(table, commit_ts_us, commit_lsn, lsn, xid, snapshot)
+        if self._source_fields is None:
+            return value
+        key = (id(table), commit_lsn, xid, commit_ts_us, snapshot)
+        parts = self._source_parts.get(key)
+        if parts is None or parts[0] is not table:
+            parts = (table, *self._source_pieces(value))
+            if len(self._source_parts) >= 256:
+                self._source_parts.clear()
+            self._source_parts[key] = parts
+        _, head, write_sequence, middle, write_lsn, tail = parts
+        return Encoded(head + write_sequence(value["sequence"]) + middle + write_lsn(value["lsn"]) + tail, value)
+
+    def _source_pieces(self, value: dict[str, Any]) -> tuple[bytes, Write, bytes, Write, bytes]:
+        pieces: list[bytes] = []
+        writers: list[Write] = []
+        current: list[bytes] = []
+        assert self._source_fields is not None
+        for name, write in self._source_fields:
+            if name in ("sequence", "lsn"):
+                pieces.append(b"".join(current))
+                writers.append(write)
+                current = []
+            else:
+                current.append(write(value[name]))
+        pieces.append(b"".join(current))
+        assert len(writers) == 2, "the source block has a sequence and an lsn"
+        return pieces[0], writers[0], pieces[1], writers[1], pieces[2]
+
     def _register(self, subject: str, schema: Any, source: str) -> _Writer:
         try:
             parsed = fastavro.parse_schema(schema)
@@ -382,7 +432,11 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
                 "(Apicurio: its ccompat API's legacy id mode)"
             )
         prefix = bytes((MAGIC_BYTE,)) + schema_id.to_bytes(4, "big")
-        return _Writer(schema=schema, parsed=parsed, prefix=prefix, subject=subject, schema_id=schema_id)
+        try:
+            write: Write | None = compile_writer(schema)[0]
+        except Unsupported:
+            write = None
+        return _Writer(schema=schema, parsed=parsed, prefix=prefix, subject=subject, schema_id=schema_id, write=write)
 
     def _truncate_writer(self, plan: _AvroPlan) -> _Writer:
         writer = self._truncate_keys.get(plan.topic)
@@ -498,8 +552,20 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         )
 
 
+_COMPILED_ERRORS: Final = (TypeError, ValueError, KeyError, AttributeError, OverflowError, IndexError)
+
+
 def _write(writer: _Writer, datum: dict[str, Any], what: str) -> bytes:
-    """Confluent wire format: magic byte, schema id, Avro binary."""
+    """Confluent wire format: magic byte, schema id, Avro binary.
+
+    The compiled writer first; when it raises (a datum that does not fit, or a shape it is stricter
+    about), fastavro writes the datum or names what does not fit."""
+    if writer.write is not None:
+        try:
+            return writer.prefix + writer.write(datum)
+        except _COMPILED_ERRORS:
+            pass
+    datum = {k: (v.value if type(v) is Encoded else v) for k, v in datum.items()}
     buffer = io.BytesIO()
     buffer.write(writer.prefix)
     try:
