@@ -310,12 +310,13 @@ class DecoderConfig(_Section):
         description="where streamed transactions wait for their commit, in a subdirectory per slot "
         "(default: <system temp dir>/cdc-spool); needs room for the largest transaction's changes",
     )
-    render_json: bool = Field(
+    render_rows: bool = Field(
         default=True,
-        description="format json: write each row straight from the server's text into the record's JSON, "
-        "skipping typed values where a column's text maps directly (integers, text, bool, uuid, json, "
-        "numeric(p,s) under precise, timestamptz); the records are byte for byte the same. Tables with "
-        "column policies and outbox tables always take typed values. False: every row through typed values",
+        description="write each streamed row straight from the server's text into the record's JSON or "
+        "Avro, skipping typed values where a column's text maps directly (integers, text types, bool, "
+        "uuid, json, numeric(p,s) under precise, timestamptz); the records are byte for byte the same. "
+        "Tables with column policies and outbox tables always take typed values. False: every row "
+        "through typed values",
     )
 
 

@@ -89,31 +89,33 @@ Row = dict[str, Any]
 
 
 class RenderedRow:
-    """A row the decoder wrote straight into the JSON format's text (``cdc.sink.serialize.RowRendering``).
+    """A row the decoder wrote straight into the sink format's bytes (``RowRendering``).
 
-    ``json`` is the row object exactly as the JSON serializer would write it from the typed
-    values (``{"id":1,"name":"a",...}``), ``key_json`` the key object, ``key`` the typed values of
-    the key columns (what snapshots compare streamed rows by). The other columns have no typed
-    value: this is deliberately not a mapping, so code that needs a row's values cannot take one
-    for a row of fewer columns; it must handle ``RenderedRow`` or never be given one.
+    ``data`` is the row exactly as the serializer would write it from the typed values (JSON:
+    the object ``{"id":1,"name":"a",...}``; Avro: the binary of the table's Value record),
+    ``key_data`` the key the same way (JSON: the key object; Avro: the Key record), ``key`` the
+    typed values of the key columns (what snapshots compare streamed rows by, and key headers are
+    made of). The other columns have no typed value: this is deliberately not a mapping, so code
+    that needs a row's values cannot take one for a row of fewer columns; it must handle
+    ``RenderedRow`` or never be given one.
     """
 
-    __slots__ = ("json", "key", "key_json")
+    __slots__ = ("data", "key", "key_data")
 
-    def __init__(self, json: bytes, key: Row, key_json: bytes) -> None:
-        self.json = json
+    def __init__(self, data: bytes, key: Row, key_data: bytes) -> None:
+        self.data = data
         self.key = key
-        self.key_json = key_json
+        self.key_data = key_data
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, RenderedRow):
             return NotImplemented
-        return self.json == other.json and self.key == other.key and self.key_json == other.key_json
+        return self.data == other.data and self.key == other.key and self.key_data == other.key_data
 
     __hash__ = None  # type: ignore[assignment]  # mutable like the dicts it stands in for
 
     def __repr__(self) -> str:
-        return f"RenderedRow({self.json!r})"
+        return f"RenderedRow({self.data!r})"
 
 
 AnyRow = Row | RenderedRow
@@ -131,11 +133,13 @@ Render = Callable[[bytes], bytes]
 
 @dataclass(frozen=True, slots=True)
 class RowRendering:
-    """How the decoder writes one table's rows as JSON text, given by the JSON serializer.
+    """How the decoder writes one table's rows in the sink format's bytes, given by the serializer.
 
     Per column, in the table's order: ``render[i]`` turns the column's pgoutput text into its
-    JSON value, or is None, and then the column's typed value (the decoder's converter) goes
-    through ``typed[i]``. The same for the key columns (``key_index`` are their positions):
+    encoding within the row, or is None, and then the column's typed value (the decoder's
+    converter) goes through ``typed[i]``; ``null[i]`` is a NULL's encoding (None: a NULL here
+    cannot be rendered, the typed path decides). ``row_format`` joins the columns' encodings
+    (``%b`` each, in order). The same for the key columns (``key_index`` are their positions):
     a key's encoding can differ from the value's (keys must be injective). Renderers raise
     ValueError on anything they do not cover; the decoder then takes its typed path.
     """
@@ -143,9 +147,13 @@ class RowRendering:
     names: tuple[str, ...]
     render: tuple[Render | None, ...]
     typed: tuple[Callable[[Any], bytes], ...]
+    null: tuple[bytes | None, ...]
+    row_format: bytes
     key_index: tuple[int, ...]
     key_render: tuple[Render | None, ...]
     key_typed: tuple[Callable[[Any], bytes], ...]
+    key_null: tuple[bytes | None, ...]
+    key_format: bytes
 
 
 @dataclass(frozen=True, slots=True)

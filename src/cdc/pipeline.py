@@ -225,11 +225,11 @@ class Pipeline:
         )
 
     def _rendering(self, table: TableSchema) -> RowRendering | None:
-        """Asked by the decoder per Relation message: whether it may write the table's rows straight as
-        JSON text. Not for tables whose rows something reads column by column first: a column policy
-        (include/exclude/mask) or the outbox; nor for the Avro format."""
+        """Asked by the decoder per Relation message: whether it may write the table's rows straight in the
+        sink format (JSON text, Avro binary). Not for tables whose rows something reads column by column
+        first: a column policy (include/exclude/mask) or the outbox."""
         serializer = self._serializer
-        if not isinstance(serializer, JsonSerializer) or not self.config.decoder.render_json:
+        if serializer is None or not self.config.decoder.render_rows:
             return None
         name = table.qualified
         if name in self._policies or name in self._outbox_tables:

@@ -1,11 +1,12 @@
-"""Rows the decoder renders straight into JSON text make the very records the typed path makes.
+"""Rows the decoder renders straight into JSON text or Avro binary make the very records the typed path makes.
 
-The streaming fast path for the JSON format (``RowRendering``, ``RenderedRow``) skips the typed
-values of most columns. These tests take real pgoutput payloads from a server (every built-in
-type of ``test_decoder_types``, and edge values of each type rendered directly), feed them to a
-decoder that renders and to one that does not, serialize both with the same settings and a fixed
-clock, and compare the records byte for byte: topic, key, value, headers. Keys must be identical
-bytes, because compaction groups records by key bytes.
+The streaming fast path (``RowRendering``, ``RenderedRow``) skips the typed values of most
+columns. These tests take real pgoutput payloads from a server (every built-in type of
+``test_decoder_types``, and edge values of each type rendered directly), feed them to a decoder
+that renders and to one that does not, serialize both with the same settings and a fixed clock,
+and compare the records byte for byte: topic, key, value, headers. Keys must be identical bytes,
+because compaction groups records by key bytes. (Avro against a stand-in registry that numbers
+subjects: the schemas are the serializer's either way; ``test_avro_registry`` has the real one.)
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from cdc.catalog import TableInfo
 from cdc.decoder.changes import ChangeDecoder
 from cdc.event import ChangeEvent, PgType, RenderedRow
 from cdc.lsn import Lsn
+from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.record import Record
-from cdc.sink.serialize import JsonSerializer, JsonSettings
+from cdc.sink.serialize import EventSerializer, JsonSerializer, JsonSettings
 from tests.integration.decoder_harness import DecoderSession, changes, mark
 from tests.integration.test_decoder_types import CASES, SETUP, hstore_available
 
@@ -72,24 +74,46 @@ UNCOVERED: list[tuple[str, str]] = [
     ("n", "'NaN'"),
 ]
 
-SETTINGS: list[dict[str, Any]] = [
-    {},
-    {"schemas_enable": True},
-    {"decimal_handling": "string"},
-    {"decimal_handling": "double", "time_precision": "iso", "interval_handling": "string"},
+SETTINGS: list[tuple[str, dict[str, Any]]] = [
+    ("json", {}),
+    ("json", {"schemas_enable": True}),
+    ("json", {"decimal_handling": "string"}),
+    ("json", {"decimal_handling": "double", "time_precision": "iso", "interval_handling": "string"}),
+    ("avro", {}),
+    ("avro", {"decimal_handling": "string"}),
+    ("avro", {"decimal_handling": "double", "time_precision": "iso", "interval_handling": "string"}),
 ]
+
+
+class Registry:
+    """Numbers subjects as a registry would (no compatibility checks: the schemas never change here)."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+
+    def register(self, subject: str, schema: Any, source: str | None = None) -> int:
+        return self.ids.setdefault(subject, len(self.ids) + 1)
+
+
+def make_serializer(fmt: str, overrides: dict[str, Any]) -> EventSerializer[Any]:
+    if fmt == "avro":
+        return AvroSerializer(
+            AvroSettings(topic_prefix="render", database="db", **overrides), lambda topic: 2, Registry(), clock_ns=lambda: NOW_NS
+        )
+    return JsonSerializer(JsonSettings(topic_prefix="render", database="db", **overrides), lambda topic: 2, clock_ns=lambda: NOW_NS)
 
 
 def records_of(
     payloads: Sequence[tuple[bytes, Lsn]],
     tables: dict[str, TableInfo],
     types: dict[int, PgType],
-    settings: JsonSettings,
+    fmt: str,
+    overrides: dict[str, Any],
     *,
     render: bool,
 ) -> tuple[list[Record | str], list[ChangeEvent]]:
     """Every record (or serialization error) the payloads make, and their change events."""
-    serializer = JsonSerializer(settings, lambda topic: 2, clock_ns=lambda: NOW_NS)
+    serializer = make_serializer(fmt, overrides)
     decoder = ChangeDecoder(tables, types, rendering=serializer.row_rendering if render else None)
     out: list[Record | str] = []
     events: list[ChangeEvent] = []
@@ -151,17 +175,16 @@ def test_rendered_rows_make_the_typed_rows_records_byte_for_byte(
         known_tables, known_types = reader.tables, reader.types
     assert len(changes(events)) == 2 + EDGE_ROWS + len(UNCOVERED) + 5 + 2 + 3 + 2 + 2 + 2 + 2
 
-    for overrides in SETTINGS:
-        settings = JsonSettings(topic_prefix="render", database="db", **overrides)
-        typed, typed_events = records_of(payloads, known_tables, known_types, settings, render=False)
-        fast, fast_events = records_of(payloads, known_tables, known_types, settings, render=True)
+    for fmt, overrides in SETTINGS:
+        typed, typed_events = records_of(payloads, known_tables, known_types, fmt, overrides, render=False)
+        fast, fast_events = records_of(payloads, known_tables, known_types, fmt, overrides, render=True)
         assert not any(rendered(e) for e in typed_events)
-        assert fast == typed, overrides
+        assert fast == typed, (fmt, overrides)
         # The rendered path was taken wherever every value is covered, and only there.
         by_table: dict[str, list[bool]] = {}
         for event in fast_events:
             by_table.setdefault(event.table.name, []).append(rendered(event))
-        assert all(by_table["keyed"]), overrides
+        assert all(by_table["keyed"]), (fmt, overrides)
         edge_ids = [
             (e.after if e.after is not None else e.before) for e in typed_events if e.table.name == "edges"
         ]
@@ -171,9 +194,10 @@ def test_rendered_rows_make_the_typed_rows_records_byte_for_byte(
             isinstance(row, dict) and (row["id"] < 1000 or (nan_rendered and str(row.get("n")) == "NaN"))
             for row in edge_ids
         ]
-        assert by_table["edges"] == expected, overrides
+        assert by_table["edges"] == expected, (fmt, overrides)
         assert len(typed) > 2 * EDGE_ROWS
     # Under 'precise' the NaN row fails the same way on both paths, naming the column and the fix.
-    precise, _ = records_of(payloads, known_tables, known_types, JsonSettings(topic_prefix="render", database="db"), render=True)
-    errors = [r for r in precise if isinstance(r, str)]
-    assert any("'n'" in e and "decimal_handling" in e for e in errors), errors
+    for fmt in ("json", "avro"):
+        precise, _ = records_of(payloads, known_tables, known_types, fmt, {}, render=True)
+        errors = [r for r in precise if isinstance(r, str)]
+        assert any("'n'" in e and "decimal_handling" in e for e in errors), (fmt, errors)

@@ -144,8 +144,8 @@ def test_a_rendered_row_serializes_as_the_typed_row_and_keeps_its_typed_key() ->
     assert fast[0].key() == {"id": 7} and fast[1].old_key() == {"id": 6}
     after = fast[0].after
     assert isinstance(after, RenderedRow)
-    assert after.json == b'{"id":7,"we%ird \\"name":"100% \\"sure\\"","amount":"/2o=","f":0.1}'
-    assert after.key_json == b'{"id":7}'
+    assert after.data == b'{"id":7,"we%ird \\"name":"100% \\"sure\\"","amount":"/2o=","f":0.1}'
+    assert after.key_data == b'{"id":7}'
 
 
 def test_an_unchanged_toasted_value_takes_the_typed_path() -> None:

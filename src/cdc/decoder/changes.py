@@ -60,7 +60,6 @@ from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
-import orjson
 import structlog
 
 from cdc.catalog import TableInfo
@@ -691,22 +690,31 @@ def _key_of(old: AnyRow, key_names: tuple[str, ...]) -> AnyRow:
 
 
 def _render_parser(rendering: RowRendering, parsers: list[Callable[[bytes], Any]]) -> RowParser:
-    """Like ``_row_parser``, generated for one relation, but returns a ``RenderedRow``: the row's JSON
-    text, its key's JSON text and the key's typed values. A column with a direct renderer goes from its
-    text to its JSON value; any other is parsed to its typed value first (the same value the typed
-    path makes) and written by ``rendering.typed``. Renderers raise ValueError on text they do not
-    cover, which declines the whole message to the general path."""
+    """Like ``_row_parser``, generated for one relation, but returns a ``RenderedRow``: the row and its key
+    in the sink format's bytes, and the key's typed values. A column with a direct renderer goes from its
+    text to its encoding; any other is parsed to its typed value first (the same value the typed path
+    makes) and written by ``rendering.typed``. Renderers raise ValueError on text they do not cover, and
+    a NULL the format cannot render here raises ``_Slow``: either declines the whole message to the
+    general path."""
     names = rendering.names
     count = len(names)
     keys = dict(zip(rendering.key_index, range(len(rendering.key_index)), strict=True))  # column -> key position
-    namespace: dict[str, Any] = {"Slow": _Slow, "u32": _U32.unpack_from, "Row": RenderedRow}
+    namespace: dict[str, Any] = {
+        "Slow": _Slow,
+        "u32": _U32.unpack_from,
+        "Row": RenderedRow,
+        "fmt": rendering.row_format,
+        "kfmt": rendering.key_format,
+    }
     lines = ["    if buf[pos] != %d or buf[pos + 1] != %d:" % (count >> 8, count & 0xFF), "        raise Slow", "    pos += 2"]
-    key_json: list[str] = []
+    key_parts: list[str] = []
     for i in range(count):
         direct = rendering.render[i]
+        null = rendering.null[i]
         j = keys.get(i)
         namespace[f"c{i}"] = parsers[i]
         namespace[f"t{i}"] = rendering.typed[i]
+        namespace[f"n{i}"] = null
         lines += ["    kind = buf[pos]", "    if kind == 116:", "        start = pos + 5", "        pos = start + u32(buf, pos + 1)[0]"]
         if direct is not None:
             namespace[f"r{i}"] = direct
@@ -716,24 +724,28 @@ def _render_parser(rendering: RowRendering, parsers: list[Callable[[bytes], Any]
                 lines += [f"        x{i} = buf[start:pos]", f"        v{i} = r{i}(x{i})", f"        k{i} = c{i}(x{i})"]
         else:
             lines += [f"        k{i} = c{i}(buf[start:pos])", f"        v{i} = t{i}(k{i})"]
-        lines += ["    elif kind == 110:", f"        v{i} = b'null'"]
+        lines.append("    elif kind == 110:")
+        lines.append(f"        v{i} = n{i}" if null is not None else "        raise Slow")
         if j is not None:
             lines.append(f"        k{i} = None")
         lines += ["        pos += 1", "    else:", "        raise Slow"]
         if j is not None:
-            if direct is not None and rendering.key_render[j] is direct:
-                key_json.append(f"v{i}")
+            key_null = rendering.key_null[j]
+            if direct is not None and rendering.key_render[j] is direct and key_null == null:
+                key_parts.append(f"v{i}")  # the same encoding as in the row
             else:
                 namespace[f"kt{j}"] = rendering.key_typed[j]
-                key_json.append(f"(b'null' if k{i} is None else kt{j}(k{i}))")
-    namespace["fmt"] = b"{" + b",".join(orjson.dumps(n).replace(b"%", b"%%") + b":%b" for n in names) + b"}"
+                namespace[f"kn{j}"] = key_null
+                if key_null is None:
+                    lines += [f"    if k{i} is None:", "        raise Slow"]
+                    key_parts.append(f"kt{j}(k{i})")
+                else:
+                    key_parts.append(f"(kn{j} if k{i} is None else kt{j}(k{i}))")
     key_names = [names[i] for i in rendering.key_index]
-    namespace["kfmt"] = b"{" + b",".join(orjson.dumps(n).replace(b"%", b"%%") + b":%b" for n in key_names) + b"}"
     values = ", ".join(f"v{i}" for i in range(count)) + ("," if count == 1 else "")
     typed_key = "{" + ", ".join(f"{n!r}: k{i}" for n, i in zip(key_names, rendering.key_index, strict=True)) + "}"
-    lines.append(
-        f"    return Row(fmt % ({values}), {typed_key}, kfmt % ({', '.join(key_json)}{',' if len(key_json) == 1 else ''})), pos"
-    )
+    key_values = ", ".join(key_parts) + ("," if len(key_parts) == 1 else "")
+    lines.append(f"    return Row(fmt % ({values}), {typed_key}, kfmt % ({key_values})), pos")
     params = "".join(f", {name}={name}" for name in namespace)
     source = "\n".join([f"def parse(buf, pos{params}):", *lines])
     exec(source, namespace)  # noqa: S102 - column names enter the source only through repr()

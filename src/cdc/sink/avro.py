@@ -74,10 +74,10 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
-from cdc.event import AnyRow, Column, MessageEvent, TableSchema, rendered_row_error
+from cdc.event import AnyRow, Column, MessageEvent, PgType, RenderedRow, RowRendering, TableSchema, rendered_row_error
 from cdc.sink.record import Record
 from cdc.sink.registry import SchemaRegistry
-from cdc.sink.avro_write import Encoded, Unsupported, Write, compile_writer
+from cdc.sink.avro_write import Encoded, Unsupported, Write, compile_writer, write_long
 from cdc.sink.serialize import (
     MESSAGE_KEY_SCHEMA,
     MESSAGE_VALUE_SCHEMA,
@@ -90,8 +90,16 @@ from cdc.sink.serialize import (
     check_key_column,
     column_schema,
     envelope_schema,
+    TypeOptions,
+    check_int_text,
+    check_uuid_text,
+    direct_type,
+    fixed_numeric_bytes,
+    numeric_typmod,
     position_headers,
+    time_precision,
     truncate_key_schema,
+    zoned_timestamp_text,
     unchanged_toast_key,
 )
 from cdc.values import UNCHANGED_TOAST
@@ -456,7 +464,57 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
 
     # --- bytes ------------------------------------------------------------------
 
-    def _row(self, plan: _AvroPlan, row: AnyRow | None, which: str) -> dict[str, Any]:
+    def row_rendering(self, table: TableSchema) -> RowRendering | None:
+        """Rows of ``table`` written by the decoder straight as the binary of its Value record (and its Key
+        record), the columns of the direct types from their text; None when a schema is not compiled."""
+        try:
+            plan = self._plan(table)
+        except SerializationError:
+            return None
+        if plan.key is None or plan.value.write is None or plan.key.write is None or not plan.avro_key_fields:
+            return None
+        try:
+            value_fields = dict(compile_writer(plan.value.schema)[1][plan.value_record])
+            key_fields = dict(compile_writer(plan.key.schema)[1][avro_name(f"{plan.topic}.Key")])
+        except (Unsupported, KeyError):
+            return None
+        opts = self._opts
+        render: list[Callable[[bytes], bytes] | None] = []
+        typed: list[Callable[[Any], bytes]] = []
+        nulls: list[bytes | None] = []
+        for column, (name, field, encode, _) in zip(table.columns, plan.value_fields, strict=True):
+            write = value_fields[field]
+            null = _try_null(write)
+            nulls.append(null)
+            tag = b"" if null is None else (b"\x02" if null == b"\x00" else b"\x00")
+            render.append(_tagged(_avro_direct(column.type, column.modifier, opts), tag))
+            typed.append(_typed_avro(write, encode))
+        names = tuple(c.name for c in table.columns)
+        key_index = tuple(names.index(key_column) for key_column, _, _ in plan.avro_key_fields)
+        key_render: list[Callable[[bytes], bytes] | None] = []
+        key_typed: list[Callable[[Any], bytes]] = []
+        key_nulls: list[bytes | None] = []
+        for (_, field, encode), index in zip(plan.avro_key_fields, key_index, strict=True):
+            write = key_fields[field]
+            key_nulls.append(_try_null(write))
+            key_render.append(render[index] if nulls[index] is None else None)  # required in both records
+            key_typed.append(_typed_avro(write, encode))
+        return RowRendering(
+            names=names,
+            render=tuple(render),
+            typed=tuple(typed),
+            null=tuple(nulls),
+            row_format=b"%b" * len(names),
+            key_index=key_index,
+            key_render=tuple(key_render),
+            key_typed=tuple(key_typed),
+            key_null=tuple(key_nulls),
+            key_format=b"%b" * len(key_index),
+        )
+
+    def _row(self, plan: _AvroPlan, row: AnyRow | None, which: str) -> Any:
+        if type(row) is RenderedRow:
+            return Encoded(row.data, _RENDERED)
         if row is None:
             raise SerializationError(f"table {plan.table.qualified!r}: the event has no {which} row")
         if not isinstance(row, dict):
@@ -482,6 +540,8 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         return out
 
     def _key(self, plan: _AvroPlan, row: AnyRow | None) -> bytes:
+        if type(row) is RenderedRow and plan.key is not None:
+            return plan.key.prefix + row.key_data
         if row is None:
             raise SerializationError(f"table {plan.table.qualified!r}: the event has no row to take the key from")
         if not isinstance(row, dict):
@@ -553,6 +613,94 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
 
 
 _COMPILED_ERRORS: Final = (TypeError, ValueError, KeyError, AttributeError, OverflowError, IndexError)
+_RENDERED: Final = object()  # the datum of a row the decoder rendered: there is no typed one for fastavro
+
+
+class _RenderDeclined(ValueError):
+    """A column's typed value did not fit its Avro field: the typed path will raise the real error."""
+
+
+def _try_null(write: Write) -> bytes | None:
+    """A field's encoding of NULL, or None when the field is required."""
+    try:
+        return write(None)
+    except _COMPILED_ERRORS:
+        return None
+
+
+def _tagged(base: Callable[[bytes], bytes] | None, tag: bytes) -> Callable[[bytes], bytes] | None:
+    """A renderer of a nullable field: its union branch's index, then the value."""
+    if base is None or not tag:
+        return base
+
+    def render(raw: bytes) -> bytes:
+        return tag + base(raw)
+
+    return render
+
+
+def _typed_avro(write: Write, encode: Encoder | None) -> Callable[[Any], bytes]:
+    def render(value: Any) -> bytes:
+        try:
+            return write(value if encode is None else encode(value))
+        except (SerializationError, *_COMPILED_ERRORS) as exc:
+            raise _RenderDeclined(str(exc)) from exc
+
+    return render
+
+
+def _avro_string(raw: bytes) -> bytes:
+    if not raw.isascii():
+        raw.decode()  # valid UTF-8, or ValueError (the typed path names the column)
+    return write_long(len(raw)) + raw
+
+
+def _avro_long(raw: bytes) -> bytes:
+    return write_long(int(check_int_text(raw)))
+
+
+def _avro_bool(raw: bytes) -> bytes:
+    if raw == b"t":
+        return b"\x01"
+    if raw == b"f":
+        return b"\x00"
+    raise ValueError(raw)
+
+
+def _avro_uuid(raw: bytes) -> bytes:
+    return b"\x48" + check_uuid_text(raw)  # 36 bytes: the length's zig-zag varint is 0x48
+
+
+def _avro_direct(pg_type: PgType, modifier: int, opts: TypeOptions) -> Callable[[bytes], bytes] | None:
+    """The Avro renderer (no union index) of a column's text, for the types ``direct_type`` names."""
+    kind = direct_type(pg_type, modifier, opts)
+    if kind == "int":
+        return _avro_long  # int and long are the same varint
+    if kind == "text":
+        return _avro_string
+    if kind == "bool":
+        return _avro_bool
+    if kind == "uuid":
+        return _avro_uuid
+    if kind == "timestamptz":
+        text = zoned_timestamp_text(time_precision(modifier))
+
+        def zoned(raw: bytes) -> bytes:
+            value = text(raw)
+            return write_long(len(value)) + value
+
+        return zoned
+    if kind == "numeric":
+        typmod = numeric_typmod(modifier)
+        assert typmod is not None
+        unscaled = fixed_numeric_bytes(typmod[1])
+
+        def decimal(raw: bytes) -> bytes:
+            data = unscaled(raw)
+            return write_long(len(data)) + data
+
+        return decimal
+    return None
 
 
 def _write(writer: _Writer, datum: dict[str, Any], what: str) -> bytes:
@@ -566,6 +714,8 @@ def _write(writer: _Writer, datum: dict[str, Any], what: str) -> bytes:
         except _COMPILED_ERRORS:
             pass
     datum = {k: (v.value if type(v) is Encoded else v) for k, v in datum.items()}
+    if any(v is _RENDERED for v in datum.values()):
+        raise SerializationError(f"{what}: a row rendered by the decoder did not fit its Avro schema (a bug; please report it)")
     buffer = io.BytesIO()
     buffer.write(writer.prefix)
     try:

@@ -165,6 +165,8 @@ class _Compiler:
                 return null
             if type(v) is tuple:  # fastavro's (record name, value) notation
                 v = v[1]
+            if type(v) is Encoded:
+                return tag + v.data
             return tag + other(v)
 
         return write

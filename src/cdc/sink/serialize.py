@@ -601,6 +601,16 @@ def _base_type(pg_type: PgType) -> PgType | None:
     return None
 
 
+def numeric_typmod(modifier: int) -> tuple[int, int] | None:
+    """(precision, scale) of a numeric column's type modifier; None for an unconstrained numeric."""
+    return _numeric_typmod(modifier)
+
+
+def time_precision(modifier: int) -> int:
+    """Fraction digits of a time/timestamp column's type modifier (6 when unspecified)."""
+    return _time_precision(modifier)
+
+
 def _numeric_typmod(modifier: int) -> tuple[int, int] | None:
     """numeric(p, s) from atttypmod; the scale is 11 bits, signed (PostgreSQL 15 allows s < 0)."""
     if modifier < 4:
@@ -829,7 +839,8 @@ def _render_text(raw: bytes) -> bytes:
     return orjson.dumps(raw.decode())  # UnicodeDecodeError is a ValueError: the typed path names it
 
 
-def _render_int(raw: bytes) -> bytes:
+def check_int_text(raw: bytes) -> bytes:
+    """An integer's text as PostgreSQL prints it (also its JSON); ValueError otherwise."""
     if raw.isdigit() or (raw[:1] == b"-" and raw[1:].isdigit()):
         return raw
     raise ValueError(raw)
@@ -843,19 +854,24 @@ def _render_bool(raw: bytes) -> bytes:
     raise ValueError(raw)
 
 
-def _render_uuid(raw: bytes) -> bytes:
-    # Canonical lower-case text: 32 hex digits, hyphens at 8, 13, 18 and 23 (cheaper than a regex).
+def check_uuid_text(raw: bytes) -> bytes:
+    """Canonical lower-case uuid text, as PostgreSQL prints it; ValueError otherwise (cheaper than a regex)."""
     if len(raw) != 36 or raw[8:24:5] != b"----" or raw.translate(None, b"0123456789abcdef") != b"----":
         raise ValueError(raw)
-    return b'"' + raw + b'"'
+    return raw
+
+
+def _render_uuid(raw: bytes) -> bytes:
+    return b'"' + check_uuid_text(raw) + b'"'
 
 
 @functools.lru_cache(maxsize=64)
-def _render_fixed_numeric(scale: int) -> Callable[[bytes], bytes]:
-    """numeric(p, scale) under ``precise``: PostgreSQL prints exactly ``scale`` fraction digits."""
-    b64 = binascii.b2a_base64
+def fixed_numeric_bytes(scale: int) -> Callable[[bytes], bytes]:
+    """numeric(p, scale) text -> the unscaled value's minimal two's complement. PostgreSQL prints exactly
+    ``scale`` fraction digits; NaN, Infinity or another scale raise ValueError (the typed path then
+    raises the precise error)."""
 
-    def render(raw: bytes) -> bytes:
+    def unscaled(raw: bytes) -> bytes:
         if scale:
             if len(raw) <= scale or raw[-scale - 1] != 0x2E:  # '.'
                 raise ValueError(raw)
@@ -863,10 +879,21 @@ def _render_fixed_numeric(scale: int) -> Callable[[bytes], bytes]:
         else:
             digits = raw
         if not (digits.isdigit() or (digits[:1] == b"-" and digits[1:].isdigit())):
-            raise ValueError(raw)  # NaN, Infinity: the typed path raises the precise error
+            raise ValueError(raw)
         n = int(digits)
-        length = (n.bit_length() if n >= 0 else (~n).bit_length()) // 8 + 1
-        return b'"' + b64(n.to_bytes(length, "big", signed=True), newline=False) + b'"'
+        return n.to_bytes((n.bit_length() if n >= 0 else (~n).bit_length()) // 8 + 1, "big", signed=True)
+
+    return unscaled
+
+
+@functools.lru_cache(maxsize=64)
+def _render_fixed_numeric(scale: int) -> Callable[[bytes], bytes]:
+    """numeric(p, scale) under ``precise``: base64 of the two's complement, as a JSON string."""
+    b64 = binascii.b2a_base64
+    unscaled = fixed_numeric_bytes(scale)
+
+    def render(raw: bytes) -> bytes:
+        return b'"' + b64(unscaled(raw), newline=False) + b'"'
 
     return render
 
@@ -900,30 +927,62 @@ def _render_zoned_timestamp(width: int) -> Callable[[bytes], bytes]:
     return render
 
 
-def _direct_renderer(pg_type: PgType, modifier: int, opts: TypeOptions) -> Callable[[bytes], bytes] | None:
-    """The renderer of a column's text, for the built-in types whose text maps to JSON cheaply.
-
-    Only types whose key encoding is their value encoding (``column_schema(..., key=True)``
-    differs for doubles, timetz and intervals, none of them here): keys are rendered by the same
-    function."""
+def direct_type(pg_type: PgType, modifier: int, opts: TypeOptions) -> str | None:
+    """Which direct renderer a column's type has (the same in every format), or None."""
     if pg_type.kind is not TypeKind.BASE or pg_type.schema != "pg_catalog":
         return None  # domains, enums, arrays, extension types: the typed path
     name = pg_type.name
     if name in ("int2", "int4", "int8", "oid"):
-        return _render_int
+        return "int"
     if name in ("text", "varchar", "bpchar", "name", "json", "jsonb", "xml"):
-        return _render_text
-    if name == "bool":
-        return _render_bool
-    if name == "uuid":
-        return _render_uuid
-    if name == "timestamptz":
-        return _render_zoned_timestamp(_time_precision(modifier))
+        return "text"
+    if name in ("bool", "uuid", "timestamptz"):
+        return name
     if name == "numeric" and opts.decimal_handling == "precise":
         typmod = _numeric_typmod(modifier)
         if typmod is not None and typmod[1] >= 0:
-            return _render_fixed_numeric(typmod[1])
+            return "numeric"
     return None
+
+
+@functools.lru_cache(maxsize=8)
+def zoned_timestamp_text(width: int) -> Callable[[bytes], bytes]:
+    """timestamptz text of a UTC session -> ZonedTimestamp's text without quotes (the Avro string)."""
+    quoted = _render_zoned_timestamp(width)
+
+    def render(raw: bytes) -> bytes:
+        return quoted(raw)[1:-1]
+
+    return render
+
+
+def _direct_renderer(pg_type: PgType, modifier: int, opts: TypeOptions) -> Callable[[bytes], bytes] | None:
+    """The JSON renderer of a column's text, for the built-in types whose text maps to JSON cheaply.
+
+    Only types whose key encoding is their value encoding (``column_schema(..., key=True)``
+    differs for doubles, timetz and intervals, none of them here): keys are rendered by the same
+    function."""
+    kind = direct_type(pg_type, modifier, opts)
+    if kind == "int":
+        return check_int_text
+    if kind == "text":
+        return _render_text
+    if kind == "bool":
+        return _render_bool
+    if kind == "uuid":
+        return _render_uuid
+    if kind == "timestamptz":
+        return _render_zoned_timestamp(_time_precision(modifier))
+    if kind == "numeric":
+        typmod = _numeric_typmod(modifier)
+        assert typmod is not None
+        return _render_fixed_numeric(typmod[1])
+    return None
+
+
+def _object_format(names: Sequence[str]) -> bytes:
+    """``{"a":%b,"b":%b}``: a JSON object of these members, for bytes formatting (``%`` in names doubled)."""
+    return b"{" + b",".join(orjson.dumps(name).replace(b"%", b"%%") + b":%b" for name in names) + b"}"
 
 
 def _typed_json(encode: Encoder | None) -> Callable[[Any], bytes]:
@@ -1097,6 +1156,11 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
     def _build_plan(self, table: TableSchema) -> PlanT:
         """Everything per table schema that does not change per row: topic, encoders, schemas."""
 
+    def row_rendering(self, table: TableSchema) -> RowRendering | None:
+        """How the decoder may write ``table``'s rows straight in this format (``RenderedRow``); None: as
+        typed values only."""
+        return None
+
     # --- events -------------------------------------------------------------
 
     def records(self, event: ChangeEvent | TruncateEvent | MessageEvent) -> list[Record]:
@@ -1231,7 +1295,7 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
     def _key_payload(self, plan: PlanT, row: AnyRow | None) -> bytes:
         """The key as JSON text (``{"id":1}``): the JSON format's key payload, and every format's key headers."""
         if type(row) is RenderedRow:
-            return row.key_json
+            row = row.key  # the typed key values (an Avro row's key_data is Avro)
         if row is None:
             raise SerializationError(f"table {plan.table.qualified!r}: the event has no row to take the key from")
         assert isinstance(row, dict)
@@ -1411,9 +1475,13 @@ class JsonSerializer(EventSerializer[_TablePlan]):
             names=names,
             render=tuple(render),
             typed=tuple(typed),
+            null=(b"null",) * len(names),
+            row_format=_object_format(names),
             key_index=key_index,
             key_render=tuple(render[i] for i in key_index),  # the direct types encode keys as values
             key_typed=tuple(_typed_json(encode) for _, encode, _ in plan.key_fields),
+            key_null=(b"null",) * len(key_index),
+            key_format=_object_format(tuple(names[i] for i in key_index)),
         )
 
     def _truncate_key(self, plan: _TablePlan, partition: int) -> bytes:
@@ -1465,7 +1533,7 @@ class JsonSerializer(EventSerializer[_TablePlan]):
 
     def _row(self, plan: _TablePlan, row: AnyRow | None, which: str) -> Any:
         if type(row) is RenderedRow:
-            return orjson.Fragment(row.json)
+            return orjson.Fragment(row.data)
         if row is None:
             raise SerializationError(f"table {plan.table.qualified!r}: the event has no {which} row")
         assert isinstance(row, dict)
@@ -1473,6 +1541,11 @@ class JsonSerializer(EventSerializer[_TablePlan]):
             return plan.encode_row(row)
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise _value_error(plan.table, plan.fields, row, exc) from exc
+
+    def _key_payload(self, plan: _TablePlan, row: AnyRow | None) -> bytes:
+        if type(row) is RenderedRow:
+            return row.key_data
+        return super()._key_payload(plan, row)
 
     def _key(self, plan: _TablePlan, row: AnyRow | None) -> bytes:
         payload = self._key_payload(plan, row)
