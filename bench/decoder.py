@@ -41,7 +41,7 @@ import structlog
 from cdc import dev
 from cdc.catalog import describe_tables
 from cdc.config import TableConfig
-from cdc.decoder.changes import ChangeDecoder
+from cdc.decoder.changes import ChangeDecoder, Rendering
 from cdc.decoder.stream import XLOGDATA_HEADER_SIZE, ReplicationStream, protocol_for
 from cdc.dev import postgres
 from cdc.event import ChangeEvent, TxCommit
@@ -101,14 +101,15 @@ def write_rows(dsn: str, rows: int, tx_size: int) -> Lsn:
         return Lsn.parse(str(row[0]))
 
 
-def read_with_cdc(dsn: str, slot: str, target: Lsn) -> tuple[float, int]:
+def read_with_cdc(dsn: str, slot: str, target: Lsn, rendering: Rendering | None = None) -> tuple[float, int]:
     """Seconds and rows: receive and decode into ChangeEvents until the commit at or past ``target``.
 
-    With the daemon's garbage-collector settings (``cdc.process.tune_gc``), as ``cdc run`` has them."""
+    With the daemon's garbage-collector settings (``cdc.process.tune_gc``), as ``cdc run`` has them.
+    ``rendering``: the rows rendered in a sink format (``RenderedRow``), as ``cdc run`` decodes them."""
     tune_gc()
     with psycopg.connect(dsn, autocommit=True) as conn:
         tables = describe_tables(conn, [TableConfig(name=TABLE)])
-    decoder = ChangeDecoder(tables, {})
+    decoder = ChangeDecoder(tables, {}, rendering=rendering)
     started = time.perf_counter()
     stream = ReplicationStream(dsn)
     stream.connect()
