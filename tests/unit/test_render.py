@@ -21,7 +21,7 @@ from cdc.decoder.pgoutput import UNCHANGED
 from cdc.decoder.types import BUILTIN_TYPES, converter_for
 from cdc.event import ChangeEvent, RenderedRow
 from cdc.sink.serialize import JsonSerializer, JsonSettings, TypeOptions, _direct_renderer, column_schema
-from tests.unit.test_pgoutput import begin, insert, relation, tuple_data, update
+from tests.unit.test_pgoutput import begin, delete, insert, relation, tuple_data, update
 
 TYPES = {t.name: t for t in BUILTIN_TYPES.values()}
 PRECISE = TypeOptions("precise", "adaptive", "numeric")
@@ -171,3 +171,15 @@ def test_a_rendered_row_is_not_a_mapping() -> None:
     row = RenderedRow(b'{"id":1}', {"id": 1}, b'{"id":1}')
     with pytest.raises(TypeError):
         row["id"]  # type: ignore[index]
+
+
+def test_an_old_key_tuple_of_an_identity_wider_than_the_key_takes_the_typed_path() -> None:
+    # REPLICA IDENTITY USING INDEX on (id, name) while the configured key is id: the 'K' tuple carries
+    # name too, which the typed path leaves out of the before row; a rendered row would keep it.
+    columns = ((1, "id", 20, -1), (1, 'we%ird "name', 25, -1), (0, "amount", 1700, numeric_typmod(12, 2)), (0, "f", 701, -1))
+    payloads = (relation(columns=columns, identity=b"i"), begin(), delete(16384, key=tuple_data(b"7", b"x", None, None)))
+    ser = serializer()
+    (fast,) = feed(ChangeDecoder(TABLES, {}, rendering=ser.row_rendering), *payloads)
+    (typed,) = feed(ChangeDecoder(TABLES, {}), *payloads)
+    assert fast.before == {"id": 7}
+    assert ser.records(fast) == serializer().records(typed)

@@ -104,7 +104,7 @@ class ChangeError(Exception):
 
 RowParser = Callable[[bytes, int], tuple[AnyRow, int]]
 Rendering = Callable[[TableSchema], RowRendering | None]
-"""Asked once per Relation message: how to write the table's rows as JSON text, or None (typed rows)."""
+"""Asked once per Relation message: how to write the table's rows in the sink format, or None (typed rows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +115,9 @@ class _Relation:
     key_names: tuple[str, ...]
     seq: int = 0  # receipt order of the Relation message it came from
     parse: RowParser | None = None  # the fast path's row parser (see _row_parser)
+    # The replica identity's columns are the configured key's: an old-key tuple ('K') then holds exactly
+    # the key columns, so a rendered one is the typed path's before row.
+    key_is_identity: bool = True
 
 
 _XID: Final = struct.Struct(">I")
@@ -504,7 +507,7 @@ class ChangeDecoder:
                 pos = at + 5
                 if marker == _OLD_KEY or marker == _OLD:
                     old, pos = parse(buf, pos)
-                    before = old if marker == _OLD else _key_of(old, rel.key_names)
+                    before = old if marker == _OLD else _key_of(old, rel)
                     marker = buf[pos]
                     pos += 1
                 if marker != _NEW:
@@ -514,7 +517,7 @@ class ChangeDecoder:
             else:
                 if marker == _OLD_KEY:
                     old, end = parse(buf, at + 5)
-                    before = _key_of(old, rel.key_names)
+                    before = _key_of(old, rel)
                 elif marker == _OLD:
                     before, end = parse(buf, at + 5)
                 else:
@@ -626,7 +629,8 @@ class ChangeDecoder:
             replica_identity=str(msg.replica_identity),
             rendered_json=getattr(parse, "rendered", False),
         )
-        return _Relation(schema, names, tuple(converters), key_names, seq, parse)
+        key_is_identity = all(c.is_key == (c.name in info.key) for c in msg.columns)
+        return _Relation(schema, names, tuple(converters), key_names, seq, parse, key_is_identity)
 
     def _parser(self, schema: TableSchema, names: tuple[str, ...]) -> RowParser:
         """The fast path's row parser: JSON text when the sink renders the table, else typed values."""
@@ -678,15 +682,19 @@ def _row_parser(names: tuple[str, ...], converters: list[Callable[[bytes], Any]]
     return parse
 
 
-def _key_of(old: AnyRow, key_names: tuple[str, ...]) -> AnyRow:
+def _key_of(old: AnyRow, rel: _Relation) -> AnyRow:
     """The before row of an old-key tuple (REPLICA IDENTITY DEFAULT/INDEX): its key columns.
 
-    A rendered one is kept whole: its other columns were sent as NULL ('n'), and its JSON is
-    what the key columns alone serialize to (every other column null)."""
+    A rendered one is kept whole when the replica identity is the configured key: its other columns
+    were sent as NULL ('n'), so it is what the key columns alone serialize to (every other column
+    null). Otherwise the tuple holds identity columns outside the key, which the typed path leaves
+    out: the message declines to it."""
     if type(old) is RenderedRow:
+        if not rel.key_is_identity:
+            raise _Slow
         return old
     assert isinstance(old, dict)
-    return {k: old[k] for k in key_names}
+    return {k: old[k] for k in rel.key_names}
 
 
 def _render_parser(rendering: RowRendering, parsers: list[Callable[[bytes], Any]]) -> RowParser:
