@@ -214,7 +214,7 @@ def main() -> int:
     runs = list(range(args.runs))
     create_slots(
         dsn,
-        [f"bench_dec_{i}" for i in runs] + [f"bench_rdec_{i}" for i in runs] + [f"bench_{f}_{i}" for f in formats for i in runs],
+        [f"bench_dec_{i}" for i in runs] + [f"bench_rdec_{i}" for i in runs] + [f"bench_{f.replace('-', '_')}_{i}" for f in formats for i in runs],
     )
     # What `cdc run` decodes for the JSON format: rows rendered straight to JSON text (decoder.render_rows).
     json_rendering = JsonSerializer(JsonSettings(topic_prefix="bench", database=DB), lambda topic: 3).row_rendering
@@ -237,7 +237,7 @@ def main() -> int:
         line = f"run {i + 1}: decoder-only {rate:,.0f} rows/s (rendering JSON {rows / seconds:,.0f})"
         for fmt in formats:
             elapsed = end_to_end(
-                dsn, endpoints.kafka_bootstrap, f"bench_{fmt}_{i}", target, workdir, fmt, endpoints.schema_registry_url
+                dsn, endpoints.kafka_bootstrap, f"bench_{fmt.replace('-', '_')}_{i}", target, workdir, fmt, endpoints.schema_registry_url
             )
             e2e_rates[fmt].append(args.rows / elapsed)
             line += f", end-to-end {fmt} {args.rows / elapsed:,.0f} rows/s"
