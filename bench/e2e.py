@@ -214,7 +214,9 @@ def main() -> int:
     runs = list(range(args.runs))
     create_slots(
         dsn,
-        [f"bench_dec_{i}" for i in runs] + [f"bench_rdec_{i}" for i in runs] + [f"bench_{f.replace('-', '_')}_{i}" for f in formats for i in runs],
+        [f"bench_dec_{i}" for i in runs]
+        + [f"bench_rdec_{i}" for i in runs]
+        + [f"bench_{f.replace('-', '_')}_{i}" for f in formats for i in runs],
     )
     # What `cdc run` decodes for the JSON format: rows rendered straight to JSON text (decoder.render_rows).
     json_rendering = JsonSerializer(JsonSettings(topic_prefix="bench", database=DB), lambda topic: 3).row_rendering
