@@ -16,7 +16,7 @@ import cdc.sink.avro as avro_module
 from cdc.event import Column, Op, TableSchema, TruncateEvent, change_event
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.lsn import Lsn
-from cdc.sink.avro import AvroSerializer, AvroSettings
+from cdc.sink.avro import AvroSerializer, AvroSettings, _Writer, _write
 from cdc.sink.avro_write import Encoded, Unsupported, compile_writer, write_long
 
 PRIMITIVES: dict[str, st.SearchStrategy[Any]] = {
@@ -173,3 +173,25 @@ def test_the_serializers_records_are_the_same_without_compiled_writers(monkeypat
     reference = serializer()  # fastavro only, the source block as a dict
     assert reference._source_fields is None
     assert fast == [reference.records(e) for e in events]
+
+
+def test_the_fastavro_fallback_writes_spliced_fields_from_their_datum() -> None:
+    # A datum the compiled writer refuses (a bool where a long goes; fastavro writes it as 1) sends the
+    # whole envelope to fastavro, which gets the spliced source block's dict from its Encoded.
+    inner = {"type": "record", "name": "Source", "fields": [{"name": "lsn", "type": "long"}]}
+    schema = {"type": "record", "name": "E", "fields": [{"name": "source", "type": inner}, {"name": "n", "type": "long"}]}
+    write, _ = compile_writer(schema)
+    writer = _Writer(schema, fastavro.parse_schema(schema), b"\x00\x00\x00\x00\x01", "s", 1, write)
+    made: list[int] = []
+
+    def make() -> dict[str, int]:
+        made.append(1)
+        return {"lsn": 5}
+
+    data = _write(writer, {"source": Encoded(write_long(5), make=make), "n": True}, "an envelope")
+    assert data == b"\x00\x00\x00\x00\x01" + fastavro_bytes(schema, {"source": {"lsn": 5}, "n": 1})
+    assert made == [1]
+    assert _write(writer, {"source": Encoded(write_long(5), make=make), "n": 2}, "an envelope") == (
+        b"\x00\x00\x00\x00\x01" + write_long(5) + write_long(2)
+    )
+    assert made == [1]  # the compiled writer splices without making the dict

@@ -61,6 +61,7 @@ Differences from Debezium, and why
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 import time
@@ -97,6 +98,7 @@ from cdc.sink.serialize import (
     fixed_numeric_bytes,
     numeric_typmod,
     position_headers,
+    sequence_text,
     time_precision,
     truncate_key_schema,
     zoned_timestamp_text,
@@ -322,7 +324,6 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             ]
         except Unsupported:
             self._source_fields = None
-        self._source_parts: dict[tuple[int, int | None, int | None, int, bool], tuple[Any, ...]] = {}
 
     @property
     def settings(self) -> AvroSettings:
@@ -398,20 +399,20 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         snapshot: bool,
     ) -> Any:
         """The source block, encoded once per transaction and table but for ``sequence`` and ``lsn``."""
-        value = super()._source(table, commit_ts_us, commit_lsn, lsn, xid, snapshot)
         if self._source_fields is None:
-            return value
-        key = (id(table), commit_lsn, xid, commit_ts_us, snapshot)
-        parts = self._source_parts.get(key)
-        if parts is None or parts[0] is not table:
-            parts = (table, *self._source_pieces(value))
-            if len(self._source_parts) >= 256:
-                self._source_parts.clear()
-            self._source_parts[key] = parts
-        _, head, write_sequence, middle, write_lsn, tail = parts
-        return Encoded(head + write_sequence(value["sequence"]) + middle + write_lsn(value["lsn"]) + tail, value)
+            return super()._source(table, commit_ts_us, commit_lsn, lsn, xid, snapshot)
+        _, head, write_sequence, middle, write_lsn, tail = self._source_cached(
+            table, commit_ts_us, commit_lsn, xid, snapshot
+        )
+        data = head + write_sequence(sequence_text(commit_lsn, lsn)) + middle + write_lsn(int(lsn)) + tail
+        # The dict only if fastavro has to write the envelope (a datum the compiled writer refused).
+        make = functools.partial(EventSerializer._source, self, table, commit_ts_us, commit_lsn, lsn, xid, snapshot)
+        return Encoded(data, make=make)
 
-    def _source_pieces(self, value: dict[str, Any]) -> tuple[bytes, Write, bytes, Write, bytes]:
+    def _source_pieces(
+        self, table: TableSchema, commit_ts_us: int, commit_lsn: int | None, xid: int | None, snapshot: bool
+    ) -> tuple[bytes, Write, bytes, Write, bytes]:
+        value = super()._source(table, commit_ts_us, commit_lsn, 0, xid, snapshot)  # the LSN is not among the pieces
         pieces: list[bytes] = []
         writers: list[Write] = []
         current: list[bytes] = []
@@ -713,7 +714,7 @@ def _write(writer: _Writer, datum: dict[str, Any], what: str) -> bytes:
             return writer.prefix + writer.write(datum)
         except _COMPILED_ERRORS:
             pass
-    datum = {k: (v.value if type(v) is Encoded else v) for k, v in datum.items()}
+    datum = {k: (v.datum() if type(v) is Encoded else v) for k, v in datum.items()}
     if any(v is _RENDERED for v in datum.values()):
         raise SerializationError(f"{what}: a row rendered by the decoder did not fit its Avro schema (a bug; please report it)")
     buffer = io.BytesIO()

@@ -36,14 +36,18 @@ class Unsupported(ValueError):
 
 
 class Encoded:
-    """A record field's value already in Avro binary, spliced in as it is; ``value`` is the datum it
-    encodes (for fastavro, when the compiled writer is not used)."""
+    """A record field's value already in Avro binary, spliced in as it is. ``datum()`` is the value it
+    encodes, for fastavro when the compiled writer is not used: ``value``, or made by ``make`` then."""
 
-    __slots__ = ("data", "value")
+    __slots__ = ("data", "_value", "_make")
 
-    def __init__(self, data: bytes, value: Any) -> None:
+    def __init__(self, data: bytes, value: Any = None, make: Callable[[], Any] | None = None) -> None:
         self.data = data
-        self.value = value
+        self._value = value
+        self._make = make
+
+    def datum(self) -> Any:
+        return self._make() if self._make is not None else self._value
 
 
 def write_long(n: int) -> bytes:

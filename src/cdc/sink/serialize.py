@@ -1102,6 +1102,8 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         self._database = settings.database
         self._placeholder = settings.unavailable_value
         self._plans_by_id: dict[int, tuple[TableSchema, PlanT]] = {}
+        # The source block's pieces per transaction and table (a format's _source_pieces), made once.
+        self._source_parts: dict[tuple[int, int | None, int | None, int, bool], tuple[Any, ...]] = {}
         self._plans: dict[TableSchema, PlanT] = {}
         self._topic_owner: dict[str, tuple[str, str]] = {}
         self._message_topic = _TOPIC_CHARS.sub("_", f"{self._prefix}.message")
@@ -1292,6 +1294,26 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
             "origin_lsn": None,
         }
 
+    def _source_cached(
+        self, table: TableSchema, commit_ts_us: int, commit_lsn: int | None, xid: int | None, snapshot: bool
+    ) -> tuple[Any, ...]:
+        """``(table, *self._source_pieces(...))``, made once per transaction and table: within one, only the
+        event's LSN changes in the source block."""
+        key = (id(table), commit_lsn, xid, commit_ts_us, snapshot)
+        parts = self._source_parts.get(key)
+        if parts is None or parts[0] is not table:
+            parts = (table, *self._source_pieces(table, commit_ts_us, commit_lsn, xid, snapshot))
+            if len(self._source_parts) >= 256:
+                self._source_parts.clear()
+            self._source_parts[key] = parts
+        return parts
+
+    def _source_pieces(
+        self, table: TableSchema, commit_ts_us: int, commit_lsn: int | None, xid: int | None, snapshot: bool
+    ) -> tuple[Any, ...]:
+        """A format's source block around its per-event parts (see ``_source_cached``)."""
+        raise NotImplementedError
+
     def _key_payload(self, plan: PlanT, row: AnyRow | None) -> bytes:
         """The key as JSON text (``{"id":1}``): the JSON format's key payload, and every format's key headers."""
         if type(row) is RenderedRow:
@@ -1363,7 +1385,6 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         super().__init__(settings, partitions_of, clock_ns=clock_ns)
         self._settings = settings
         self._schemas = settings.schemas_enable
-        self._source_parts: dict[tuple[int, int | None, int | None, int, bool], tuple[Any, ...]] = {}
         self._message_key_prefix = b""
         self._message_value_prefix = b""
         if self._schemas:
@@ -1387,19 +1408,18 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         xid: int | None,
         snapshot: bool,
     ) -> Any:
-        key = (id(table), commit_lsn, xid, commit_ts_us, snapshot)
-        parts = self._source_parts.get(key)
-        if parts is None or parts[0] is not table:
-            template = orjson.dumps(super()._source(table, commit_ts_us, commit_lsn, self._LSN_SENTINEL, xid, snapshot))
-            pieces = template.split(b"%d" % self._LSN_SENTINEL)
-            parts = (table, *pieces) if len(pieces) == 3 else (table, None, None, None)
-            if len(self._source_parts) >= 256:
-                self._source_parts.clear()
-            self._source_parts[key] = parts
+        parts = self._source_cached(table, commit_ts_us, commit_lsn, xid, snapshot)
         if parts[1] is None:  # the sentinel's digits occur elsewhere too (a database named so): no splicing
             return super()._source(table, commit_ts_us, commit_lsn, lsn, xid, snapshot)
         text = b"%d" % lsn
         return orjson.Fragment(parts[1] + text + parts[2] + text + parts[3])
+
+    def _source_pieces(
+        self, table: TableSchema, commit_ts_us: int, commit_lsn: int | None, xid: int | None, snapshot: bool
+    ) -> tuple[Any, ...]:
+        template = orjson.dumps(super()._source(table, commit_ts_us, commit_lsn, self._LSN_SENTINEL, xid, snapshot))
+        pieces = template.split(b"%d" % self._LSN_SENTINEL)
+        return tuple(pieces) if len(pieces) == 3 else (None, None, None)
 
     def _build_plan(self, table: TableSchema) -> _TablePlan:
         topic = self.topic_name(table.schema, table.name)
@@ -1633,6 +1653,11 @@ def _value_error(table: TableSchema, fields: Sequence[_Field], row: dict[str, An
                 f"value {value!r:.80}: {column_exc}"
             )
     return SerializationError(f"table {table.qualified!r}: cannot encode a row: {exc}")
+
+
+def sequence_text(commit_lsn: int | None, lsn: int) -> str:
+    """``source.sequence``: ``["<commit lsn>","<lsn>"]`` (the first null outside a transaction)."""
+    return _sequence(commit_lsn, lsn)
 
 
 def _sequence(commit_lsn: int | None, lsn: int) -> str:
