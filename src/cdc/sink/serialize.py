@@ -602,16 +602,6 @@ def _base_type(pg_type: PgType) -> PgType | None:
 
 
 def numeric_typmod(modifier: int) -> tuple[int, int] | None:
-    """(precision, scale) of a numeric column's type modifier; None for an unconstrained numeric."""
-    return _numeric_typmod(modifier)
-
-
-def time_precision(modifier: int) -> int:
-    """Fraction digits of a time/timestamp column's type modifier (6 when unspecified)."""
-    return _time_precision(modifier)
-
-
-def _numeric_typmod(modifier: int) -> tuple[int, int] | None:
     """numeric(p, s) from atttypmod; the scale is 11 bits, signed (PostgreSQL 15 allows s < 0)."""
     if modifier < 4:
         return None
@@ -619,7 +609,7 @@ def _numeric_typmod(modifier: int) -> tuple[int, int] | None:
     return (mod >> 16) & 0xFFFF, ((mod & 0x7FF) ^ 0x400) - 0x400
 
 
-def _time_precision(modifier: int) -> int:
+def time_precision(modifier: int) -> int:
     return modifier if 0 <= modifier <= 6 else 6
 
 
@@ -727,7 +717,7 @@ def _builtin_spec(name: str, modifier: int, opts: TypeOptions, key: bool, where:
                     parameters=(("scale", "2"),),
                     avro=_fixed_decimal_bytes(2, where, "Avro"),
                 )
-            typmod = _numeric_typmod(modifier)
+            typmod = numeric_typmod(modifier)
             if typmod is None:
                 return ConnectSchema(
                     "struct",
@@ -762,17 +752,17 @@ def _builtin_spec(name: str, modifier: int, opts: TypeOptions, key: bool, where:
         case "time":
             if not adaptive:
                 return ConnectSchema("string", _time_iso, name="io.debezium.time.IsoTime", version=1, avro=_time_iso)
-            if _time_precision(modifier) <= 3:
+            if time_precision(modifier) <= 3:
                 return ConnectSchema("int32", _time_ms, name="io.debezium.time.Time", version=1, avro=_time_ms)
             return ConnectSchema("int64", None, name="io.debezium.time.MicroTime", version=1)
         case "timestamp":
             if not adaptive:
                 return ConnectSchema("string", _timestamp_iso, name="io.debezium.time.IsoTimestamp", version=1, avro=_timestamp_iso)
-            if _time_precision(modifier) <= 3:
+            if time_precision(modifier) <= 3:
                 return ConnectSchema("int64", _timestamp_ms, name="io.debezium.time.Timestamp", version=1, avro=_timestamp_ms)
             return ConnectSchema("int64", _timestamp_us, name="io.debezium.time.MicroTimestamp", version=1, avro=_timestamp_us)
         case "timestamptz":
-            encoder = _zoned_timestamp(_time_precision(modifier))
+            encoder = _zoned_timestamp(time_precision(modifier))
             return ConnectSchema("string", encoder, name="io.debezium.time.ZonedTimestamp", version=1, avro=encoder)
         case "timetz":
             zoned = _offset_time if key else _zoned_time
@@ -939,7 +929,7 @@ def direct_type(pg_type: PgType, modifier: int, opts: TypeOptions) -> str | None
     if name in ("bool", "uuid", "timestamptz"):
         return name
     if name == "numeric" and opts.decimal_handling == "precise":
-        typmod = _numeric_typmod(modifier)
+        typmod = numeric_typmod(modifier)
         if typmod is not None and typmod[1] >= 0:
             return "numeric"
     return None
@@ -972,9 +962,9 @@ def _direct_renderer(pg_type: PgType, modifier: int, opts: TypeOptions) -> Calla
     if kind == "uuid":
         return _render_uuid
     if kind == "timestamptz":
-        return _render_zoned_timestamp(_time_precision(modifier))
+        return _render_zoned_timestamp(time_precision(modifier))
     if kind == "numeric":
-        typmod = _numeric_typmod(modifier)
+        typmod = numeric_typmod(modifier)
         assert typmod is not None
         return _render_fixed_numeric(typmod[1])
     return None
