@@ -627,7 +627,7 @@ class ChangeDecoder:
             table=qualified,
             columns=len(columns),
             replica_identity=str(msg.replica_identity),
-            rendered_json=getattr(parse, "rendered", False),
+            rendered=getattr(parse, "rendered", False),
         )
         key_is_identity = all(c.is_key == (c.name in info.key) for c in msg.columns)
         return _Relation(schema, names, tuple(converters), key_names, seq, parse, key_is_identity)
