@@ -139,9 +139,10 @@ class RowRendering:
     encoding within the row, or is None, and then the column's typed value (the decoder's
     converter) goes through ``typed[i]``; ``null[i]`` is a NULL's encoding (None: a NULL here
     cannot be rendered, the typed path decides). ``row_format`` joins the columns' encodings
-    (``%b`` each, in order). The same for the key columns (``key_index`` are their positions):
-    a key's encoding can differ from the value's (keys must be injective). Renderers raise
-    ValueError on anything they do not cover; the decoder then takes its typed path.
+    (``%b`` each, in order). The key columns (``key_index`` are their positions) reuse their
+    rendered encoding where the key's NULL is the row's (direct types encode keys as values); the
+    others go through ``key_typed``, as a key's encoding can differ (keys must be injective).
+    Renderers raise ValueError on anything they do not cover; the decoder then takes its typed path.
     """
 
     names: tuple[str, ...]
@@ -150,7 +151,6 @@ class RowRendering:
     null: tuple[bytes | None, ...]
     row_format: bytes
     key_index: tuple[int, ...]
-    key_render: tuple[Render | None, ...]
     key_typed: tuple[Callable[[Any], bytes], ...]
     key_null: tuple[bytes | None, ...]
     key_format: bytes

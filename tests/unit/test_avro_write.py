@@ -16,8 +16,9 @@ import cdc.sink.avro as avro_module
 from cdc.event import Column, Op, TableSchema, TruncateEvent, change_event
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.lsn import Lsn
-from cdc.sink.avro import AvroSerializer, AvroSettings, _Writer, _write
+from cdc.sink.avro import _RENDERED, AvroSerializer, AvroSettings, _Writer, _write
 from cdc.sink.avro_write import Encoded, Unsupported, compile_writer, write_long
+from cdc.sink.serialize import SerializationError
 
 PRIMITIVES: dict[str, st.SearchStrategy[Any]] = {
     "boolean": st.booleans(),
@@ -181,7 +182,7 @@ def test_the_fastavro_fallback_writes_spliced_fields_from_their_datum() -> None:
     inner = {"type": "record", "name": "Source", "fields": [{"name": "lsn", "type": "long"}]}
     schema = {"type": "record", "name": "E", "fields": [{"name": "source", "type": inner}, {"name": "n", "type": "long"}]}
     write, _ = compile_writer(schema)
-    writer = _Writer(schema, fastavro.parse_schema(schema), b"\x00\x00\x00\x00\x01", "s", 1, write)
+    writer = _Writer(schema, fastavro.parse_schema(schema), b"\x00\x00\x00\x00\x01", "s", 1, write, {})
     made: list[int] = []
 
     def make() -> dict[str, int]:
@@ -195,3 +196,13 @@ def test_the_fastavro_fallback_writes_spliced_fields_from_their_datum() -> None:
         b"\x00\x00\x00\x00\x01" + write_long(5) + write_long(2)
     )
     assert made == [1]  # the compiled writer splices without making the dict
+
+
+def test_a_rendered_row_that_reaches_the_fastavro_fallback_is_an_error_not_a_null() -> None:
+    row = {"type": "record", "name": "Row", "fields": [{"name": "a", "type": "int"}]}
+    schema = {"type": "record", "name": "E", "fields": [{"name": "after", "type": ["null", row]}, {"name": "n", "type": "long"}]}
+    write, _ = compile_writer(schema)
+    writer = _Writer(schema, fastavro.parse_schema(schema), b"\x00\x00\x00\x00\x01", "s", 1, write, {})
+    datum = {"after": ("Row", Encoded(b"\x02", _RENDERED)), "n": True}  # n sends it to fastavro
+    with pytest.raises(SerializationError, match="rendered by the decoder"):
+        _write(writer, datum, "an envelope")

@@ -739,7 +739,7 @@ def _render_parser(rendering: RowRendering, parsers: list[Callable[[bytes], Any]
         lines += ["        pos += 1", "    else:", "        raise Slow"]
         if j is not None:
             key_null = rendering.key_null[j]
-            if direct is not None and rendering.key_render[j] is direct and key_null == null:
+            if direct is not None and key_null == null:
                 key_parts.append(f"v{i}")  # the same encoding as in the row
             else:
                 namespace[f"kt{j}"] = rendering.key_typed[j]

@@ -65,7 +65,7 @@ import functools
 import io
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -101,6 +101,7 @@ from cdc.sink.serialize import (
     sequence_text,
     time_precision,
     truncate_key_schema,
+    typed_renderer,
     zoned_timestamp_text,
     unchanged_toast_key,
 )
@@ -268,6 +269,7 @@ class _Writer:
     subject: str
     schema_id: int
     write: Write | None  # compiled (cdc.sink.avro_write); None: fastavro only
+    fields: Mapping[str, Mapping[str, Write]]  # each record's compiled field writers, by full name
 
 
 @dataclass(frozen=True, slots=True)
@@ -441,11 +443,16 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
                 "(Apicurio: its ccompat API's legacy id mode)"
             )
         prefix = bytes((MAGIC_BYTE,)) + schema_id.to_bytes(4, "big")
+        write: Write | None = None
+        fields: dict[str, dict[str, Write]] = {}
         try:
-            write: Write | None = compile_writer(schema)[0]
+            write, by_record = compile_writer(schema)
+            fields = {record: dict(writers) for record, writers in by_record.items()}
         except Unsupported:
-            write = None
-        return _Writer(schema=schema, parsed=parsed, prefix=prefix, subject=subject, schema_id=schema_id, write=write)
+            pass
+        return _Writer(
+            schema=schema, parsed=parsed, prefix=prefix, subject=subject, schema_id=schema_id, write=write, fields=fields
+        )
 
     def _truncate_writer(self, plan: _AvroPlan) -> _Writer:
         writer = self._truncate_keys.get(plan.topic)
@@ -474,10 +481,9 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             return None
         if plan.key is None or plan.value.write is None or plan.key.write is None or not plan.avro_key_fields:
             return None
-        try:
-            value_fields = dict(compile_writer(plan.value.schema)[1][plan.value_record])
-            key_fields = dict(compile_writer(plan.key.schema)[1][avro_name(f"{plan.topic}.Key")])
-        except (Unsupported, KeyError):
+        value_fields = plan.value.fields.get(plan.value_record)
+        key_fields = plan.key.fields.get(avro_name(f"{plan.topic}.Key"))
+        if value_fields is None or key_fields is None:
             return None
         opts = self._opts
         render: list[Callable[[bytes], bytes] | None] = []
@@ -489,17 +495,15 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             nulls.append(null)
             tag = b"" if null is None else (b"\x02" if null == b"\x00" else b"\x00")
             render.append(_tagged(_avro_direct(column.type, column.modifier, opts), tag))
-            typed.append(_typed_avro(write, encode))
+            typed.append(typed_renderer(write, encode))
         names = tuple(c.name for c in table.columns)
         key_index = tuple(names.index(key_column) for key_column, _, _ in plan.avro_key_fields)
-        key_render: list[Callable[[bytes], bytes] | None] = []
         key_typed: list[Callable[[Any], bytes]] = []
         key_nulls: list[bytes | None] = []
-        for (_, field, encode), index in zip(plan.avro_key_fields, key_index, strict=True):
+        for _, field, encode in plan.avro_key_fields:
             write = key_fields[field]
             key_nulls.append(_try_null(write))
-            key_render.append(render[index] if nulls[index] is None else None)  # required in both records
-            key_typed.append(_typed_avro(write, encode))
+            key_typed.append(typed_renderer(write, encode))
         return RowRendering(
             names=names,
             render=tuple(render),
@@ -507,7 +511,6 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             null=tuple(nulls),
             row_format=b"%b" * len(names),
             key_index=key_index,
-            key_render=tuple(key_render),
             key_typed=tuple(key_typed),
             key_null=tuple(key_nulls),
             key_format=b"%b" * len(key_index),
@@ -617,10 +620,6 @@ _COMPILED_ERRORS: Final = (TypeError, ValueError, KeyError, AttributeError, Over
 _RENDERED: Final = object()  # the datum of a row the decoder rendered: there is no typed one for fastavro
 
 
-class _RenderDeclined(ValueError):
-    """A column's typed value did not fit its Avro field: the typed path will raise the real error."""
-
-
 def _try_null(write: Write) -> bytes | None:
     """A field's encoding of NULL, or None when the field is required."""
     try:
@@ -636,16 +635,6 @@ def _tagged(base: Callable[[bytes], bytes] | None, tag: bytes) -> Callable[[byte
 
     def render(raw: bytes) -> bytes:
         return tag + base(raw)
-
-    return render
-
-
-def _typed_avro(write: Write, encode: Encoder | None) -> Callable[[Any], bytes]:
-    def render(value: Any) -> bytes:
-        try:
-            return write(value if encode is None else encode(value))
-        except (SerializationError, *_COMPILED_ERRORS) as exc:
-            raise _RenderDeclined(str(exc)) from exc
 
     return render
 
@@ -684,7 +673,7 @@ def _avro_direct(pg_type: PgType, modifier: int, opts: TypeOptions) -> Callable[
     if kind == "uuid":
         return _avro_uuid
     if kind == "timestamptz":
-        text = zoned_timestamp_text(time_precision(modifier))
+        text = zoned_timestamp_text(time_precision(modifier))  # unquoted: the Avro string
 
         def zoned(raw: bytes) -> bytes:
             value = text(raw)
@@ -714,9 +703,7 @@ def _write(writer: _Writer, datum: dict[str, Any], what: str) -> bytes:
             return writer.prefix + writer.write(datum)
         except _COMPILED_ERRORS:
             pass
-    datum = {k: (v.datum() if type(v) is Encoded else v) for k, v in datum.items()}
-    if any(v is _RENDERED for v in datum.values()):
-        raise SerializationError(f"{what}: a row rendered by the decoder did not fit its Avro schema (a bug; please report it)")
+    datum = {k: _plain(v, what) for k, v in datum.items()}
     buffer = io.BytesIO()
     buffer.write(writer.prefix)
     try:
@@ -724,6 +711,19 @@ def _write(writer: _Writer, datum: dict[str, Any], what: str) -> bytes:
     except (*_ENCODE_ERRORS, KeyError) as exc:
         raise _invalid(writer, datum, what, exc) from exc
     return buffer.getvalue()
+
+
+def _plain(value: Any, what: str) -> Any:
+    """A top-level field's datum for fastavro: spliced values (also inside the ``(name, value)`` notation)
+    as the data they encode. A row the decoder rendered has none: that is an error, never a null."""
+    if type(value) is tuple and len(value) == 2:
+        return (value[0], _plain(value[1], what))
+    if type(value) is not Encoded:
+        return value
+    datum = value.datum()
+    if datum is _RENDERED:
+        raise SerializationError(f"{what}: a row rendered by the decoder did not fit its Avro schema (a bug; please report it)")
+    return datum
 
 
 def _invalid(writer: _Writer, datum: dict[str, Any], what: str, exc: Exception) -> SerializationError:

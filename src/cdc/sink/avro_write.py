@@ -28,7 +28,7 @@ _LONG_MIN: Final = -(2**63)
 _LONG_MAX: Final = 2**63 - 1
 _INT_MIN: Final = -(2**31)
 _INT_MAX: Final = 2**31 - 1
-_SMALL: Final = tuple(bytes(((n << 1) ^ (n >> 63),)) if -64 <= n < 64 else b"" for n in range(-64, 64))
+_SMALL: Final = tuple(bytes(((n << 1) ^ (n >> 63),)) for n in range(-64, 64))  # one byte each
 
 
 class Unsupported(ValueError):
@@ -66,15 +66,15 @@ def write_long(n: int) -> bytes:
 
 
 def _write_int(n: Any) -> bytes:
-    if type(n) is not int and not isinstance(n, int) or isinstance(n, bool) or not _INT_MIN <= n <= _INT_MAX:
+    if type(n) is bool or not isinstance(n, int) or not _INT_MIN <= n <= _INT_MAX:
         raise TypeError(f"{n!r} is not an Avro int")
     return write_long(n)
 
 
 def _write_long(n: Any) -> bytes:
-    if type(n) is not int and (not isinstance(n, int) or isinstance(n, bool)):
+    if type(n) is bool or not isinstance(n, int):
         raise TypeError(f"{n!r} is not an Avro long")
-    return write_long(n)
+    return write_long(n)  # raises OverflowError outside 64 bits
 
 
 def _write_boolean(v: Any) -> bytes:

@@ -865,13 +865,8 @@ def fixed_numeric_bytes(scale: int) -> Callable[[bytes], bytes]:
         if scale:
             if len(raw) <= scale or raw[-scale - 1] != 0x2E:  # '.'
                 raise ValueError(raw)
-            digits = raw[: -scale - 1] + raw[-scale:]
-        else:
-            digits = raw
-        if not (digits.isdigit() or (digits[:1] == b"-" and digits[1:].isdigit())):
-            raise ValueError(raw)
-        n = int(digits)
-        return n.to_bytes((n.bit_length() if n >= 0 else (~n).bit_length()) // 8 + 1, "big", signed=True)
+            raw = raw[: -scale - 1] + raw[-scale:]
+        return _twos_complement(int(check_int_text(raw)))
 
     return unscaled
 
@@ -891,9 +886,10 @@ def _render_fixed_numeric(scale: int) -> Callable[[bytes], bytes]:
 _TIMESTAMPTZ_UTC: Final = re.compile(rb"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.(\d{1,6}))?\+00").fullmatch
 
 
-@functools.lru_cache(maxsize=8)
-def _render_zoned_timestamp(width: int) -> Callable[[bytes], bytes]:
-    """timestamptz as ZonedTimestamp, from the text a UTC session prints: years 1-9999 (AD) only."""
+@functools.lru_cache(maxsize=16)
+def zoned_timestamp_text(width: int, quote: bytes = b"") -> Callable[[bytes], bytes]:
+    """timestamptz as ZonedTimestamp's text between ``quote``s (JSON: ``"``; Avro: none), from the text a
+    UTC session prints: years 1-9999 (AD) only."""
     zeros = b"0" * 6
     # The last text and its rendering, swapped as one tuple: now() is the same for every row of a
     # transaction, so consecutive rows often repeat a timestamp.
@@ -907,10 +903,10 @@ def _render_zoned_timestamp(width: int) -> Callable[[bytes], bytes]:
         if match is None:
             raise ValueError(raw)  # BC, years past 9999, infinity, another offset
         if width == 0:
-            out = b'"' + raw[:10] + b"T" + raw[11:19] + b'Z"'
+            out = quote + raw[:10] + b"T" + raw[11:19] + b"Z" + quote
         else:
             fraction = (match.group(1) or b"") + zeros
-            out = b'"' + raw[:10] + b"T" + raw[11:19] + b"." + fraction[:width] + b'Z"'
+            out = quote + raw[:10] + b"T" + raw[11:19] + b"." + fraction[:width] + b"Z" + quote
         last[0] = (raw, out)
         return out
 
@@ -935,17 +931,6 @@ def direct_type(pg_type: PgType, modifier: int, opts: TypeOptions) -> str | None
     return None
 
 
-@functools.lru_cache(maxsize=8)
-def zoned_timestamp_text(width: int) -> Callable[[bytes], bytes]:
-    """timestamptz text of a UTC session -> ZonedTimestamp's text without quotes (the Avro string)."""
-    quoted = _render_zoned_timestamp(width)
-
-    def render(raw: bytes) -> bytes:
-        return quoted(raw)[1:-1]
-
-    return render
-
-
 def _direct_renderer(pg_type: PgType, modifier: int, opts: TypeOptions) -> Callable[[bytes], bytes] | None:
     """The JSON renderer of a column's text, for the built-in types whose text maps to JSON cheaply.
 
@@ -962,7 +947,7 @@ def _direct_renderer(pg_type: PgType, modifier: int, opts: TypeOptions) -> Calla
     if kind == "uuid":
         return _render_uuid
     if kind == "timestamptz":
-        return _render_zoned_timestamp(time_precision(modifier))
+        return zoned_timestamp_text(time_precision(modifier), b'"')
     if kind == "numeric":
         typmod = numeric_typmod(modifier)
         assert typmod is not None
@@ -975,14 +960,15 @@ def _object_format(names: Sequence[str]) -> bytes:
     return b"{" + b",".join(orjson.dumps(name).replace(b"%", b"%%") + b":%b" for name in names) + b"}"
 
 
-def _typed_json(encode: Encoder | None) -> Callable[[Any], bytes]:
-    """A column's typed value as JSON text, as orjson writes it inside the row object."""
-    dumps = orjson.dumps
+def typed_renderer(write: Callable[[Any], bytes], encode: Encoder | None) -> Callable[[Any], bytes]:
+    """A column's typed value in a format's bytes: the format's ``encode``, then ``write`` (JSON: orjson,
+    as it writes the value inside the row object; Avro: the field's compiled writer). A value either
+    refuses declines the row to the typed path, which raises the real error."""
 
     def render(value: Any) -> bytes:
         try:
-            return dumps(value if encode is None else encode(value))
-        except (SerializationError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            return write(value if encode is None else encode(value))
+        except (SerializationError, TypeError, ValueError, AttributeError, OverflowError, LookupError) as exc:
             raise RenderDeclined(str(exc)) from exc
 
     return render
@@ -1250,7 +1236,7 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
             "ts_ms": commit_ts_us // 1000,
             "snapshot": "true" if snapshot else "false",
             "db": self._database,
-            "sequence": _sequence(commit_lsn, lsn),
+            "sequence": sequence_text(commit_lsn, lsn),
             "ts_us": commit_ts_us,
             "ts_ns": commit_ts_us * 1000,
             "schema": table.schema,
@@ -1272,7 +1258,7 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
             "ts_ms": commit_ts_us // 1000,
             "snapshot": "false",
             "db": self._database,
-            "sequence": _sequence(event.commit_lsn, event.lsn),
+            "sequence": sequence_text(event.commit_lsn, event.lsn),
             "ts_us": commit_ts_us,
             "ts_ns": commit_ts_us * 1000,
             "schema": "",
@@ -1478,7 +1464,7 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         typed: list[Callable[[Any], bytes]] = []
         for column, (_, encode, _) in zip(table.columns, plan.fields, strict=True):
             render.append(_direct_renderer(column.type, column.modifier, opts))
-            typed.append(_typed_json(encode))
+            typed.append(typed_renderer(orjson.dumps, encode))
         names = tuple(c.name for c in table.columns)
         key_index = tuple(names.index(name) for name, _, _ in plan.key_fields)
         return RowRendering(
@@ -1488,8 +1474,7 @@ class JsonSerializer(EventSerializer[_TablePlan]):
             null=(b"null",) * len(names),
             row_format=_object_format(names),
             key_index=key_index,
-            key_render=tuple(render[i] for i in key_index),  # the direct types encode keys as values
-            key_typed=tuple(_typed_json(encode) for _, encode, _ in plan.key_fields),
+            key_typed=tuple(typed_renderer(orjson.dumps, encode) for _, encode, _ in plan.key_fields),
             key_null=(b"null",) * len(key_index),
             key_format=_object_format(tuple(names[i] for i in key_index)),
         )
@@ -1647,10 +1632,6 @@ def _value_error(table: TableSchema, fields: Sequence[_Field], row: dict[str, An
 
 def sequence_text(commit_lsn: int | None, lsn: int) -> str:
     """``source.sequence``: ``["<commit lsn>","<lsn>"]`` (the first null outside a transaction)."""
-    return _sequence(commit_lsn, lsn)
-
-
-def _sequence(commit_lsn: int | None, lsn: int) -> str:
     first = "null" if commit_lsn is None else f'"{int(commit_lsn)}"'
     return f'[{first},"{int(lsn)}"]'
 
