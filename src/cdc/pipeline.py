@@ -453,7 +453,9 @@ class Pipeline:
                                         event = policy.apply(event)
                                     for record in serializer.records(event):
                                         delivery.send(record, describe)
-                                    counts[(describe, event.op.value)] += 1
+                                    # Op is a StrEnum: the member is the same key as its code ("c"), without
+                                    # Enum.value's descriptor call on every row
+                                    counts[(describe, event.op)] += 1
                                     if txmeta is not None:
                                         txmeta.count(describe)
                                     if snapshot_rows:
