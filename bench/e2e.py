@@ -13,7 +13,15 @@ One command: ``.venv/bin/python bench/e2e.py`` (``--rows 200000`` for a quick ru
      i.e. until Kafka acknowledged everything (confirmation follows acknowledgment).
      ``json-typed``/``avro-typed`` run the daemon with ``render_rows: false``.
    Medians of the runs and the ratios end-to-end / decoder-only are printed.
-2. Latency at a steady 1,000 transactions/s: commit time (source.ts_ms) to the
+2. Where the CPU goes (``bench/cpu.py``, from ``/proc``): per row, the reader's, the
+   Postgres server's and the broker's CPU during each run, and a ceiling: a sample of the
+   daemon's own JSON records (headers included), read back from its topic, produced again
+   through the daemon's delivery (``AtLeastOnce``: per-record acknowledgment tracking) with
+   no database work. decoder-only CPU + its server CPU + that producer's and broker's CPU is
+   the least any design that decodes in Python and produces through confluent-kafka spends
+   per row; on this machine's cores it bounds the end-to-end rate (serialization not even
+   counted).
+3. Latency at a steady 1,000 transactions/s: commit time (source.ts_ms) to the
    moment a consumer sees the record. That includes the consumer's own fetch
    latency, so it is an upper bound of commit-to-acknowledgment.
 """
@@ -31,17 +39,40 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from cpu import process_cpu, self_cpu, tree_cpu  # bench/cpu.py
 from decoder import DB, PUBLICATION, TABLE, create_slots, read_with_cdc, setup_database, write_rows  # bench/decoder.py
 
 from cdc import dev
+from cdc.event import TxBegin, TxCommit
 from cdc.lsn import Lsn
+from cdc.sink.delivery import AtLeastOnce
+from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
+from cdc.sink.record import Record
 from cdc.sink.serialize import JsonSerializer, JsonSettings
+
+
+class Meter:
+    """CPU seconds of the server (the postmaster's tree) and of the broker, read together."""
+
+    def __init__(self) -> None:
+        status = dev.status(dev.default_state_dir())
+        self.server_pid = int(status["postgres"]["pid"])
+        self.broker_pid = int(status["kafka"]["pid"])
+
+    def read(self) -> tuple[float, float]:
+        return tree_cpu(self.server_pid), process_cpu(self.broker_pid)
+
+
+def per_row(cpu: dict[str, float], rows: int) -> str:
+    parts = [f"{name} {seconds / rows * 1e6:.1f}" for name, seconds in cpu.items()]
+    return ", ".join(parts) + f"; total {sum(cpu.values()) / rows * 1e6:.1f} µs"
 
 
 def wait_confirmed(conn: psycopg.Connection[tuple[object, ...]], slot: str, target: str, timeout: float) -> float:
@@ -69,7 +100,9 @@ def daemon(config: dict[str, object], workdir: Path, name: str) -> tuple[subproc
     return proc, log
 
 
-def end_to_end(dsn: str, bootstrap: str, slot: str, target: str, workdir: Path, fmt: str, registry: str | None) -> float:
+def end_to_end(
+    dsn: str, bootstrap: str, slot: str, target: str, workdir: Path, fmt: str, registry: str | None, meter: Meter
+) -> tuple[float, dict[str, float]]:
     prefix = f"bench_{RUN}_{slot}"
     config: dict[str, object] = {
         "source": {"dsn": dsn, "slot": slot, "publication": PUBLICATION},
@@ -97,11 +130,66 @@ def end_to_end(dsn: str, bootstrap: str, slot: str, target: str, workdir: Path, 
                     raise SystemExit(f"the daemon exited:\n{log.read_text()}")
                 time.sleep(0.01)
             started = time.perf_counter()
+            daemon0, (server0, broker0) = process_cpu(proc.pid), meter.read()
             done = wait_confirmed(conn, slot, target, 900)
+            daemon1, (server1, broker1) = process_cpu(proc.pid), meter.read()
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    return done - started
+    return done - started, {"daemon": daemon1 - daemon0, "server": server1 - server0, "broker": broker1 - broker0}
+
+
+def sample_records(bootstrap: str, topic: str, count: int) -> list[Record]:
+    """The first ``count`` records of a topic the daemon wrote: key, value and headers as it sent them."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-sample-{RUN}", "enable.auto.commit": False})
+    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+    records: list[Record] = []
+    deadline = time.monotonic() + 120
+    while len(records) < count and time.monotonic() < deadline:
+        for msg in consumer.consume(10_000, 1.0):
+            key, value = msg.key(), msg.value()
+            if msg.error() is None and key is not None and value is not None:
+                raw: Any = msg.headers() or []  # a list of (name, value) pairs on a consumed message
+                headers = tuple((str(name), v if isinstance(v, bytes) else b"") for name, v in raw)
+                records.append(Record(topic, key, value, headers))
+    consumer.close()
+    if len(records) < count:
+        raise SystemExit(f"read only {len(records)} records of {topic}, wanted {count}")
+    return records[:count]
+
+
+def producer_ceiling(bootstrap: str, records: list[Record], rows: int, meter: Meter) -> tuple[float, dict[str, float]]:
+    """Rows/s and CPU seconds: ``rows`` records (``records`` cycled, 1,000 per transaction) through the
+    daemon's own delivery (``AtLeastOnce``: produce with a per-record acknowledgment, the tracker),
+    from the first produce until the tracker confirms the last transaction. No database work."""
+    topic = f"bench_{RUN}_ceiling"
+    ensure_topics(admin_client(bootstrap, {}), [TopicSpec(topic, 3, 1)])
+    delivery = AtLeastOnce(producer_config(bootstrap, {}, 1_000_000), max_record_bytes=1_000_000)
+    batch = [Record(topic, r.key, r.value, r.headers) for r in records]
+    # connected and holding a producer id before the clock starts
+    delivery.begin(TxBegin(1, Lsn(1), 0))
+    delivery.send(batch[0], TABLE)
+    delivery.commit(TxCommit(1, Lsn(1), Lsn(1), 0, 1))
+    while delivery.drain(10):
+        pass
+    own0, (server0, broker0) = self_cpu(), meter.read()
+    started = time.perf_counter()
+    send, tick = delivery.send, delivery.tick
+    n = len(batch)
+    lsn = 1
+    for first in range(0, rows, 1000):
+        lsn += 1
+        delivery.begin(TxBegin(lsn, Lsn(lsn), 0))
+        for i in range(first, min(rows, first + 1000)):
+            send(batch[i % n], TABLE)
+        delivery.commit(TxCommit(lsn, Lsn(lsn), Lsn(lsn), 0, 1000))
+        tick()
+    while delivery.acknowledged() < Lsn(lsn):
+        delivery.drain(0.01)
+    elapsed = time.perf_counter() - started
+    own1, (server1, broker1) = self_cpu(), meter.read()
+    return rows / elapsed, {"producer": own1 - own0, "server": server1 - server0, "broker": broker1 - broker0}
 
 
 def latency(dsn: str, bootstrap: str, workdir: Path, seconds: float, rate: int) -> list[float]:
@@ -197,6 +285,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--latency-seconds", type=float, default=15.0)
     parser.add_argument("--rate", type=int, default=1000, help="transactions per second for the latency run")
+    parser.add_argument("--ceiling-runs", type=int, default=3, help="runs of the producer alone (0: skip)")
     parser.add_argument(
         "--formats",
         default="json,avro",
@@ -225,12 +314,18 @@ def main() -> int:
     print(f"workload: {args.rows} rows in {args.rows // 1000} transactions written in {time.perf_counter() - t0:.1f}s")
 
     workdir = Path(tempfile.mkdtemp(prefix="cdc-bench-"))
+    meter = Meter()
     dec_rates: list[float] = []
     rdec_rates: list[float] = []
     e2e_rates: dict[str, list[float]] = {f: [] for f in formats}
+    dec_cpu: list[dict[str, float]] = []
+    e2e_cpu: dict[str, list[dict[str, float]]] = {f: [] for f in formats}
     for i in runs:
+        own0, (server0, broker0) = self_cpu(), meter.read()
         seconds, rows = read_with_cdc(dsn, f"bench_dec_{i}", Lsn.parse(target))
+        own1, (server1, broker1) = self_cpu(), meter.read()
         assert rows == args.rows, f"decoded {rows} rows, expected {args.rows}"
+        dec_cpu.append({"reader": own1 - own0, "server": server1 - server0, "broker": broker1 - broker0})
         rate = rows / seconds
         dec_rates.append(rate)
         seconds, rows = read_with_cdc(dsn, f"bench_rdec_{i}", Lsn.parse(target), json_rendering)
@@ -238,10 +333,12 @@ def main() -> int:
         rdec_rates.append(rows / seconds)
         line = f"run {i + 1}: decoder-only {rate:,.0f} rows/s (rendering JSON {rows / seconds:,.0f})"
         for fmt in formats:
-            elapsed = end_to_end(
-                dsn, endpoints.kafka_bootstrap, f"bench_{fmt.replace('-', '_')}_{i}", target, workdir, fmt, endpoints.schema_registry_url
-            )
+            elapsed, cpu = end_to_end(
+                dsn, endpoints.kafka_bootstrap, f"bench_{fmt.replace('-', '_')}_{i}", target, workdir, fmt,
+                endpoints.schema_registry_url, meter,
+            )  # fmt: skip
             e2e_rates[fmt].append(args.rows / elapsed)
+            e2e_cpu[fmt].append(cpu)
             line += f", end-to-end {fmt} {args.rows / elapsed:,.0f} rows/s"
         print(line)
     dec = statistics.median(dec_rates)
@@ -253,6 +350,30 @@ def main() -> int:
             f"median end-to-end {fmt} (acks=all, idempotent): {e2e:,.0f} rows/s; ratio to decoder-only {e2e / dec:.2f} "
             f"(target >= 0.60); to the rendering decoder {e2e / rdec:.2f}"
         )
+
+    # Where the CPU went, per row (medians of the runs, component by component).
+    def median_cpu(samples: list[dict[str, float]]) -> dict[str, float]:
+        return {name: statistics.median(s[name] for s in samples) for name in samples[0]}
+
+    cores = os.cpu_count() or 1
+    dec_parts = median_cpu(dec_cpu)
+    print(f"CPU per row, decoder-only: {per_row(dec_parts, args.rows)}")
+    for fmt in formats:
+        parts = median_cpu(e2e_cpu[fmt])
+        busy = sum(parts.values()) / args.rows * statistics.median(e2e_rates[fmt])
+        print(f"CPU per row, end-to-end {fmt}: {per_row(parts, args.rows)} ({busy:.2f} of {cores} cores busy)")
+    if "json" in formats and args.ceiling_runs:
+        records = sample_records(endpoints.kafka_bootstrap, f"bench_{RUN}_bench_json_0.{TABLE}", min(args.rows, 100_000))
+        results = [producer_ceiling(endpoints.kafka_bootstrap, records, args.rows, meter) for _ in range(args.ceiling_runs)]
+        ceiling = statistics.median(rate for rate, _ in results)
+        prod_parts = median_cpu([cpu for _, cpu in results])
+        print(f"producer alone (the daemon's JSON records, its delivery, no database): median {ceiling:,.0f} rows/s "
+              f"({', '.join(f'{rate:,.0f}' for rate, _ in results)}); CPU per row: {per_row(prod_parts, args.rows)}")  # fmt: skip
+        floor = (dec_parts["reader"] + dec_parts["server"] + prod_parts["producer"] + prod_parts["broker"]) / args.rows
+        bound = cores / floor
+        print(f"least CPU per row of decoding plus producing (reader + server of decoder-only, producer + broker of "
+              f"the producer alone): {floor * 1e6:.1f} µs -> at most {bound:,.0f} rows/s on {cores} cores with "
+              f"perfect parallelism and no serialization = {bound / dec:.2f} of decoder-only (target >= 0.60)")  # fmt: skip
 
     samples = latency(dsn, endpoints.kafka_bootstrap, workdir, args.latency_seconds, args.rate)
     if samples:

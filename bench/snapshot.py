@@ -16,11 +16,18 @@ In one run, on the local services (``cdc dev up``):
    (``snapshot.server_json``, the default) and, for comparison, the ordinary path where
    Python parses and serializes every row; a fresh slot and topic each. Rows/s is rows
    over the whole run, start-up (slot, planning, worker start) included.
+5. The Kafka ceiling: the same number of this table's records, made beforehand (a sample,
+   cycled), produced by 1 and N processes with the snapshot's own producer
+   (``BulkProducer``, the pipeline's producer settings, the four position headers as a
+   worker sends them) and no database work at all: the most any snapshot written in
+   Python with confluent-kafka can reach on this machine and broker. Also without
+   the headers, to show what they cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import statistics
 import sys
@@ -31,15 +38,17 @@ from typing import Any
 import psycopg
 from confluent_kafka.admin import AdminClient
 
+from cpu import process_cpu, tree_cpu  # bench/cpu.py
+
 from cdc import dev
 from cdc import log as logsetup
 from cdc.catalog import describe_tables
 from cdc.config import TableConfig
 from cdc.event import ChangeEvent, Op, TxBegin
 from cdc.lsn import Lsn
-from cdc.sink.delivery import AtLeastOnce
+from cdc.sink.delivery import AtLeastOnce, BulkProducer
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
-from cdc.sink.serialize import JsonSerializer, JsonSettings
+from cdc.sink.serialize import JsonSerializer, JsonSettings, position_headers
 from cdc.snapshot.config import SnapshotConfig
 from cdc.snapshot.copytext import row_parser
 from cdc.snapshot.initial import InitialSnapshot
@@ -94,6 +103,79 @@ def bare_copy(dsn: str) -> tuple[float, int]:
                 nbytes += len(data)
         elapsed = time.perf_counter() - started
     return n / elapsed, nbytes
+
+
+def sample_records(dsn: str, prefix: str, sample: int) -> list[tuple[bytes, bytes]]:
+    """(key, value) of the first ``sample`` rows as the snapshot writes them (snapshot reads, JSON)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        info = describe_tables(conn, [TableConfig(name=TABLE)])[TABLE]
+        table = describe_table(conn, info)
+        parse = row_parser(table.schema.columns, where=TABLE)
+        rows = []
+        with conn.cursor().copy(f"COPY (SELECT {COLUMNS} FROM bench_rows LIMIT {sample}) TO STDOUT") as copy:
+            while data := copy.read():
+                rows.append(parse(bytes(data[:-1])))
+    serializer = JsonSerializer(JsonSettings(topic_prefix=prefix, database=DB), lambda _t: 3)
+    point = Lsn(1)
+    out = []
+    for i, row in enumerate(rows):
+        (record,) = serializer.records(ChangeEvent(Op.READ, table.schema, None, row, point, point, None, i, 0, True))
+        assert record.value is not None
+        out.append((record.key, record.value))
+    return out
+
+
+def _ceiling_producer(
+    config: dict[str, Any], topic: str, records: list[tuple[bytes, bytes]], count: int, headers: bool, go: Any, done: Any
+) -> None:
+    """One process of the ceiling: produce ``count`` of the prepared records as a snapshot worker does."""
+    bulk = BulkProducer(config)
+    produce, wait = bulk.produce, bulk.wait
+    position: dict[str, str | bytes | None] = dict(position_headers(Lsn(1), Lsn(1), 1, 0))
+    go.wait()
+    for ordinal in range(count):
+        key, value = records[ordinal % len(records)]
+        while True:
+            try:
+                if headers:
+                    h = position.copy()
+                    h["cdc.ordinal"] = b"%d" % ordinal
+                    produce(topic, value, key, headers=h)
+                else:
+                    produce(topic, value, key)
+                break
+            except BufferError:
+                wait()
+    while bulk.drain(60):
+        pass
+    done.put(os.times())
+
+
+def kafka_ceiling(
+    bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], rows: int, processes: int, headers: bool
+) -> tuple[float, float, float]:
+    """Rows/s from the first produce to the last acknowledgment, the producers' CPU seconds per row
+    (user + system of the processes, librdkafka's threads included), and the broker's."""
+    ensure_topics(admin_client(bootstrap, {}), [TopicSpec(topic, 3, 1)])
+    ctx = multiprocessing.get_context("spawn")  # as the snapshot's workers: nothing of this process's clients
+    go, done = ctx.Event(), ctx.Queue()
+    config = producer_config(bootstrap, {}, 1_000_000)
+    share = [rows // processes + (1 if i < rows % processes else 0) for i in range(processes)]
+    procs = [ctx.Process(target=_ceiling_producer, args=(config, topic, records, n, headers, go, done)) for n in share]
+    for p in procs:
+        p.start()
+    time.sleep(2.0)  # producers connected and idempotence ids acquired before the clock starts
+    meter = Meter()
+    broker0 = meter.read()["broker"]
+    started = time.perf_counter()
+    go.set()
+    times = [done.get(timeout=600) for _ in procs]
+    elapsed = time.perf_counter() - started
+    broker = meter.read()["broker"] - broker0
+    for p in procs:
+        p.join()
+    cpu = sum(t.user + t.system for t in times)
+    return rows / elapsed, cpu / rows, broker / rows
 
 
 def per_row_costs(dsn: str, bootstrap: str, prefix: str, sample: int) -> dict[str, float]:
@@ -158,12 +240,29 @@ def snapshot_run(
         conninfo=dsn, slot=slot, tables=tables, output=output, state=SnapshotState(MemoryStore()),
         settings=settings, progress=progress, log_level="warning",
     )  # fmt: skip
+    meter = Meter()
+    before = meter.read()
     started = time.monotonic()
     result = snapshot.run()
     elapsed = time.monotonic() - started
+    cpu = {name: after - before[name] for name, after in meter.read().items()}
     copy_s = progress.read().elapsed_s  # the tracker starts with the engine; the copy phase is what follows planning
     assert result.server_json_rows == (result.rows if server_json else 0), "the path asked for was not taken"
-    return {"rows": result.rows, "elapsed_s": elapsed, "rows_per_s": result.rows / elapsed, "tracker_s": copy_s}
+    return {"rows": result.rows, "elapsed_s": elapsed, "rows_per_s": result.rows / elapsed, "tracker_s": copy_s, "cpu": cpu}
+
+
+class Meter:
+    """CPU seconds so far of this process with the snapshot's worker processes (exited workers included),
+    of the Postgres server's processes, and of the broker."""
+
+    def __init__(self) -> None:
+        status = dev.status(dev.default_state_dir())
+        self._server = int(status["postgres"]["pid"])
+        self._broker = int(status["kafka"]["pid"])
+
+    def read(self) -> dict[str, float]:
+        return {"snapshot (this process + workers)": tree_cpu(os.getpid()), "server": tree_cpu(self._server),
+                "broker": process_cpu(self._broker)}  # fmt: skip
 
 
 def main() -> int:
@@ -177,6 +276,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3, help="snapshot runs per configuration (median)")
     parser.add_argument("--sample", type=int, default=100_000, help="rows for the per-row cost breakdown")
     parser.add_argument("--keep", action="store_true", help="keep the database and topics afterwards")
+    parser.add_argument("--no-ceiling", dest="ceiling", action="store_false",
+                        help="skip the Kafka ceiling (prepared records produced with no database work)")  # fmt: skip
     args = parser.parse_args()
     logsetup.configure("console", "warning")
     endpoints = dev.up(dev.default_state_dir(), registry=False)
@@ -196,17 +297,43 @@ def main() -> int:
         configs += [(False, int(w)) for w in args.ordinary_workers.split(",") if w]
         for server_json, workers in configs:
             path = "server-built JSON" if server_json else "ordinary path (Python JSON)"
-            rates = []
+            rates, cpus = [], []
             for run in range(args.runs):
                 tag = f"{'s' if server_json else 'o'}{workers}r{run}"
                 r = snapshot_run(dsn, endpoints.kafka_bootstrap, f"{prefix}_{tag}", f"bench_{tag}_{int(time.time())}",
                                  workers, args.chunk_rows, server_json)  # fmt: skip
                 rates.append(r["rows_per_s"])
+                cpus.append(r["cpu"])
                 print(f"  snapshot, {path}, {workers} worker(s), run {run + 1}: {r['rows']:,} rows in "
                       f"{r['elapsed_s']:.1f}s = {r['rows_per_s']:,.0f} rows/s")  # fmt: skip
             rate = statistics.median(rates)
             print(f"snapshot, {path}, {workers} worker(s): median {rate:,.0f} rows/s of {len(rates)} runs = "
                   f"{rate / copy_rate * 100:.1f}% of bare COPY (ratio {rate / copy_rate:.3f})")  # fmt: skip
+            parts = {name: statistics.median(c[name] for c in cpus) / args.rows for name in cpus[0]}
+            total = sum(parts.values())
+            print(f"  CPU per row: {', '.join(f'{k} {v * 1e6:.2f} µs' for k, v in parts.items())}; total "
+                  f"{total * 1e6:.2f} µs ({total * rate:.2f} of {os.cpu_count()} cores busy); at this CPU per row "
+                  f"{os.cpu_count()} cores allow at most {(os.cpu_count() or 1) / total:,.0f} rows/s = "
+                  f"{(os.cpu_count() or 1) / total / copy_rate * 100:.1f}% of bare COPY")  # fmt: skip
+        if args.ceiling:
+            records = sample_records(dsn, f"{prefix}_ceiling", min(args.sample, args.rows))
+            for headers in (True, False):
+                for processes in sorted({int(w) for w in args.workers.split(",") if w}):
+                    rates, cpus, brokers = [], [], []
+                    for run in range(args.runs):
+                        topic = f"{prefix}_ceiling_{'h' if headers else 'n'}{processes}r{run}"
+                        rate, cpu, broker = kafka_ceiling(
+                            endpoints.kafka_bootstrap, topic, records, args.rows, processes, headers
+                        )
+                        rates.append(rate)
+                        cpus.append(cpu)
+                        brokers.append(broker)
+                    rate = statistics.median(rates)
+                    print(f"Kafka ceiling, prepared records, no database, {processes} producer process(es), "
+                          f"{'four position headers' if headers else 'no headers'}: median {rate:,.0f} rows/s "
+                          f"({', '.join(f'{r:,.0f}' for r in rates)}) = {rate / copy_rate * 100:.1f}% of bare COPY; "
+                          f"CPU per row: producers {statistics.median(cpus) * 1e6:.2f} µs, "
+                          f"broker {statistics.median(brokers) * 1e6:.2f} µs")  # fmt: skip
     finally:
         if not args.keep:
             names = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix)]
