@@ -14,10 +14,10 @@ from pathlib import Path
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _stat(pid: int) -> tuple[int, float, float] | None:
-    """(parent pid, own CPU seconds, reaped children's CPU seconds) of a live process."""
+def _stat(pid: int, tid: int | None = None) -> tuple[int, float, float] | None:
+    """(parent pid, own CPU seconds, reaped children's CPU seconds) of a live process (or one of its threads)."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        text = Path(f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError):
         return None
     fields = text[text.rindex(")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
@@ -29,6 +29,12 @@ def _stat(pid: int) -> tuple[int, float, float] | None:
 def process_cpu(pid: int) -> float:
     """CPU seconds of one process, all its threads, so far (0.0 once it is gone)."""
     stat = _stat(pid)
+    return stat[1] if stat else 0.0
+
+
+def main_thread_cpu(pid: int) -> float:
+    """CPU seconds of a process's main thread (where a Python program runs its Python code)."""
+    stat = _stat(pid, pid)
     return stat[1] if stat else 0.0
 
 

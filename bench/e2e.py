@@ -46,7 +46,7 @@ import yaml
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from cpu import process_cpu, self_cpu, tree_cpu  # bench/cpu.py
+from cpu import main_thread_cpu, process_cpu, self_cpu, tree_cpu  # bench/cpu.py
 from decoder import DB, PUBLICATION, TABLE, create_slots, read_with_cdc, setup_database, write_rows  # bench/decoder.py
 
 from cdc import dev
@@ -71,8 +71,10 @@ class Meter:
 
 
 def per_row(cpu: dict[str, float], rows: int) -> str:
+    """Process by process, then the total; a thread's share (a name with "thread") is shown, not added."""
     parts = [f"{name} {seconds / rows * 1e6:.1f}" for name, seconds in cpu.items()]
-    return ", ".join(parts) + f"; total {sum(cpu.values()) / rows * 1e6:.1f} µs"
+    total = sum(seconds for name, seconds in cpu.items() if "thread" not in name)
+    return ", ".join(parts) + f"; total {total / rows * 1e6:.1f} µs"
 
 
 def wait_confirmed(conn: psycopg.Connection[tuple[object, ...]], slot: str, target: str, timeout: float) -> float:
@@ -86,6 +88,18 @@ def wait_confirmed(conn: psycopg.Connection[tuple[object, ...]], slot: str, targ
             return time.perf_counter()
         time.sleep(0.02)
     raise SystemExit(f"slot {slot} did not confirm {target} within {timeout}s")
+
+
+def wait_released(dsn: str, slot: str, timeout: float = 30.0) -> None:
+    """Until the slot's walsender has exited, and a moment more for the postmaster to reap it."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+            if row is None or not row[0]:
+                break
+            time.sleep(0.01)
+    time.sleep(0.2)
 
 
 def daemon(config: dict[str, object], workdir: Path, name: str) -> tuple[subprocess.Popen[bytes], Path]:
@@ -130,13 +144,14 @@ def end_to_end(
                     raise SystemExit(f"the daemon exited:\n{log.read_text()}")
                 time.sleep(0.01)
             started = time.perf_counter()
-            daemon0, (server0, broker0) = process_cpu(proc.pid), meter.read()
+            daemon0, main0, (server0, broker0) = process_cpu(proc.pid), main_thread_cpu(proc.pid), meter.read()
             done = wait_confirmed(conn, slot, target, 900)
-            daemon1, (server1, broker1) = process_cpu(proc.pid), meter.read()
+            daemon1, main1, (server1, broker1) = process_cpu(proc.pid), main_thread_cpu(proc.pid), meter.read()
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    return done - started, {"daemon": daemon1 - daemon0, "server": server1 - server0, "broker": broker1 - broker0}
+    cpu = {"daemon": daemon1 - daemon0, "server": server1 - server0, "broker": broker1 - broker0}
+    return done - started, cpu | {"daemon's main thread": main1 - main0}
 
 
 def sample_records(bootstrap: str, topic: str, count: int) -> list[Record]:
@@ -173,7 +188,7 @@ def producer_ceiling(bootstrap: str, records: list[Record], rows: int, meter: Me
     delivery.commit(TxCommit(1, Lsn(1), Lsn(1), 0, 1))
     while delivery.drain(10):
         pass
-    own0, (server0, broker0) = self_cpu(), meter.read()
+    own0, main0, (server0, broker0) = self_cpu(), time.thread_time(), meter.read()
     started = time.perf_counter()
     send, tick = delivery.send, delivery.tick
     n = len(batch)
@@ -188,8 +203,9 @@ def producer_ceiling(bootstrap: str, records: list[Record], rows: int, meter: Me
     while delivery.acknowledged() < Lsn(lsn):
         delivery.drain(0.01)
     elapsed = time.perf_counter() - started
-    own1, (server1, broker1) = self_cpu(), meter.read()
-    return rows / elapsed, {"producer": own1 - own0, "server": server1 - server0, "broker": broker1 - broker0}
+    own1, main1, (server1, broker1) = self_cpu(), time.thread_time(), meter.read()
+    cpu = {"producer": own1 - own0, "server": server1 - server0, "broker": broker1 - broker0}
+    return rows / elapsed, cpu | {"producer's main thread": main1 - main0}
 
 
 def latency(dsn: str, bootstrap: str, workdir: Path, seconds: float, rate: int) -> list[float]:
@@ -323,7 +339,9 @@ def main() -> int:
     for i in runs:
         own0, (server0, broker0) = self_cpu(), meter.read()
         seconds, rows = read_with_cdc(dsn, f"bench_dec_{i}", Lsn.parse(target))
-        own1, (server1, broker1) = self_cpu(), meter.read()
+        own1 = self_cpu()
+        wait_released(dsn, f"bench_dec_{i}")  # the walsender's CPU is counted once the server reaped it
+        server1, broker1 = meter.read()
         assert rows == args.rows, f"decoded {rows} rows, expected {args.rows}"
         dec_cpu.append({"reader": own1 - own0, "server": server1 - server0, "broker": broker1 - broker0})
         rate = rows / seconds
@@ -360,7 +378,7 @@ def main() -> int:
     print(f"CPU per row, decoder-only: {per_row(dec_parts, args.rows)}")
     for fmt in formats:
         parts = median_cpu(e2e_cpu[fmt])
-        busy = sum(parts.values()) / args.rows * statistics.median(e2e_rates[fmt])
+        busy = sum(v for k, v in parts.items() if "thread" not in k) / args.rows * statistics.median(e2e_rates[fmt])
         print(f"CPU per row, end-to-end {fmt}: {per_row(parts, args.rows)} ({busy:.2f} of {cores} cores busy)")
     if "json" in formats and args.ceiling_runs:
         records = sample_records(endpoints.kafka_bootstrap, f"bench_{RUN}_bench_json_0.{TABLE}", min(args.rows, 100_000))
@@ -374,6 +392,10 @@ def main() -> int:
         print(f"least CPU per row of decoding plus producing (reader + server of decoder-only, producer + broker of "
               f"the producer alone): {floor * 1e6:.1f} µs -> at most {bound:,.0f} rows/s on {cores} cores with "
               f"perfect parallelism and no serialization = {bound / dec:.2f} of decoder-only (target >= 0.60)")  # fmt: skip
+        one_thread = (dec_parts["reader"] + prod_parts["producer's main thread"]) / args.rows
+        print(f"one Python thread decoding and producing (the decoder-only reader's CPU + the producer's main thread): "
+              f"{one_thread * 1e6:.1f} µs per row -> at most {1 / one_thread:,.0f} rows/s = "
+              f"{1 / one_thread / dec:.2f} of decoder-only, serialization not counted")  # fmt: skip
 
     samples = latency(dsn, endpoints.kafka_bootstrap, workdir, args.latency_seconds, args.rate)
     if samples:
