@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from cdc import dev
+
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -66,3 +68,21 @@ def self_cpu() -> float:
     """CPU seconds of this process so far (all threads; librdkafka's included)."""
     t = os.times()
     return t.user + t.system
+
+
+class Services:
+    """CPU seconds so far of the development services: the Postgres server (the postmaster's tree,
+    exited backends and walsenders included) and the Kafka broker."""
+
+    def __init__(self) -> None:
+        status = dev.status(dev.default_state_dir())
+        self._server = int(status["postgres"]["pid"])
+        self._broker = int(status["kafka"]["pid"])
+
+    def read(self) -> dict[str, float]:
+        return {"server": tree_cpu(self._server), "broker": process_cpu(self._broker)}
+
+
+def spent(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What each process spent between two readings."""
+    return {name: after[name] - before[name] for name in before}

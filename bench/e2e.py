@@ -46,7 +46,7 @@ import yaml
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from cpu import main_thread_cpu, process_cpu, self_cpu, tree_cpu  # bench/cpu.py
+from cpu import Services, main_thread_cpu, process_cpu, self_cpu, spent  # bench/cpu.py
 from decoder import DB, PUBLICATION, TABLE, create_slots, read_with_cdc, setup_database, write_rows  # bench/decoder.py
 
 from cdc import dev
@@ -58,23 +58,10 @@ from cdc.sink.record import Record
 from cdc.sink.serialize import JsonSerializer, JsonSettings
 
 
-class Meter:
-    """CPU seconds of the server (the postmaster's tree) and of the broker, read together."""
-
-    def __init__(self) -> None:
-        status = dev.status(dev.default_state_dir())
-        self.server_pid = int(status["postgres"]["pid"])
-        self.broker_pid = int(status["kafka"]["pid"])
-
-    def read(self) -> tuple[float, float]:
-        return tree_cpu(self.server_pid), process_cpu(self.broker_pid)
-
-
 def per_row(cpu: dict[str, float], rows: int) -> str:
-    """Process by process, then the total; a thread's share (a name with "thread") is shown, not added."""
+    """Process by process, then the total."""
     parts = [f"{name} {seconds / rows * 1e6:.1f}" for name, seconds in cpu.items()]
-    total = sum(seconds for name, seconds in cpu.items() if "thread" not in name)
-    return ", ".join(parts) + f"; total {total / rows * 1e6:.1f} µs"
+    return ", ".join(parts) + f"; total {sum(cpu.values()) / rows * 1e6:.1f} µs"
 
 
 def wait_confirmed(conn: psycopg.Connection[tuple[object, ...]], slot: str, target: str, timeout: float) -> float:
@@ -115,8 +102,10 @@ def daemon(config: dict[str, object], workdir: Path, name: str) -> tuple[subproc
 
 
 def end_to_end(
-    dsn: str, bootstrap: str, slot: str, target: str, workdir: Path, fmt: str, registry: str | None, meter: Meter
-) -> tuple[float, dict[str, float]]:
+    dsn: str, bootstrap: str, slot: str, target: str, workdir: Path, fmt: str, registry: str | None, meter: Services
+) -> tuple[float, dict[str, float], float]:
+    """Seconds until the slot confirmed ``target``; CPU seconds of the daemon, server and broker; and of the
+    daemon's main thread."""
     prefix = f"bench_{RUN}_{slot}"
     config: dict[str, object] = {
         "source": {"dsn": dsn, "slot": slot, "publication": PUBLICATION},
@@ -144,14 +133,13 @@ def end_to_end(
                     raise SystemExit(f"the daemon exited:\n{log.read_text()}")
                 time.sleep(0.01)
             started = time.perf_counter()
-            daemon0, main0, (server0, broker0) = process_cpu(proc.pid), main_thread_cpu(proc.pid), meter.read()
+            before, main0 = {"daemon": process_cpu(proc.pid)} | meter.read(), main_thread_cpu(proc.pid)
             done = wait_confirmed(conn, slot, target, 900)
-            daemon1, main1, (server1, broker1) = process_cpu(proc.pid), main_thread_cpu(proc.pid), meter.read()
+            after, main1 = {"daemon": process_cpu(proc.pid)} | meter.read(), main_thread_cpu(proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    cpu = {"daemon": daemon1 - daemon0, "server": server1 - server0, "broker": broker1 - broker0}
-    return done - started, cpu | {"daemon's main thread": main1 - main0}
+    return done - started, spent(before, after), main1 - main0
 
 
 def sample_records(bootstrap: str, topic: str, count: int) -> list[Record]:
@@ -174,10 +162,13 @@ def sample_records(bootstrap: str, topic: str, count: int) -> list[Record]:
     return records[:count]
 
 
-def producer_ceiling(bootstrap: str, records: list[Record], rows: int, meter: Meter) -> tuple[float, dict[str, float]]:
+def producer_ceiling(
+    bootstrap: str, records: list[Record], rows: int, meter: Services
+) -> tuple[float, dict[str, float], float]:
     """Rows/s and CPU seconds: ``rows`` records (``records`` cycled, 1,000 per transaction) through the
     daemon's own delivery (``AtLeastOnce``: produce with a per-record acknowledgment, the tracker),
-    from the first produce until the tracker confirms the last transaction. No database work."""
+    from the first produce until the tracker confirms the last transaction. No database work. Also the CPU
+    seconds of this process's main thread (where ``send`` and the delivery reports run)."""
     topic = f"bench_{RUN}_ceiling"
     ensure_topics(admin_client(bootstrap, {}), [TopicSpec(topic, 3, 1)])
     delivery = AtLeastOnce(producer_config(bootstrap, {}, 1_000_000), max_record_bytes=1_000_000)
@@ -188,7 +179,7 @@ def producer_ceiling(bootstrap: str, records: list[Record], rows: int, meter: Me
     delivery.commit(TxCommit(1, Lsn(1), Lsn(1), 0, 1))
     while delivery.drain(10):
         pass
-    own0, main0, (server0, broker0) = self_cpu(), time.thread_time(), meter.read()
+    before, main0 = {"producer": self_cpu()} | meter.read(), time.thread_time()
     started = time.perf_counter()
     send, tick = delivery.send, delivery.tick
     n = len(batch)
@@ -203,9 +194,8 @@ def producer_ceiling(bootstrap: str, records: list[Record], rows: int, meter: Me
     while delivery.acknowledged() < Lsn(lsn):
         delivery.drain(0.01)
     elapsed = time.perf_counter() - started
-    own1, main1, (server1, broker1) = self_cpu(), time.thread_time(), meter.read()
-    cpu = {"producer": own1 - own0, "server": server1 - server0, "broker": broker1 - broker0}
-    return rows / elapsed, cpu | {"producer's main thread": main1 - main0}
+    after, main1 = {"producer": self_cpu()} | meter.read(), time.thread_time()
+    return rows / elapsed, spent(before, after), main1 - main0
 
 
 def latency(dsn: str, bootstrap: str, workdir: Path, seconds: float, rate: int) -> list[float]:
@@ -330,20 +320,21 @@ def main() -> int:
     print(f"workload: {args.rows} rows in {args.rows // 1000} transactions written in {time.perf_counter() - t0:.1f}s")
 
     workdir = Path(tempfile.mkdtemp(prefix="cdc-bench-"))
-    meter = Meter()
+    meter = Services()
     dec_rates: list[float] = []
     rdec_rates: list[float] = []
     e2e_rates: dict[str, list[float]] = {f: [] for f in formats}
     dec_cpu: list[dict[str, float]] = []
     e2e_cpu: dict[str, list[dict[str, float]]] = {f: [] for f in formats}
+    e2e_main: dict[str, list[float]] = {f: [] for f in formats}
     for i in runs:
-        own0, (server0, broker0) = self_cpu(), meter.read()
+        before = {"reader": self_cpu()} | meter.read()
         seconds, rows = read_with_cdc(dsn, f"bench_dec_{i}", Lsn.parse(target))
-        own1 = self_cpu()
+        reader = self_cpu()
         wait_released(dsn, f"bench_dec_{i}")  # the walsender's CPU is counted once the server reaped it
-        server1, broker1 = meter.read()
+        after = {"reader": reader} | meter.read()
         assert rows == args.rows, f"decoded {rows} rows, expected {args.rows}"
-        dec_cpu.append({"reader": own1 - own0, "server": server1 - server0, "broker": broker1 - broker0})
+        dec_cpu.append(spent(before, after))
         rate = rows / seconds
         dec_rates.append(rate)
         seconds, rows = read_with_cdc(dsn, f"bench_rdec_{i}", Lsn.parse(target), json_rendering)
@@ -351,12 +342,13 @@ def main() -> int:
         rdec_rates.append(rows / seconds)
         line = f"run {i + 1}: decoder-only {rate:,.0f} rows/s (rendering JSON {rows / seconds:,.0f})"
         for fmt in formats:
-            elapsed, cpu = end_to_end(
+            elapsed, cpu, main = end_to_end(
                 dsn, endpoints.kafka_bootstrap, f"bench_{fmt.replace('-', '_')}_{i}", target, workdir, fmt,
                 endpoints.schema_registry_url, meter,
             )  # fmt: skip
             e2e_rates[fmt].append(args.rows / elapsed)
             e2e_cpu[fmt].append(cpu)
+            e2e_main[fmt].append(main)
             line += f", end-to-end {fmt} {args.rows / elapsed:,.0f} rows/s"
         print(line)
     dec = statistics.median(dec_rates)
@@ -378,21 +370,25 @@ def main() -> int:
     print(f"CPU per row, decoder-only: {per_row(dec_parts, args.rows)}")
     for fmt in formats:
         parts = median_cpu(e2e_cpu[fmt])
-        busy = sum(v for k, v in parts.items() if "thread" not in k) / args.rows * statistics.median(e2e_rates[fmt])
-        print(f"CPU per row, end-to-end {fmt}: {per_row(parts, args.rows)} ({busy:.2f} of {cores} cores busy)")
+        busy = sum(parts.values()) / args.rows * statistics.median(e2e_rates[fmt])
+        main = statistics.median(e2e_main[fmt]) / args.rows
+        print(f"CPU per row, end-to-end {fmt}: {per_row(parts, args.rows)} ({busy:.2f} of {cores} cores busy); "
+              f"the daemon's main thread {main * 1e6:.1f} µs")  # fmt: skip
     if "json" in formats and args.ceiling_runs:
         records = sample_records(endpoints.kafka_bootstrap, f"bench_{RUN}_bench_json_0.{TABLE}", min(args.rows, 100_000))
         results = [producer_ceiling(endpoints.kafka_bootstrap, records, args.rows, meter) for _ in range(args.ceiling_runs)]
-        ceiling = statistics.median(rate for rate, _ in results)
-        prod_parts = median_cpu([cpu for _, cpu in results])
+        ceiling = statistics.median(rate for rate, _, _ in results)
+        prod_parts = median_cpu([cpu for _, cpu, _ in results])
+        prod_main = statistics.median(main for _, _, main in results) / args.rows
         print(f"producer alone (the daemon's JSON records, its delivery, no database): median {ceiling:,.0f} rows/s "
-              f"({', '.join(f'{rate:,.0f}' for rate, _ in results)}); CPU per row: {per_row(prod_parts, args.rows)}")  # fmt: skip
+              f"({', '.join(f'{rate:,.0f}' for rate, _, _ in results)}); CPU per row: {per_row(prod_parts, args.rows)}; "
+              f"its main thread {prod_main * 1e6:.1f} µs")  # fmt: skip
         floor = (dec_parts["reader"] + dec_parts["server"] + prod_parts["producer"] + prod_parts["broker"]) / args.rows
         bound = cores / floor
         print(f"least CPU per row of decoding plus producing (reader + server of decoder-only, producer + broker of "
               f"the producer alone): {floor * 1e6:.1f} µs -> at most {bound:,.0f} rows/s on {cores} cores with "
               f"perfect parallelism and no serialization = {bound / dec:.2f} of decoder-only (target >= 0.60)")  # fmt: skip
-        one_thread = (dec_parts["reader"] + prod_parts["producer's main thread"]) / args.rows
+        one_thread = dec_parts["reader"] / args.rows + prod_main
         print(f"one Python thread decoding and producing (the decoder-only reader's CPU + the producer's main thread): "
               f"{one_thread * 1e6:.1f} µs per row -> at most {1 / one_thread:,.0f} rows/s = "
               f"{1 / one_thread / dec:.2f} of decoder-only, serialization not counted")  # fmt: skip

@@ -38,13 +38,13 @@ from typing import Any
 import psycopg
 from confluent_kafka.admin import AdminClient
 
-from cpu import process_cpu, tree_cpu  # bench/cpu.py
+from cpu import Services, spent, tree_cpu  # bench/cpu.py
 
 from cdc import dev
 from cdc import log as logsetup
 from cdc.catalog import describe_tables
 from cdc.config import TableConfig
-from cdc.event import ChangeEvent, Op, TxBegin
+from cdc.event import ChangeEvent, Op, TableSchema, TxBegin
 from cdc.lsn import Lsn
 from cdc.sink.delivery import AtLeastOnce, BulkProducer
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
@@ -60,6 +60,7 @@ from cdc.snapshot.state import MemoryStore, SnapshotState
 DB = "cdc_bench_snapshot"
 TABLE = "public.bench_rows"
 COLUMNS = "id, name, amount, code, created, ref"
+SNAPSHOT_PROCESSES = "snapshot (this process + workers)"  # exited workers are in this process's reaped-children time
 
 
 def setup(admin_dsn: str, rows: int) -> str:
@@ -105,21 +106,27 @@ def bare_copy(dsn: str) -> tuple[float, int]:
     return n / elapsed, nbytes
 
 
-def sample_records(dsn: str, prefix: str, sample: int) -> list[tuple[bytes, bytes]]:
-    """(key, value) of the first ``sample`` rows as the snapshot writes them (snapshot reads, JSON)."""
+def sample_lines(dsn: str, sample: int) -> tuple[TableSchema, list[bytes]]:
+    """The table's schema and the COPY text lines of its first ``sample`` rows (no newline)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         info = describe_tables(conn, [TableConfig(name=TABLE)])[TABLE]
-        table = describe_table(conn, info)
-        parse = row_parser(table.schema.columns, where=TABLE)
-        rows = []
+        schema = describe_table(conn, info).schema
+        lines = []
         with conn.cursor().copy(f"COPY (SELECT {COLUMNS} FROM bench_rows LIMIT {sample}) TO STDOUT") as copy:
             while data := copy.read():
-                rows.append(parse(bytes(data[:-1])))
+                lines.append(bytes(data[:-1]))
+    return schema, lines
+
+
+def sample_records(dsn: str, prefix: str, sample: int) -> list[tuple[bytes, bytes]]:
+    """(key, value) of the first ``sample`` rows as the snapshot writes them (snapshot reads, JSON)."""
+    schema, lines = sample_lines(dsn, sample)
+    parse = row_parser(schema.columns, where=TABLE)
     serializer = JsonSerializer(JsonSettings(topic_prefix=prefix, database=DB), lambda _t: 3)
     point = Lsn(1)
     out = []
-    for i, row in enumerate(rows):
-        (record,) = serializer.records(ChangeEvent(Op.READ, table.schema, None, row, point, point, None, i, 0, True))
+    for i, line in enumerate(lines):
+        (record,) = serializer.records(ChangeEvent(Op.READ, schema, None, parse(line), point, point, None, i, 0, True))
         assert record.value is not None
         out.append((record.key, record.value))
     return out
@@ -165,13 +172,13 @@ def kafka_ceiling(
     for p in procs:
         p.start()
     time.sleep(2.0)  # producers connected and idempotence ids acquired before the clock starts
-    meter = Meter()
-    broker0 = meter.read()["broker"]
+    services = Services()
+    broker0 = services.read()["broker"]
     started = time.perf_counter()
     go.set()
     times = [done.get(timeout=600) for _ in procs]
     elapsed = time.perf_counter() - started
-    broker = meter.read()["broker"] - broker0
+    broker = services.read()["broker"] - broker0
     for p in procs:
         p.join()
     cpu = sum(t.user + t.system for t in times)
@@ -181,15 +188,8 @@ def kafka_ceiling(
 def per_row_costs(dsn: str, bootstrap: str, prefix: str, sample: int) -> dict[str, float]:
     """Microseconds per row of each step, on ``sample`` rows in one process: each pass adds a step, nothing
     is kept (as in a worker), and a step's cost is the difference to the pass before."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        info = describe_tables(conn, [TableConfig(name=TABLE)])[TABLE]
-        table = describe_table(conn, info)
-        lines = []
-        with conn.cursor().copy(f"COPY (SELECT {COLUMNS} FROM bench_rows LIMIT {sample}) TO STDOUT") as copy:
-            while data := copy.read():
-                lines.append(bytes(data[:-1]))
-    parse = row_parser(table.schema.columns, where=TABLE)
-    schema = table.schema
+    schema, lines = sample_lines(dsn, sample)
+    parse = row_parser(schema.columns, where=TABLE)
     serializer = JsonSerializer(JsonSettings(topic_prefix=prefix, database=DB), lambda _t: 3)
     ensure_topics(admin_client(bootstrap, {}), [TopicSpec(f"{prefix}.public.bench_rows", 3, 1)])
     delivery = AtLeastOnce(producer_config(bootstrap, {}, 1_000_000), max_record_bytes=1_000_000)
@@ -240,29 +240,15 @@ def snapshot_run(
         conninfo=dsn, slot=slot, tables=tables, output=output, state=SnapshotState(MemoryStore()),
         settings=settings, progress=progress, log_level="warning",
     )  # fmt: skip
-    meter = Meter()
-    before = meter.read()
+    services = Services()
+    before = {SNAPSHOT_PROCESSES: tree_cpu(os.getpid())} | services.read()
     started = time.monotonic()
     result = snapshot.run()
     elapsed = time.monotonic() - started
-    cpu = {name: after - before[name] for name, after in meter.read().items()}
+    cpu = spent(before, {SNAPSHOT_PROCESSES: tree_cpu(os.getpid())} | services.read())
     copy_s = progress.read().elapsed_s  # the tracker starts with the engine; the copy phase is what follows planning
     assert result.server_json_rows == (result.rows if server_json else 0), "the path asked for was not taken"
     return {"rows": result.rows, "elapsed_s": elapsed, "rows_per_s": result.rows / elapsed, "tracker_s": copy_s, "cpu": cpu}
-
-
-class Meter:
-    """CPU seconds so far of this process with the snapshot's worker processes (exited workers included),
-    of the Postgres server's processes, and of the broker."""
-
-    def __init__(self) -> None:
-        status = dev.status(dev.default_state_dir())
-        self._server = int(status["postgres"]["pid"])
-        self._broker = int(status["kafka"]["pid"])
-
-    def read(self) -> dict[str, float]:
-        return {"snapshot (this process + workers)": tree_cpu(os.getpid()), "server": tree_cpu(self._server),
-                "broker": process_cpu(self._broker)}  # fmt: skip
 
 
 def main() -> int:
