@@ -84,6 +84,24 @@ def test_longs_are_zigzag_varints(n: int) -> None:
     assert write_long(n) == fastavro_bytes("long", n)
 
 
+# Every length a varint can have and every chunk boundary of the table-driven writer, on both sides
+# and for both signs (zig-zag: -n lands next to n), up to the ends of the long range.
+_EDGES = sorted(
+    {s * (2**b + d) // 2 for b in range(1, 65) for d in (-1, 0, 1) for s in (1, -1)} | {-(2**63), 2**63 - 1}
+)
+
+
+@pytest.mark.parametrize("n", [n for n in _EDGES if -(2**63) <= n < 2**63])
+def test_longs_at_every_varint_length_and_chunk_boundary(n: int) -> None:
+    assert write_long(n) == fastavro_bytes("long", n)
+
+
+@pytest.mark.parametrize("n", [2**63, -(2**63) - 1, 2**64])
+def test_a_long_outside_64_bits_is_refused(n: int) -> None:
+    with pytest.raises(OverflowError, match="does not fit an Avro long"):
+        write_long(n)
+
+
 def test_a_record_referenced_by_name_and_an_encoded_field() -> None:
     inner = {"type": "record", "name": "Row", "namespace": "t", "fields": [{"name": "a", "type": "int"}]}
     schema = {

@@ -50,19 +50,35 @@ class Encoded:
         return self._make() if self._make is not None else self._value
 
 
+# Zig-zag varints by 14-bit chunks from two tables instead of a loop per 7 bits: a long of 40 to 64
+# bits (timestamps in µs and ns, LSNs: several in every change event's envelope) takes 3-5 lookups
+# instead of 6-10 rounds of a Python loop. _CONT[c]: chunk c as two bytes, both continued; _LAST[c]:
+# chunk c as the varint's end (one byte below 128, else two).
+_CHUNK: Final = 1 << 14
+_MASK: Final = _CHUNK - 1
+_CONT: Final = tuple(bytes(((c & 0x7F) | 0x80, (c >> 7) | 0x80)) for c in range(_CHUNK))
+_LAST: Final = tuple(bytes((c,)) if c < 0x80 else bytes(((c & 0x7F) | 0x80, c >> 7)) for c in range(_CHUNK))
+
+
 def write_long(n: int) -> bytes:
     """Zig-zag varint, as Avro writes int and long."""
     if -64 <= n < 64:
         return _SMALL[n + 64]
     if not _LONG_MIN <= n <= _LONG_MAX:
         raise OverflowError(f"{n} does not fit an Avro long")
-    z = (n << 1) ^ (n >> 63)
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
+    z = (n << 1) ^ (n >> 63)  # 0 <= z < 2**64
+    if z < _CHUNK:
+        return _LAST[z]
+    cont, last = _CONT, _LAST
+    if z < 1 << 28:
+        return cont[z & _MASK] + last[z >> 14]
+    if z < 1 << 42:
+        return cont[z & _MASK] + cont[(z >> 14) & _MASK] + last[z >> 28]
+    if z < 1 << 56:
+        return cont[z & _MASK] + cont[(z >> 14) & _MASK] + cont[(z >> 28) & _MASK] + last[z >> 42]
+    return (
+        cont[z & _MASK] + cont[(z >> 14) & _MASK] + cont[(z >> 28) & _MASK] + cont[(z >> 42) & _MASK] + last[z >> 56]
+    )
 
 
 def _write_int(n: Any) -> bytes:
