@@ -184,6 +184,7 @@ def test_the_serializers_records_are_the_same_without_compiled_writers(monkeypat
     compiled = serializer()
     fast = [compiled.records(e) for e in events]
     assert all(w.write is not None for w in (compiled._plan(schema).key, compiled._plan(schema).value) if w is not None)
+    assert compiled._plan(schema).envelope is not None  # change events went through the envelope's own writer
 
     def unsupported(schema: Any) -> Any:
         raise Unsupported("off for the comparison")
@@ -224,3 +225,33 @@ def test_a_rendered_row_that_reaches_the_fastavro_fallback_is_an_error_not_a_nul
     datum = {"after": ("Row", Encoded(b"\x02", _RENDERED)), "n": True}  # n sends it to fastavro
     with pytest.raises(SerializationError, match="rendered by the decoder"):
         _write(writer, datum, "an envelope")
+
+
+def test_rendered_rows_through_the_envelope_writer_are_fastavros_records_of_the_typed_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cdc.decoder.changes import ChangeDecoder
+    from cdc.event import RenderedRow
+    from tests.unit.test_pgoutput import begin, delete, insert, relation, tuple_data, update
+    from tests.unit.test_render import COLUMNS, TABLES, feed
+
+    row = tuple_data(b"7", b'100% "sure"', b"-1.50", b"0.1")
+    payloads = (
+        relation(columns=COLUMNS),
+        begin(),
+        insert(16384, row),
+        update(16384, row, key=tuple_data(b"6", None, None, None)),
+        delete(16384, old=row),
+    )
+    compiled = serializer()
+    rendered = feed(ChangeDecoder(TABLES, {}, rendering=compiled.row_rendering), *payloads)
+    assert type(rendered[0].after) is RenderedRow and type(rendered[1].before) is RenderedRow
+    fast = [compiled.records(e) for e in rendered]
+    assert compiled._plan(rendered[0].table).envelope is not None
+
+    def unsupported(schema: Any) -> Any:
+        raise Unsupported("off for the comparison")
+
+    monkeypatch.setattr(avro_module, "compile_writer", unsupported)
+    reference = serializer()
+    assert fast == [reference.records(e) for e in feed(ChangeDecoder(TABLES, {}), *payloads)]
