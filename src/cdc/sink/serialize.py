@@ -1038,6 +1038,24 @@ class FormatSettings(Protocol):
 
 _TOPIC_CHARS: Final = re.compile(r"[^a-zA-Z0-9._-]")
 _OPS: Final[dict[Op, str]] = {op: op.value for op in Op}
+# The JSON envelope with its parts as text (before, after, source, ts_ms, ts_us, ts_ns), by op: the key
+# order and spacing orjson writes for JsonSerializer._envelope's dict.
+_ENVELOPE_TEMPLATES: Final[dict[str, bytes]] = {
+    op.value: b'{"before":%b,"after":%b,"source":%b,"transaction":null,"op":"'
+    + op.value.encode()
+    + b'","ts_ms":%d,"ts_us":%d,"ts_ns":%d}'
+    for op in Op
+}
+
+
+def _fragment(part: Any) -> Any:
+    """A part of a JSON envelope for orjson: JSON text (bytes) as a Fragment, anything else as it is."""
+    return orjson.Fragment(part) if type(part) is bytes else part
+
+
+def _json_text(part: Any) -> bytes:
+    """A part of a JSON envelope as JSON text."""
+    return part if type(part) is bytes else orjson.dumps(part)
 _MAX_PLANS: Final = 4096
 
 
@@ -1228,7 +1246,7 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         lsn: int,
         xid: int | None,
         snapshot: bool,
-    ) -> Any:  # a dict; the JSON format gives its pre-encoded text (orjson.Fragment)
+    ) -> Any:  # a dict; the JSON format gives its JSON text (bytes) when it can splice it
         return {
             "version": self._version,
             "connector": "postgresql",
@@ -1388,7 +1406,8 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         if parts[1] is None:  # the sentinel's digits occur elsewhere too (a database named so): no splicing
             return super()._source(table, commit_ts_us, commit_lsn, lsn, xid, snapshot)
         text = b"%d" % lsn
-        return orjson.Fragment(parts[1] + text + parts[2] + text + parts[3])
+        # JSON text as bytes: _envelope splices it (orjson.Fragment when the envelope goes through orjson)
+        return parts[1] + text + parts[2] + text + parts[3]
 
     def _source_pieces(
         self, table: TableSchema, commit_ts_us: int, commit_lsn: int | None, xid: int | None, snapshot: bool
@@ -1437,7 +1456,7 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         """The constant parts of the records of snapshot reads of ``table`` at ``lsn``, for a writer that has
         each row's ``after`` object and key object as JSON text already (the snapshot's server-built rows)."""
         plan = self._plan(table)
-        source = orjson.dumps(self._source(table, commit_ts_us, lsn, lsn, xid, True))
+        source = _json_text(self._source(table, commit_ts_us, lsn, lsn, xid, True))
         return ReadParts(
             topic=plan.topic,
             columns=tuple(name for name, _, _ in plan.fields),
@@ -1502,16 +1521,34 @@ class JsonSerializer(EventSerializer[_TablePlan]):
     def _envelope(
         self,
         plan: _TablePlan,
-        before: dict[str, Any] | None,
-        after: dict[str, Any] | None,
-        source: dict[str, Any],
+        before: Any,  # None, a dict, or JSON text (bytes); so are after and source
+        after: Any,
+        source: Any,
         op: str,
         now_ns: int,
     ) -> bytes:
+        # Rows the decoder rendered and the spliced source block are JSON text already (bytes): the
+        # envelope is then one formatting of a template, the bytes orjson would write for the dict below.
+        template = _ENVELOPE_TEMPLATES.get(op)
+        if (
+            template is not None
+            and type(source) is bytes
+            and (before is None or type(before) is bytes)
+            and (after is None or type(after) is bytes)
+        ):
+            body = template % (
+                b"null" if before is None else before,
+                b"null" if after is None else after,
+                source,
+                now_ns // 1_000_000,
+                now_ns // 1000,
+                now_ns,
+            )
+            return plan.value_prefix + body + b"}" if self._schemas else body
         payload = {
-            "before": before,
-            "after": after,
-            "source": source,
+            "before": _fragment(before),
+            "after": _fragment(after),
+            "source": _fragment(source),
             "transaction": None,
             "op": op,
             "ts_ms": now_ns // 1_000_000,
@@ -1528,7 +1565,7 @@ class JsonSerializer(EventSerializer[_TablePlan]):
 
     def _row(self, plan: _TablePlan, row: AnyRow | None, which: str) -> Any:
         if type(row) is RenderedRow:
-            return orjson.Fragment(row.data)
+            return row.data  # JSON text: see _envelope
         if row is None:
             raise SerializationError(f"table {plan.table.qualified!r}: the event has no {which} row")
         assert isinstance(row, dict)
