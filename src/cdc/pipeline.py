@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 import structlog
@@ -85,6 +85,8 @@ from cdc.selection import Selection
 log = structlog.get_logger("cdc.pipeline")
 
 _WAL_START = struct.Struct(">Q")
+# Lsn without Lsn.__new__'s range check (a Python call per frame): an unsigned 64-bit field is in range.
+_NEW_LSN: Final = int.__new__
 FATAL = (
     StartupError,
     SinkError,
@@ -402,6 +404,9 @@ class Pipeline:
         assert self._snapshots is not None
         snapshots = self._snapshots
         on_event = snapshots.on_event
+        # A row change's part of on_event, without its dispatch and the reader check (both run at every
+        # Begin and Commit): it is called per row.
+        on_change = snapshots.coordinator.on_change
         stats = self.stats
         counts = stats.events
         column_policies = self._policies
@@ -436,7 +441,7 @@ class Pipeline:
             while not self._stop:
                 frame = stream.read(0.2)
                 if frame is not None:
-                    lsn = Lsn(_WAL_START.unpack_from(frame, 1)[0])
+                    lsn = _NEW_LSN(Lsn, _WAL_START.unpack_from(frame, 1)[0])
                     # Usually one event or none; the commit of a streamed transaction releases all of it.
                     for event in feed(frame[XLOGDATA_HEADER_SIZE:], lsn):
                         if isinstance(event, ChangeEvent):
@@ -447,7 +452,7 @@ class Pipeline:
                                     assert router is not None
                                     self._outbox(router.from_row(box, event))
                                 if box is None or box.produce_change_topic:
-                                    snapshot_rows = on_event(event)
+                                    on_change(event, describe)
                                     policy = column_policies.get(describe)
                                     if policy is not None:
                                         event = policy.apply(event)
@@ -458,8 +463,6 @@ class Pipeline:
                                     counts[(describe, event.op)] += 1
                                     if txmeta is not None:
                                         txmeta.count(describe)
-                                    if snapshot_rows:
-                                        self._send_snapshot_rows(snapshot_rows)
                         elif isinstance(event, TruncateEvent | MessageEvent):
                             if not skipping:
                                 snapshot_rows = on_event(event)

@@ -163,7 +163,7 @@ class Window:
 class IncrementalCoordinator:
     """Turns the stream plus delivered chunks into the snapshot rows to emit, at each high watermark.
 
-    ``on_event``, ``reset``: the pipeline's thread. ``register``, ``deliver``,
+    ``on_event``, ``on_change``, ``reset``: the pipeline's thread. ``register``, ``deliver``,
     ``abandon``: the reader's thread. Thread-safe between the two.
     """
 
@@ -227,17 +227,21 @@ class IncrementalCoordinator:
             if not window.done.is_set():
                 window.settle(Outcome.RETRY, "the replication session restarted")
 
+    def on_change(self, event: ChangeEvent, name: str) -> None:
+        """A row change of table ``name`` (its ``event.table.qualified``): what ``on_event`` does with a
+        ``ChangeEvent`` (it never returns rows for one), called directly per row by the pipeline."""
+        self._tables.add(name)
+        windows = self._by_table.get(name)
+        if windows:
+            for window in windows:
+                self._touch(window, event)
+
     def on_event(self, event: Event) -> list[ChangeEvent]:
         """Every event of the stream, in commit order; returns the snapshot rows to produce right after it."""
         kind = type(event)
         if kind is ChangeEvent:
             assert isinstance(event, ChangeEvent)
-            name = event.table.qualified
-            self._tables.add(name)
-            windows = self._by_table.get(name)
-            if windows:
-                for window in windows:
-                    self._touch(window, event)
+            self.on_change(event, event.table.qualified)
             return []
         if kind is TxBegin:
             assert isinstance(event, TxBegin)

@@ -11,7 +11,9 @@ The pipeline's part, in order:
 3. ``on_event(event)`` for every event in commit order (TxBegin, changes,
    truncates, messages, TxCommit); what it returns is produced right away,
    inside the current transaction. Watermark messages (``is_watermark``) are
-   not published.
+   not published. For a row change the pipeline calls
+   ``coordinator.on_change(event, table)`` instead, the same work without the
+   dispatch (it is per row; a row change never returns rows).
 4. ``stop()`` when the pipeline stops.
 """
 
