@@ -21,9 +21,13 @@ One command: ``.venv/bin/python bench/e2e.py`` (``--rows 200000`` for a quick ru
    the least any design that decodes in Python and produces through confluent-kafka spends
    per row; on this machine's cores it bounds the end-to-end rate (serialization not even
    counted).
+   Per format it also prints all the CPU of its run spread perfectly over the cores (an upper
+   bound for any arrangement of the same per-row work over threads or processes) and one thread
+   doing the daemon's main-thread work.
 3. Latency at a steady 1,000 transactions/s: commit time (source.ts_ms) to the
    moment a consumer sees the record. That includes the consumer's own fetch
-   latency, so it is an upper bound of commit-to-acknowledgment.
+   latency, so it is an upper bound of commit-to-acknowledgment. Same producer
+   settings as the throughput runs: the defaults, or ``--producer KEY=VALUE``.
 """
 
 from __future__ import annotations
