@@ -46,15 +46,19 @@ def test_the_daemon_killed_during_its_initial_snapshot_resumes_and_snapshots_aga
         topic_prefix=topic_prefix,
         status_interval_s=1.0,
         http={"enabled": False},
-        snapshot={"workers": 2, "chunk_rows": 2_000, "incremental_chunk_rows": 2_000, "signal_poll_s": 0.5},
+        # 80 chunks: the snapshot must still be copying when the daemon is frozen after its 4th (with
+        # 20 of 2,000 rows, a fast machine finished all of them between the check and the kill)
+        snapshot={"workers": 2, "chunk_rows": 500, "incremental_chunk_rows": 2_000, "signal_poll_s": 0.5},
     )
     store = KafkaStore(services.kafka_bootstrap, f"{topic_prefix}.__cdc_snapshot", slot_name)
     workload = Workload(pg_dsn, 40_000, seed=21).start()
     try:
         first = Connector(config, tmp_path / "first.log").start()
         wait_until(lambda: sum(k.startswith("chunk/") for k in store.load()) >= 4, 120, "chunks of the first snapshot")
-        first.stop(signal.SIGKILL)
+        assert first.proc is not None
+        first.proc.send_signal(signal.SIGSTOP)  # frozen at once; the store is read while it cannot go on
         assert store.load()["initial"]["status"] == "copying"
+        first.stop(signal.SIGKILL)
 
         second = Connector(config, tmp_path / "second.log").start()
         second.wait_streaming(pg_dsn, slot_name)
