@@ -636,7 +636,7 @@ _ENVELOPE_FIELDS: Final = ("before", "after", "source", "transaction", "op", "ts
 def _envelope_writer(writer: _Writer, name: str) -> Callable[[Any, Any, Any, str, int], bytes] | None:
     """The change event envelope's writer, its eight fields' compiled writers called in schema order; None
     when the schema was not compiled or its envelope has other fields. The bytes are the generic writer's
-    (tests/unit/test_avro.py compares them); the caller falls back to it when this raises."""
+    (tests/unit/test_avro_write.py compares them); the caller falls back to it when this raises."""
     fields = writer.fields.get(name)
     if writer.write is None or fields is None or tuple(fields) != _ENVELOPE_FIELDS:
         return None

@@ -1056,6 +1056,8 @@ def _fragment(part: Any) -> Any:
 def _json_text(part: Any) -> bytes:
     """A part of a JSON envelope as JSON text."""
     return part if type(part) is bytes else orjson.dumps(part)
+
+
 _MAX_PLANS: Final = 4096
 
 
