@@ -175,7 +175,8 @@ def producer_ceiling(
     seconds of this process's main thread (where ``send`` and the delivery reports run)."""
     topic = f"bench_{RUN}_ceiling"
     ensure_topics(admin_client(bootstrap, {}), [TopicSpec(topic, 3, 1)])
-    delivery = AtLeastOnce(producer_config(bootstrap, {}, 1_000_000), max_record_bytes=1_000_000)
+    # the daemons' producer settings (--producer), so the ceiling is of the same configuration
+    delivery = AtLeastOnce(producer_config(bootstrap, PRODUCER, 1_000_000), max_record_bytes=1_000_000)
     batch = [Record(topic, r.key, r.value, r.headers) for r in records]
     # connected and holding a producer id before the clock starts
     delivery.begin(TxBegin(1, Lsn(1), 0))
@@ -312,7 +313,9 @@ def main() -> int:
     )
     args = parser.parse_args()
     for setting in args.producer:
-        name, _, value = setting.partition("=")
+        name, sep, value = setting.partition("=")
+        if not sep or not name or not value:
+            parser.error(f"--producer {setting!r}: expected KEY=VALUE, e.g. --producer linger.ms=20")
         PRODUCER[name] = int(value) if value.isdigit() else value
 
     formats = args.formats.split(",")
