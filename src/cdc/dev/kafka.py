@@ -76,7 +76,15 @@ def jars(log: FilteringBoundLogger) -> Path:
 
 
 def _cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A random cluster id in Kafka's form: 16 bytes, URL-safe base64 without padding.
+
+    As Kafka's own ``Uuid.randomUuid()`` does, an id whose text starts with '-' (a first byte of
+    0xF8-0xFB, 1 in 64) is drawn again: command-line tools would read it as an option.
+    """
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
 
 
 def tls_dir(state_dir: Path) -> Path:
@@ -175,7 +183,7 @@ def _format(java: str, libs: Path, state_dir: Path, cluster_id: str, log: Filter
     if (data / "meta.properties").exists():
         return
     cmd = _java_cmd(java, libs, state_dir, "-Xmx256m", "kafka.tools.StorageTool", "format",
-                    "-t", cluster_id, "-c", str(_config_file(state_dir)))  # fmt: skip
+                    f"--cluster-id={cluster_id}", "-c", str(_config_file(state_dir)))  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)  # noqa: S603
     if proc.returncode != 0:
         raise DevServiceError(f"Kafka storage format failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
