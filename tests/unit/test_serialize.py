@@ -23,7 +23,8 @@ from cdc.sink.record import Record
 from cdc.sink.serialize import JsonSerializer, JsonSettings, SerializationError
 from cdc.values import UNCHANGED_TOAST, Infinity, Interval, Point, TimeTz
 
-NOTE = Path("/work/shared/notes/debezium-envelope.md")
+# The team's note, in shared/ beside the checkout (as CI lays it out), wherever the checkout is.
+NOTE = Path(__file__).resolve().parents[3] / "shared" / "notes" / "debezium-envelope.md"
 CLOCK_NS = 1714566897101234567
 COMMIT_US = 1714566896789012
 
