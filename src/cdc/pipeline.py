@@ -85,6 +85,11 @@ from cdc.selection import Selection
 log = structlog.get_logger("cdc.pipeline")
 
 _WAL_START = struct.Struct(">Q")
+# A replication session that has streamed this long ends an outage (or reconnect_timeout_s, when shorter):
+# the next loss starts a new one, with the whole timeout and the backoff from its start. Sessions that
+# fail sooner belong to the outage they came out of, so a flapping connection backs off and gives up.
+_STABLE_SESSION_S: Final = 30.0
+_RECONNECTABLE: Final = (ConnectionLost, SlotBusy, RetryableSinkError)
 # Lsn without Lsn.__new__'s range check (a Python call per frame): an unsigned 64-bit field is in range.
 _NEW_LSN: Final = int.__new__
 FATAL = (
@@ -100,6 +105,14 @@ FATAL = (
     SnapshotError,
     OutboxError,
 )
+
+
+class _OutageOver(Exception):
+    """A session that had streamed stably was lost: the retries of the outage before it are over."""
+
+    def __init__(self, streamed_s: float) -> None:
+        super().__init__(f"lost after streaming for {streamed_s:.1f}s")
+        self.streamed_s = streamed_s
 
 
 class Pipeline:
@@ -125,6 +138,7 @@ class Pipeline:
         self._side_conn: psycopg.Connection[tuple[object, ...]] | None = None  # the main loop's
         self._snapshots: Snapshots | None = None
         self._snapshot_plan: StartupPlan | None = None
+        self._streaming_since: float | None = None  # monotonic; None while the session is not streaming
 
     @property
     def events(self) -> int:
@@ -376,20 +390,42 @@ class Pipeline:
                     side.close()
 
     def _stream_with_retries(self) -> None:
-        retry = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type((ConnectionLost, SlotBusy, RetryableSinkError)),
-            wait=tenacity.wait_exponential(multiplier=0.5, max=30),
-            stop=tenacity.stop_after_delay(self.config.reconnect_timeout_s),
-            before_sleep=lambda rs: log.warning(
-                "replication_retry",
-                attempt=rs.attempt_number,
-                error=str(rs.outcome.exception()) if rs.outcome else None,
-            ),
-            reraise=True,
-        )
-        for attempt in retry:
-            with attempt:
-                self._session()
+        """Replication sessions until stop, reconnecting after a lost connection.
+
+        ``reconnect_timeout_s`` bounds one outage. tenacity's clock and backoff run from the first
+        attempt of its loop, so each outage gets a loop of its own: one loop for the daemon's life
+        would stop at the first loss after ``reconnect_timeout_s`` of healthy streaming.
+        """
+        stable_s = min(_STABLE_SESSION_S, self.config.reconnect_timeout_s)
+        while True:
+            retry = tenacity.Retrying(
+                retry=tenacity.retry_if_exception_type(_RECONNECTABLE),
+                wait=tenacity.wait_exponential(multiplier=0.5, max=30),
+                stop=tenacity.stop_after_delay(self.config.reconnect_timeout_s),
+                before_sleep=lambda rs: log.warning(
+                    "replication_retry",
+                    attempt=rs.attempt_number,
+                    error=str(rs.outcome.exception()) if rs.outcome else None,
+                ),
+                reraise=True,
+            )
+            try:
+                for attempt in retry:
+                    with attempt:
+                        self._session_of_outage(stable_s)
+                return
+            except _OutageOver as over:
+                log.warning("replication_lost", error=str(over.__cause__), streamed_s=round(over.streamed_s, 1))
+
+    def _session_of_outage(self, stable_s: float) -> None:
+        """One session; its loss after ``stable_s`` of streaming ends the outage it came out of."""
+        try:
+            self._session()
+        except _RECONNECTABLE as exc:
+            since = self._streaming_since
+            if since is not None and time.monotonic() - since >= stable_s:
+                raise _OutageOver(time.monotonic() - since) from exc
+            raise
 
     def _session(self) -> None:
         """One replication connection, from the slot's confirmed position until stop or failure."""
@@ -399,6 +435,7 @@ class Pipeline:
         stream = ReplicationStream(
             cfg.source.conninfo(), status_interval=cfg.status_interval_s, on_keepalive=delivery.position
         )
+        self._streaming_since = None
         budget = cfg.limits.max_inflight_bytes
         feed = self._decoder.feed
         assert self._snapshots is not None
@@ -435,6 +472,7 @@ class Pipeline:
             snapshots.reset()  # windows open in the last session are read again
             snapshots.start()  # DBLog jobs and the signal table
             stats.streaming = True
+            self._streaming_since = time.monotonic()
             skipping = False
             in_tx = False
             frames = events = 0

@@ -206,6 +206,64 @@ def test_a_postgres_restart_in_the_middle_of_a_workload_loses_nothing(
     assert "replication_retry" in events and events.count("replication_started") >= 2, daemon.output()
 
 
+def test_a_connection_lost_after_streaming_longer_than_the_reconnect_timeout_reconnects_and_an_outage_still_ends(
+    tmp_path: Path, services: Any, own_postgres: Any, topic_prefix: str, consume_all: Any
+) -> None:
+    """reconnect_timeout_s bounds one outage, not the daemon's life: a session lost after streaming longer
+    than the timeout reconnects (it used to be fatal, the retry clock having run since the daemon
+    started), and an outage that lasts longer than the timeout still stops the daemon, naming it."""
+    state, dsn, log = own_postgres
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS items")
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY)")
+    timeout_s = 3.0
+    cfg = config(
+        tmp_path, services, dsn, "lost_slot", "lost_pub", topic_prefix, ["public.items"], reconnect_timeout_s=timeout_s
+    )
+    topic = f"{topic_prefix}.public.items"
+
+    def walsender() -> int | None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'lost_slot'").fetchone()
+        return None if row is None else row[0]
+
+    def arrived(i: int) -> bool:
+        return key(i) in replay(consume_all([topic], timeout=5.0))
+
+    daemon = Connector(cfg, tmp_path / "cdc.log").start()
+    try:
+        daemon.wait_streaming(dsn, "lost_slot")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO items VALUES (1)")
+        wait_until(lambda: arrived(1), 60, "row 1 in the topic", daemon)
+        time.sleep(timeout_s + 1)  # the session has now streamed for longer than the timeout
+        first = walsender()
+        assert first is not None
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(%s)", (first,))
+        wait_until(lambda: walsender() not in (None, first), 60, "a new replication session", daemon)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO items VALUES (2)")
+        wait_until(lambda: arrived(2), 60, "row 2 in the topic after the reconnect", daemon)
+
+        time.sleep(timeout_s + 1)
+        postgres.down(state, log)  # an outage longer than the timeout: the daemon gives up
+        try:
+            code = daemon.wait_exit(60 + timeout_s)
+        finally:
+            postgres.up(state, log)
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.stop()
+    assert code == 1, daemon.output()
+    events = daemon.log_events()
+    lost = [e for e in events if e.get("event") == "replication_lost"]
+    assert len(lost) == 2 and all(e["streamed_s"] >= timeout_s for e in lost), daemon.output()
+    fatal = [e for e in events if e.get("event") == "fatal"]
+    assert fatal and fatal[-1]["kind"] == "ConnectionLost", daemon.output()
+    assert [e.get("event") for e in events].count("replication_started") == 2, daemon.output()
+
+
 # --- the slot goes away --------------------------------------------------------------------------------
 
 
