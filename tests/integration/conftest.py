@@ -24,7 +24,6 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -34,6 +33,7 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
 from cdc import dev
+from tests.integration.connector import drop_slots
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 log = structlog.get_logger("tests.services")
@@ -193,32 +193,6 @@ def _with_dbname(dsn: str, dbname: str) -> str:
     return psycopg.conninfo.make_conninfo(dsn, dbname=dbname)
 
 
-def _drop_slots(admin: psycopg.Connection[Any], dbname: str) -> None:
-    """Drop every replication slot of the database, waiting out walsenders that still hold one."""
-    for attempt in range(20):
-        rows = admin.execute(
-            "SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s", (dbname,)
-        ).fetchall()
-        if not rows:
-            return
-        busy = []
-        for slot, active_pid in rows:
-            try:
-                admin.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-            except psycopg.errors.ObjectInUse:  # "replication slot ... is active for PID n"
-                busy.append((slot, active_pid))
-            except psycopg.errors.UndefinedObject:
-                pass  # dropped meanwhile
-        if not busy:
-            return
-        if attempt >= 10:  # a client that does not let go: end its walsender
-            for _, pid in busy:
-                if pid is not None:
-                    admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        time.sleep(0.3)
-    raise RuntimeError(f"could not drop the replication slots of database {dbname}: still active")
-
-
 def _rollback_prepared(dsn: str, dbname: str) -> None:
     with psycopg.connect(_with_dbname(dsn, dbname), autocommit=True) as conn:
         gids = [row[0] for row in conn.execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")]
@@ -236,7 +210,7 @@ def pg_dsn(services: dev.Endpoints, test_id: str) -> Iterator[str]:
         yield _with_dbname(services.postgres_dsn, dbname)
     finally:
         with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
-            _drop_slots(admin, dbname)
+            drop_slots(admin, dbname)
             if admin.execute("SELECT 1 FROM pg_prepared_xacts WHERE database = %s", (dbname,)).fetchone():
                 _rollback_prepared(services.postgres_dsn, dbname)
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))

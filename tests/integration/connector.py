@@ -80,3 +80,29 @@ class Connector:
             if line.startswith("{"):
                 events.append(json.loads(line))
         return events
+
+
+def drop_slots(admin: psycopg.Connection[Any], dbname: str) -> None:
+    """Drop every replication slot of the database, waiting out walsenders that still hold one."""
+    for attempt in range(20):
+        rows = admin.execute(
+            "SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s", (dbname,)
+        ).fetchall()
+        if not rows:
+            return
+        busy = []
+        for slot, active_pid in rows:
+            try:
+                admin.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            except psycopg.errors.ObjectInUse:  # "replication slot ... is active for PID n"
+                busy.append((slot, active_pid))
+            except psycopg.errors.UndefinedObject:
+                pass  # dropped meanwhile
+        if not busy:
+            return
+        if attempt >= 10:  # a client that does not let go: end its walsender
+            for _, pid in busy:
+                if pid is not None:
+                    admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        time.sleep(0.3)
+    raise RuntimeError(f"could not drop the replication slots of database {dbname}: still active")

@@ -24,6 +24,7 @@ from tests.integration.test_snapshot_harness import (
     assert_topic_equals_table,
     current_lsn,
     fill,
+    freeze_when,
     slot_confirmed_past,
     wait_until,
 )
@@ -54,10 +55,11 @@ def test_the_daemon_killed_during_its_initial_snapshot_resumes_and_snapshots_aga
     workload = Workload(pg_dsn, 40_000, seed=21).start()
     try:
         first = Connector(config, tmp_path / "first.log").start()
-        wait_until(lambda: sum(k.startswith("chunk/") for k in store.load()) >= 4, 120, "chunks of the first snapshot")
         assert first.proc is not None
-        first.proc.send_signal(signal.SIGSTOP)  # frozen at once; the store is read while it cannot go on
-        assert store.load()["initial"]["status"] == "copying"
+        # frozen at the reading that shows four chunks: the state asserted on is the one it was killed in
+        state = freeze_when(first.proc.pid, store.load, lambda s: sum(k.startswith("chunk/") for k in s) >= 4, 120,
+                            "chunks of the first snapshot")  # fmt: skip
+        assert state["initial"]["status"] == "copying"
         first.stop(signal.SIGKILL)
 
         second = Connector(config, tmp_path / "second.log").start()

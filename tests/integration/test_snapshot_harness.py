@@ -23,6 +23,7 @@ table's topic replayed from offset 0 equals the table.
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import sys
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import yaml
@@ -246,6 +247,29 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, check: 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.2)
+
+
+_Seen = TypeVar("_Seen")
+
+
+def freeze_when(pid: int, read: Callable[[], _Seen], ready: Callable[[_Seen], bool], timeout: float, what: str) -> _Seen:
+    """Stop process ``pid`` (SIGSTOP) at the first reading that is ``ready`` and return that reading; the
+    process stays stopped (kill it, or SIGCONT it).
+
+    Every reading is taken while the process is stopped, and it runs only in short slices between them:
+    checking a daemon and then killing it lets it go on in between (a snapshot once finished all its
+    chunks there). A snapshot's main process hands each worker at most two chunks, so its workers get
+    at most that far while it is stopped."""
+    deadline = time.monotonic() + timeout
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        seen = read()
+        if ready(seen):
+            return seen
+        os.kill(pid, signal.SIGCONT)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last seen: {seen!r}")
+        time.sleep(0.05)
 
 
 def slot_confirmed_past(dsn: str, slot: str, lsn: str) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from psycopg import sql
 from cdc.dev import postgres
 from cdc.snapshot.config import SnapshotConfig, SnapshotMode
 from cdc.snapshot.signals import send_snapshot_signal
+from tests.integration.connector import drop_slots
 from tests.integration.test_snapshot_harness import (
     Running,
     SnapshotPipeline,
@@ -65,15 +65,7 @@ def syncrep_dsn(syncrep_postgres: str, test_id: str) -> Iterator[str]:
         yield psycopg.conninfo.make_conninfo(syncrep_postgres, dbname=dbname)
     finally:
         with psycopg.connect(syncrep_postgres, autocommit=True) as admin:
-            for (slot,) in admin.execute(
-                "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (dbname,)
-            ).fetchall():
-                for _ in range(50):
-                    try:
-                        admin.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
-                        break
-                    except psycopg.errors.ObjectInUse:
-                        time.sleep(0.2)
+            drop_slots(admin, dbname)
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
 
 

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from tests.integration.test_snapshot_harness import (
     assert_topic_equals_table,
     current_lsn,
     fill,
+    freeze_when,
     make_config,
     slot_confirmed_past,
     wait_until,
@@ -76,19 +76,20 @@ def test_an_initial_snapshot_killed_halfway_resumes_while_streaming_and_replays_
     )  # fmt: skip
     try:
 
-        def chunks_done() -> int:
+        def progress() -> dict[str, Any]:
             if first.poll() is not None:
                 raise AssertionError(f"the first daemon exited early:\n{(tmp_path / 'first.log').read_text()}")
-            return sum(1 for key in store.load() if key.startswith("chunk/"))
+            return store.load()
 
-        wait_until(lambda: chunks_done() >= 6, 120, "some chunks of the first snapshot")
+        # frozen at the reading that shows six chunks: the state asserted on is the one it was killed in
+        state = freeze_when(first.pid, progress, lambda s: sum(k.startswith("chunk/") for k in s) >= 6, 120,
+                            "some chunks of the first snapshot")  # fmt: skip
         first.send_signal(signal.SIGKILL)
         first.wait(30)
     finally:
         if first.poll() is None:
             first.kill()
         log.close()
-    state = store.load()
     done_before = sum(1 for key in state if key.startswith("chunk/"))
     total = state["plan/public.t"]["chunk_count"]
     assert state["initial"]["status"] == InitialStatus.COPYING and done_before < total, (done_before, total)
@@ -144,8 +145,9 @@ def test_an_exported_snapshot_that_can_no_longer_be_imported_is_a_clear_error_an
 
 
 def test_a_table_dropped_during_the_initial_snapshot_is_reported_and_the_next_start_names_it(
-    services: Any, pg_dsn: str, slot_name: str, publication_name: str, topic_prefix: str, consume_all: Any
-) -> None:
+    monkeypatch: pytest.MonkeyPatch, services: Any, pg_dsn: str, slot_name: str, publication_name: str,
+    topic_prefix: str, consume_all: Any,
+) -> None:  # fmt: skip
     fill(pg_dsn, 40_000)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE b (id int PRIMARY KEY, v text)")
@@ -154,25 +156,26 @@ def test_a_table_dropped_during_the_initial_snapshot_is_reported_and_the_next_st
     config = make_config(services, pg_dsn, slot_name, publication_name, topic_prefix, ["public.t", "public.b"])
     settings = SnapshotConfig(workers=1, chunk_rows=1_000, progress_bar=False)
     store = KafkaStore(services.kafka_bootstrap, f"{topic_prefix}.__cdc_snapshot", slot_name)
-    dropped = threading.Event()
+    start_workers = initial_module.InitialSnapshot._start_workers
+    dropped: list[str] = []
 
-    def drop_b_once_planned() -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if (store.load().get("initial") or {}).get("status") == InitialStatus.COPYING:
-                with psycopg.connect(pg_dsn, autocommit=True) as conn:
-                    conn.execute("DROP TABLE b")
-                dropped.set()
-                return
-            time.sleep(0.05)
+    def start_workers_then_drop_b(self: Any, *args: Any) -> Any:
+        # Both tables are planned and the worker holds the snapshot, but no chunk is handed out yet: b goes
+        # while the snapshot runs, every time (a thread watching the progress topic sometimes saw the
+        # worker finish b's chunks first).
+        workers = start_workers(self, *args)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            assert (store.load().get("initial") or {}).get("status") == InitialStatus.COPYING
+            conn.execute("DROP TABLE b")
+        dropped.append("public.b")
+        return workers
 
-    dropper = threading.Thread(target=drop_b_once_planned, daemon=True)
-    dropper.start()
+    monkeypatch.setattr(initial_module.InitialSnapshot, "_start_workers", start_workers_then_drop_b)
     pipeline = SnapshotPipeline(config, settings)
     with pytest.raises(SnapshotError, match="public.b dropped while the initial snapshot ran"):
         pipeline.run()
-    dropper.join(30)
-    assert dropped.is_set()
+    monkeypatch.setattr(initial_module.InitialSnapshot, "_start_workers", start_workers)
+    assert dropped == ["public.b"]
     result = pipeline.snapshots.initial_result if pipeline.snapshots else None
     assert result is not None and result.dropped == ("public.b",) and result.complete
     initial = store.load()["initial"]

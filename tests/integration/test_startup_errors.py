@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import time
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ import pytest
 import structlog
 
 from cdc.dev import postgres as dev_postgres
-from tests.integration.connector import Connector, write_config
+from tests.integration.connector import Connector, drop_slots, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -166,11 +165,6 @@ def test_a_pre_created_publication_the_role_may_not_alter_is_named_with_the_fix_
     finally:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute(f"DROP PUBLICATION IF EXISTS {publication_name}")
-            for _ in range(50):
-                row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot_name,)).fetchone()
-                if row is None or not row[0]:
-                    break
-                time.sleep(0.1)
-            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot_name,))
+            drop_slots(conn, conn.info.dbname)  # waits out the stopped daemon's walsender
             conn.execute(f"DROP OWNED BY {role}")
             conn.execute(f"DROP ROLE {role}")
