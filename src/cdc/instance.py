@@ -54,9 +54,15 @@ class InstanceLock:
             ).fetchone()
             conn.close()
             who = f" (its lock connection is backend PID {holder[0]} from {holder[1] or 'local socket'} since {holder[2]})" if holder else ""
+            gone = (
+                f" If that instance is gone (its host died, so the server has not noticed yet), end its session: "
+                f"SELECT pg_terminate_backend({holder[0]});"
+                if holder
+                else ""
+            )
             raise StartupError(
                 f"another cdc instance is already running for slot {self._slot}{who}. One instance per slot: "
-                "stop the other one, or give this one its own slot."
+                f"stop the other one, or give this one its own slot.{gone}"
             )
         self._conn = conn
         log.info("instance_lock_acquired", slot=self._slot)

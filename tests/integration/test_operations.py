@@ -91,6 +91,11 @@ def test_a_second_instance_on_the_same_slot_fails_fast_with_a_clear_message(
         assert code == 1
         assert f"another cdc instance is already running for slot {slot_name}" in second.output()
         assert elapsed < 30
+        with psycopg.connect(shop, autocommit=True) as conn:  # the first one's lock session, which the fix names
+            pids = [r[0] for r in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (f"cdc-lock-{slot_name}",)
+            )]  # fmt: skip
+        assert any(f"SELECT pg_terminate_backend({pid});" in second.output() for pid in pids), second.output()
     finally:
         assert first.stop() == 0
 
