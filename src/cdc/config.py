@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import psycopg
 import yaml
@@ -40,8 +40,25 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# TCP settings of every connection to the source unless the DSN sets them (libpq ignores them on a Unix
+# socket). Keepalives keep an idle connection, such as the instance lock's, open through NAT gateways
+# and firewalls that drop idle flows after a few minutes, and notice a dead peer in about a minute
+# instead of about two hours; tcp_user_timeout does the same for a connection with unacknowledged
+# data (a status update sent into a network partition), instead of about 15 minutes of retransmissions.
+TCP_DEFAULTS: Final[dict[str, str]] = {
+    "keepalives": "1",
+    "keepalives_idle": "30",
+    "keepalives_interval": "10",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "60000",
+}
+
+
 class SourceConfig(_Section):
-    dsn: str = Field(description="libpq connection string or URI, without the password")
+    dsn: str = Field(
+        description="libpq connection string or URI, without the password; TCP keepalives (30 s idle, 10 s "
+        "interval, 3 probes) and tcp_user_timeout=60000 are added unless it sets them"
+    )
     password: SecretStr | None = Field(
         default=None, description="Postgres password; prefer CDC_SOURCE__PASSWORD or password_file"
     )
@@ -73,8 +90,9 @@ class SourceConfig(_Section):
         return v
 
     def conninfo(self, **overrides: Any) -> str:
-        """The connection string with the password filled in from the environment or the file."""
-        params: dict[str, Any] = dict(conninfo_to_dict(self.dsn))
+        """The connection string with the password filled in from the environment or the file, and the
+        TCP_DEFAULTS the DSN does not set."""
+        params: dict[str, Any] = {**TCP_DEFAULTS, **conninfo_to_dict(self.dsn)}
         secret = self.resolved_password()
         if secret is not None:
             params["password"] = secret

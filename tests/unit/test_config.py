@@ -2,7 +2,9 @@ import textwrap
 
 import pytest
 
-from cdc.config import ConfigError, load_config
+from psycopg.conninfo import conninfo_to_dict
+
+from cdc.config import TCP_DEFAULTS, ConfigError, load_config
 
 GOOD = """
 source:
@@ -49,6 +51,17 @@ def test_password_file_is_read(tmp_path):
     text = GOOD.replace("  publication: shop_cdc", f"  publication: shop_cdc\n  password_file: {tmp_path / 'pw'}")
     c = load_config(write(tmp_path, text))
     assert "password=filepass" in c.source.conninfo()
+
+
+def test_connections_get_tcp_keepalives_and_a_user_timeout_unless_the_dsn_sets_them(tmp_path):
+    c = load_config(write(tmp_path, GOOD))
+    params = conninfo_to_dict(c.source.conninfo(application_name="x"))
+    assert {k: params[k] for k in TCP_DEFAULTS} == TCP_DEFAULTS
+    assert params["application_name"] == "x"
+    own = load_config(write(tmp_path, GOOD.replace("/shop", "/shop?keepalives_idle=300&tcp_user_timeout=0")))
+    params = conninfo_to_dict(own.source.conninfo())
+    assert params["keepalives_idle"] == "300" and params["tcp_user_timeout"] == "0"  # the DSN wins
+    assert params["keepalives_count"] == "3"  # the rest still default
 
 
 def test_a_password_in_the_dsn_is_refused(tmp_path):
