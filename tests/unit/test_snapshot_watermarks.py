@@ -200,6 +200,23 @@ def test_transactions_visible_to_the_chunk_snapshot_do_not_force_a_retry() -> No
     assert len(s.tx(("high", w.id))) == 2
 
 
+def test_the_commit_history_is_bounded_by_commits_not_by_tables_and_still_finds_a_waiting_commit() -> None:
+    c = IncrementalCoordinator(SLOT, recent_commits=50)
+    s = Stream(c)
+    s.tx(upd(1, "committed, still waiting for a synchronous standby"), xid=700)
+    tables = [TableSchema("public", f"t{n}", (Column("id", BY_NAME["int4"], key=True),), 20000 + n) for n in range(30)]
+    for n, table in enumerate(tables):  # commits of other tables after it (each holding a backend, waiting too)
+        s.tx(ins(n, table=table), xid=710 + n)
+    assert len(c._recent) == 31
+    w = open_window(c, s)
+    c.deliver(w.id, T, chunk(1, 2), XidSnapshot(690, 800, frozenset({700})))
+    assert s.tx(("high", w.id)) == []
+    assert w.outcome is Outcome.RETRY and "700" in (w.reason or "")
+    for n in range(1_000):  # however many tables are captured, the history keeps the last 50 commits
+        s.tx(ins(n, table=tables[n % 30]))
+    assert len(c._recent) == 50
+
+
 def test_a_new_replication_session_sends_open_windows_back_to_the_reader() -> None:
     c = IncrementalCoordinator(SLOT)
     s = Stream(c)

@@ -167,15 +167,19 @@ class IncrementalCoordinator:
     ``abandon``: the reader's thread. Thread-safe between the two.
     """
 
-    def __init__(self, slot: str, *, recent_per_table: int = 10_000) -> None:
+    def __init__(self, slot: str, *, recent_commits: int = 10_000) -> None:
         self._slot = slot
         self._lock = threading.Lock()
         self._registered: dict[str, Window] = {}  # LW not seen yet
         self._open: dict[str, Window] = {}  # LW seen, HW not yet
         self._by_table: dict[str, list[Window]] = {}  # open windows per table (pipeline thread only)
         self._closing: list[Window] = []  # HW seen in the current transaction
-        self._recent: dict[str, collections.deque[tuple[int, int]]] = {}  # table -> (commit seq, xid)
-        self._recent_size = recent_per_table
+        # (commit seq, xid, tables changed) of the last commits decoded, for _retry_reason. One ring for all
+        # tables, so memory does not grow with their number. A commit decoded before a low watermark can
+        # still be running in the chunk's snapshot only while it waits (for a synchronous standby); such
+        # commits are released in WAL order, so they are the newest ones, and each holds a backend: no
+        # more than max_connections of them.
+        self._recent: collections.deque[tuple[int, int, set[str]]] = collections.deque(maxlen=recent_commits)
         self._seq = 0  # commits decoded
         self._xid: int | None = None
         self._tables: set[str] = set()  # tables changed by the current transaction
@@ -278,12 +282,8 @@ class IncrementalCoordinator:
 
     def _commit(self, commit: TxCommit) -> None:
         self._seq += 1
-        if self._xid is not None:
-            for name in self._tables:
-                recent = self._recent.get(name)
-                if recent is None:
-                    recent = self._recent[name] = collections.deque(maxlen=self._recent_size)
-                recent.append((self._seq, self._xid))
+        if self._xid is not None and self._tables:
+            self._recent.append((self._seq, self._xid, self._tables))  # a new set is made at every begin
         self._xid = None
         self._tables = set()
         if self._closing:
@@ -355,8 +355,9 @@ class IncrementalCoordinator:
             if not same_columns(seen, schema):
                 return "the table's columns changed inside the window"
         if snapshot is not None and not window.truncated:
-            for seq, xid in reversed(self._recent.get(window.table, ())):
-                if seq > window.lw_seq:
+            table = window.table
+            for seq, xid, tables in reversed(self._recent):
+                if seq > window.lw_seq or table not in tables:
                     continue
                 if snapshot.running(xid):
                     return (
