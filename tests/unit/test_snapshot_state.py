@@ -45,6 +45,27 @@ def test_plans_chunks_coverage_jobs_and_signals_read_back_after_a_restart() -> N
     assert (again.initial() or {})["consistent_point"] == "0/10"
 
 
+def test_a_continuous_tracker_runs_while_a_table_is_copied_and_a_new_snapshot_of_it_counts_from_zero() -> None:
+    now = [0.0]
+    tracker = ProgressTracker("incremental", clock=lambda: now[0], stream=io.StringIO(), continuous=True)
+    assert tracker.read().running is False  # no snapshot requested yet
+    tracker.add_table("public.t", 1000, 2)
+    now[0] = 2.0
+    tracker.rows("public.t", 1000)
+    tracker.chunk_done("public.t")
+    assert tracker.read().running is True
+    tracker.set_state("public.t", "done")
+    now[0] = 4.0
+    p = tracker.read()
+    assert p.running is False and p.eta_s == 0.0
+    tracker.add_table("public.t", 1000, 2)  # the same table snapshotted again, weeks later
+    now[0] = 6.0
+    tracker.rows("public.t", 300)
+    p = tracker.read()
+    assert p.running is True and p.rows_done == 300 and p.tables[0].chunks_done == 0
+    assert p.rows_per_s >= 0.0
+
+
 def test_progress_reports_rows_rate_and_eta_per_table() -> None:
     now = [0.0]
     tracker = ProgressTracker("initial", clock=lambda: now[0], stream=io.StringIO())

@@ -71,8 +71,12 @@ class ProgressTracker:
         bar: bool = False,
         stream: TextIO | None = None,
         clock: Callable[[], float] = time.monotonic,
+        continuous: bool = False,
     ) -> None:
+        """``continuous``: the tracker of snapshots that come and go for the daemon's life (incremental
+        ones), never finished: it is running while some table is planned or copying."""
         self.kind = kind
+        self._continuous = continuous
         self._lock = threading.Lock()
         self._tables: dict[str, _Table] = {}
         self._clock = clock
@@ -91,10 +95,6 @@ class ProgressTracker:
     def add_table(self, table: str, rows_estimated: int, chunks_total: int, *, chunks_done: int = 0, rows_done: int = 0) -> None:
         with self._lock:
             self._tables[table] = _Table("planned", rows_done, max(rows_estimated, 0), chunks_done, chunks_total)
-
-    def has_table(self, table: str) -> bool:
-        with self._lock:
-            return table in self._tables
 
     def rows(self, table: str, n: int) -> None:
         with self._lock:
@@ -138,14 +138,17 @@ class ProgressTracker:
             mark_time, mark_rows = self._rate_mark
             done = sum(t.rows_done for t in tables)
             if now - mark_time >= 1.0:
-                self._rate = (done - mark_rows) / (now - mark_time)
+                # a table's progress started again (a new snapshot of it) can lower the sum
+                self._rate = max(0.0, (done - mark_rows) / (now - mark_time))
                 self._rate_mark = (now, done)
             elif self._rate == 0.0 and now > self._started:
                 self._rate = done / (now - self._started)
             rate = self._rate
         estimated = sum(max(t.rows_estimated, t.rows_done) for t in tables if t.state not in ("dropped",))
         remaining = max(0, estimated - done)
-        running = self._finished is None
+        running = self._finished is None and (
+            not self._continuous or any(t.state in ("planned", "copying") for t in tables)
+        )
         eta = remaining / rate if rate > 0 and running else (0.0 if not running else None)
         return SnapshotProgress(
             kind=self.kind,

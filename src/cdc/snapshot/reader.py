@@ -103,8 +103,9 @@ class IncrementalReader:
         self._settings = settings
         self._types = dict(types or {})
         self._progress = progress or ProgressTracker(
-            "incremental", log_interval_s=settings.progress_log_s, bar=False
+            "incremental", log_interval_s=settings.progress_log_s, bar=False, continuous=True
         )
+        self._progress_job: dict[str, str] = {}  # table -> the job its progress counts
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -257,7 +258,8 @@ class IncrementalReader:
         if info is None or info.oid != job.oid:
             self._finish(job, "failed", f"table {job.table} is no longer captured (or was recreated)")
             return
-        if not self._progress.has_table(job.table):
+        if self._progress_job.get(job.table) != job.id:  # a new snapshot of the table counts from its start
+            self._progress_job[job.table] = job.id
             self._progress.add_table(job.table, _estimate(conn, job.oid), len(job.ranges),
                                      chunks_done=sum(r.done for r in job.ranges), rows_done=job.rows)  # fmt: skip
         log.info("snapshot_job_running", job=job.id, table=job.table, reason=job.reason, ranges=len(job.ranges))
