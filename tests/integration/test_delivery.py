@@ -152,3 +152,53 @@ def test_sigkill_at_random_moments_of_a_workload(
             if e.get("event") == "exactly_once_resume" and e.get("commit_lsn") != "0/0"
         ]
         assert skipped, "no restart resumed from a committed position"
+
+
+def test_exactly_once_stops_naming_a_source_transaction_longer_than_the_kafka_transaction_timeout_and_the_fix_works(
+    tmp_path: Path, services, pg_dsn, slot_name, publication_name, topic_prefix, consume_all
+):
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, version int NOT NULL, pad text)")
+
+    def cfg(producer: dict[str, Any]) -> Path:
+        return write_config(
+            tmp_path / "cdc.yaml",
+            source={"dsn": pg_dsn, "slot": slot_name, "publication": publication_name},
+            tables=["public.items"],
+            kafka={"bootstrap_servers": services.kafka_bootstrap, "producer": producer},
+            topic_prefix=topic_prefix,
+            delivery={"mode": "exactly_once", "offsets_topic": f"{topic_prefix}.__offsets"},
+            status_interval_s=1.0,
+        )
+
+    rows = 300_000  # several seconds of producing: far over a 2 s Kafka transaction
+    short = Connector(cfg({"transaction.timeout.ms": 2000}), tmp_path / "short.log").start()
+    try:
+        short.wait_streaming(pg_dsn, slot_name)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO items VALUES (0, 1, 'small')")
+            conn.execute("INSERT INTO items SELECT i, 1, repeat('x', 100) FROM generate_series(1, %s) i", (rows,))
+        code = short.wait_exit(120)
+    finally:
+        if short.proc is not None and short.proc.poll() is None:
+            short.stop(signal.SIGKILL)
+    assert code == 1, short.output()
+    [fatal] = [e for e in short.log_events() if e.get("event") == "fatal"]
+    assert fatal["kind"] == "SinkError", fatal
+    assert "has been producing for" in fatal["error"] and "transaction.timeout.ms=2000 ms" in fatal["error"]
+    assert "Fix: raise kafka.producer.transaction.timeout.ms" in fatal["error"]
+    topic = f"{topic_prefix}.public.items"
+    committed = consume_all([topic], timeout=20.0, isolation="read_committed")
+    assert [m.key() for m in committed] == [b'{"id":0}']  # the small transaction, none of the large one
+
+    fixed = Connector(cfg({}), tmp_path / "fixed.log").start()  # the broker's default, 15 minutes
+    try:
+        fixed.wait_streaming(pg_dsn, slot_name)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+        wait_confirmed(pg_dsn, slot_name, end, timeout=180)
+    finally:
+        assert fixed.stop() == 0, fixed.output()
+    messages = consume_all([topic], timeout=60.0, isolation="read_committed")
+    keys = Counter(m.key() for m in messages)
+    assert len(keys) == rows + 1 and set(keys.values()) == {1}, "every change once"

@@ -321,6 +321,9 @@ class ExactlyOnce(_Producing):
         conf["transactional.id"] = f"cdc-{slot}"
         conf.setdefault("transaction.timeout.ms", 900_000)
         conf["message.timeout.ms"] = min(int(conf.get("message.timeout.ms", 900_000)), int(conf["transaction.timeout.ms"]))
+        # A source transaction stays in one Kafka transaction; past this age the broker would abort it
+        # and fence the producer, which reports only "Local: Fatal error". Stopping first names it.
+        self._max_tx_age = 0.9 * int(conf["transaction.timeout.ms"]) / 1000
         producer = Producer(conf, logger=librdkafka_logger())
         super().__init__(producer, max_record_bytes, dead_letters)
         try:
@@ -338,6 +341,7 @@ class ExactlyOnce(_Producing):
         self._records = 0
         self._last: TxCommit | None = None
         self._in_source_tx = False  # records of an unfinished source transaction are in the open Kafka one
+        self._source_tx: TxBegin | None = None
         self._skipping = False
         self.kafka_commits = 0
         self.skipped_transactions = 0
@@ -354,6 +358,7 @@ class ExactlyOnce(_Producing):
             return False
         self._skipping = False
         self._in_source_tx = True
+        self._source_tx = tx
         if not self._open:
             try:
                 self._producer.begin_transaction()
@@ -369,6 +374,21 @@ class ExactlyOnce(_Producing):
             return
         self._produce(record, describe, _ignore)
         self._records += 1
+        if not self._records & 1023 and time.monotonic() - self._opened_at >= self._max_tx_age:
+            self._too_long()
+
+    def _too_long(self) -> None:
+        tx = self._source_tx
+        assert tx is not None
+        raise SinkError(
+            f"source transaction {tx.xid} (commit LSN {tx.commit_lsn}) has been producing for "
+            f"{time.monotonic() - self._opened_at:.0f}s, {self._records} records so far, and Kafka aborts a "
+            f"transaction open for transaction.timeout.ms={self._max_tx_age / 0.9 * 1000:.0f} ms; with "
+            "delivery.mode exactly_once a source transaction is one Kafka transaction. None of it is visible to "
+            "read_committed consumers, and a restart sends it again from its start. Fix: raise kafka.producer.transaction.timeout.ms above the time "
+            "this transaction needs (the broker caps it at its transaction.max.timeout.ms, 900000 by default), "
+            "or stream this slot with delivery.mode at_least_once."
+        )
 
     def send_outside(self, record: Record) -> None:
         if self._open:
