@@ -323,7 +323,8 @@ class ExactlyOnce(_Producing):
         conf["message.timeout.ms"] = min(int(conf.get("message.timeout.ms", 900_000)), int(conf["transaction.timeout.ms"]))
         # A source transaction stays in one Kafka transaction; past this age the broker would abort it
         # and fence the producer, which reports only "Local: Fatal error". Stopping first names it.
-        self._max_tx_age = 0.9 * int(conf["transaction.timeout.ms"]) / 1000
+        self._tx_timeout_ms = int(conf["transaction.timeout.ms"])
+        self._max_tx_age = 0.9 * self._tx_timeout_ms / 1000
         producer = Producer(conf, logger=librdkafka_logger())
         super().__init__(producer, max_record_bytes, dead_letters)
         try:
@@ -383,11 +384,12 @@ class ExactlyOnce(_Producing):
         raise SinkError(
             f"source transaction {tx.xid} (commit LSN {tx.commit_lsn}) has been producing for "
             f"{time.monotonic() - self._opened_at:.0f}s, {self._records} records so far, and Kafka aborts a "
-            f"transaction open for transaction.timeout.ms={self._max_tx_age / 0.9 * 1000:.0f} ms; with "
-            "delivery.mode exactly_once a source transaction is one Kafka transaction. None of it is visible to "
-            "read_committed consumers, and a restart sends it again from its start. Fix: raise kafka.producer.transaction.timeout.ms above the time "
-            "this transaction needs (the broker caps it at its transaction.max.timeout.ms, 900000 by default), "
-            "or stream this slot with delivery.mode at_least_once."
+            f"transaction open for transaction.timeout.ms={self._tx_timeout_ms} ms; with delivery.mode "
+            "exactly_once a source transaction is one Kafka transaction. None of it is visible to read_committed "
+            "consumers, and a restart sends it again from its start. Fix: raise "
+            "kafka.producer.transaction.timeout.ms above the time this transaction needs (the broker caps it at "
+            "its transaction.max.timeout.ms, 900000 by default), or stream this slot with delivery.mode "
+            "at_least_once."
         )
 
     def send_outside(self, record: Record) -> None:
