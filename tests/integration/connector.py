@@ -28,8 +28,10 @@ class Connector:
         self.log_path = log_path
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log_start = 0  # where this run's lines begin in the log (a restart may append to the same file)
 
     def start(self) -> Connector:
+        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         # The child gets its own copy of the descriptor; ours is closed at once, so a failing test
         # leaves no open file behind.
         with open(self.log_path, "ab") as log:
@@ -42,7 +44,10 @@ class Connector:
         return self
 
     def wait_streaming(self, dsn: str, slot: str, timeout: float = 60.0) -> None:
-        """Until the slot is active (the daemon is streaming) or the process died."""
+        """Until the daemon streams (this run logged replication_started and the slot is active) or died.
+
+        The slot alone is not enough: it is active while the daemon creates it for the initial snapshot
+        too (a test restarted Postgres then, and the snapshot's worker could not connect)."""
         deadline = time.monotonic() + timeout
         with psycopg.connect(dsn, autocommit=True) as conn:
             while time.monotonic() < deadline:
@@ -50,10 +55,15 @@ class Connector:
                 if self.proc.poll() is not None:
                     raise AssertionError(f"connector exited with {self.proc.returncode}:\n{self.output()}")
                 row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
-                if row and row[0]:
+                if row and row[0] and self._logged_since_start(b'"replication_started"'):
                     return
                 time.sleep(0.1)
         raise AssertionError(f"connector not streaming after {timeout}s:\n{self.output()}")
+
+    def _logged_since_start(self, text: bytes) -> bool:
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_start)
+            return text in log.read()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         assert self.proc is not None
