@@ -29,7 +29,6 @@ import cProfile
 import os
 import pstats
 import statistics
-import struct
 import subprocess
 import sys
 import time
@@ -42,7 +41,7 @@ from cdc import dev
 from cdc.catalog import describe_tables
 from cdc.config import TableConfig
 from cdc.decoder.changes import ChangeDecoder, Rendering
-from cdc.decoder.stream import XLOGDATA_HEADER_SIZE, ReplicationStream, protocol_for
+from cdc.decoder.stream import ReplicationStream, protocol_for
 from cdc.dev import postgres
 from cdc.event import ChangeEvent, TxCommit
 from cdc.lsn import Lsn
@@ -52,7 +51,6 @@ DB = "cdc_bench_decoder"
 TABLE = "public.bench_rows"
 PUBLICATION = "bench_decoder_pub"
 PG_RECVLOGICAL = postgres.PG_BIN / "pg_recvlogical"
-_WAL_START = struct.Struct(">Q")
 
 
 def setup_database(admin_dsn: str) -> str:
@@ -116,13 +114,13 @@ def read_with_cdc(dsn: str, slot: str, target: Lsn, rendering: Rendering | None 
     proto, options = protocol_for(stream.server_version, streaming=False)
     stream.start(slot, PUBLICATION, Lsn(0), proto_version=proto, options=options, messages=False)
     rows = 0
-    feed, read, wal_start = decoder.feed, stream.read, _WAL_START.unpack_from
+    feed, read = decoder.feed, stream.read
     try:
         while True:
             frame = read(5.0)
             if frame is None:
                 raise SystemExit(f"{slot}: the stream went quiet before the workload's end")
-            for event in feed(frame[XLOGDATA_HEADER_SIZE:], Lsn(wal_start(frame, 1)[0])):
+            for event in feed(frame[1], frame[0]):
                 if type(event) is ChangeEvent:
                     rows += 1
                 elif type(event) is TxCommit:

@@ -27,7 +27,6 @@ import os
 import marshal
 import queue
 import statistics
-import struct
 import sys
 import threading
 import time
@@ -43,7 +42,7 @@ from cdc import dev
 from cdc.catalog import describe_tables
 from cdc.config import TableConfig
 from cdc.decoder.changes import ChangeDecoder
-from cdc.decoder.stream import XLOGDATA_HEADER_SIZE, ReplicationStream, protocol_for
+from cdc.decoder.stream import ReplicationStream, protocol_for
 from cdc.event import ChangeEvent, TxBegin, TxCommit
 from cdc.lsn import Lsn
 from cdc.process import tune_gc
@@ -52,7 +51,6 @@ from cdc.sink.record import Record
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
 from cdc.sink.serialize import JsonSerializer, JsonSettings
 
-_WAL_START = struct.Struct(">Q")
 
 
 def producer_process(bootstrap: str, data: Connection, acks: Connection) -> None:
@@ -119,7 +117,7 @@ def split_run(dsn: str, bootstrap: str, slot: str, target: Lsn, prefix: str) -> 
     cpu0 = time.thread_time()
     started = time.perf_counter()
     stream.start(slot, PUBLICATION, Lsn(0), proto_version=proto, options=options, messages=False)
-    feed, read, records, wal_start = decoder.feed, stream.read, serializer.records, _WAL_START.unpack_from
+    feed, read, records = decoder.feed, stream.read, serializer.records
     batch: list[Any] = []
     acked = Lsn(0)
     b_cpu = 0.0
@@ -129,7 +127,7 @@ def split_run(dsn: str, bootstrap: str, slot: str, target: Lsn, prefix: str) -> 
         while acked < target:
             frame = read(0.01)
             if frame is not None:
-                for event in feed(frame[XLOGDATA_HEADER_SIZE:], Lsn(wal_start(frame, 1)[0])):
+                for event in feed(frame[1], frame[0]):
                     if type(event) is ChangeEvent:
                         batch.extend([tuple(r) for r in records(event)])  # marshal writes plain tuples only
                     elif type(event) is TxBegin:

@@ -21,7 +21,7 @@ from cdc.catalog import TableInfo, apply_publication, column_type_oids, describe
 from cdc.config import TableConfig
 from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.spool import Spool
-from cdc.decoder.stream import XLOGDATA_HEADER_SIZE, ReplicationStream, protocol_for
+from cdc.decoder.stream import ReplicationStream, protocol_for
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.event import ChangeEvent, Event, MessageEvent, PgType, TxBegin, TxCommit
 from cdc.lsn import Lsn
@@ -126,10 +126,9 @@ class DecoderSession:
             frame = stream.read(0.5)
             if frame is None:
                 continue
-            payload = frame[XLOGDATA_HEADER_SIZE:]
+            lsn, payload = frame
             kind = chr(payload[0])
             kinds[kind] = kinds.get(kind, 0) + 1
-            lsn = Lsn(int.from_bytes(frame[1:9], "big"))
             self.payloads.append((bytes(payload), lsn))
             for event in feed(payload, lsn):
                 out.append(event)

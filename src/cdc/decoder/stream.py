@@ -13,6 +13,7 @@ import struct
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
 import psycopg
 import structlog
@@ -29,6 +30,7 @@ _STATUS = struct.Struct(">cQQQqB")
 _PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since the Unix epoch
 XLOGDATA_HEADER_SIZE = 1 + _XLOGDATA_HEADER.size  # 25: the pgoutput payload starts here
 _WAL_START_AT_1 = struct.Struct(">Q").unpack_from
+_NEW_LSN: Final = int.__new__
 
 # pgoutput sends values in their text output, which these settings shape; a database or role default
 # (ALTER DATABASE ... SET DateStyle = 'SQL, DMY') would otherwise reach the walsender and change what
@@ -263,8 +265,8 @@ class ReplicationStream:
 
     # -- reading --------------------------------------------------------------------------------
 
-    def read(self, timeout: float) -> memoryview | None:
-        """The next XLogData frame (pgoutput payload at ``XLOGDATA_HEADER_SIZE``), or None on timeout.
+    def read(self, timeout: float) -> tuple[Lsn, memoryview] | None:
+        """The next XLogData frame as its WAL start and its pgoutput payload, or None on timeout.
 
         Keepalives are handled here: answered at once when the server asks, and
         reported through ``on_keepalive``. Status updates go out on the interval.
@@ -285,7 +287,9 @@ class ReplicationStream:
                     start = _WAL_START_AT_1(data, 1)[0]
                     if start > self._received:
                         self._received = start
-                    return data if type(data) is memoryview else memoryview(data)
+                    view = data if type(data) is memoryview else memoryview(data)
+                    # An unsigned 64-bit field is in Lsn's range: int.__new__ skips its check (per frame).
+                    return _NEW_LSN(Lsn, start), view[XLOGDATA_HEADER_SIZE:]
                 if kind == 0x6B:  # 'k' primary keepalive
                     wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)
                     if self._on_keepalive is not None:

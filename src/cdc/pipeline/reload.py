@@ -1,0 +1,125 @@
+"""Tables that change while the daemon runs: SIGHUP reloads and the periodic rescan of table patterns."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psycopg
+import structlog
+
+from cdc.catalog import (
+    StartupError,
+    apply_publication,
+    column_type_oids,
+    describe_tables,
+    expand_config,
+    load_types,
+    plan_publication,
+)
+from cdc.config import ConfigError, TableConfig, load_config
+from cdc.decoder.types import BUILTIN_TYPES
+from cdc.pipeline.wiring import Components, column_policies, log_selection, rendering_of, topic_specs
+
+log = structlog.get_logger("cdc.pipeline")
+
+
+class Reloader:
+    """Acts between transactions: a requested reload first, else a due rescan."""
+
+    def __init__(self, components: Components) -> None:
+        self._c = components
+        self._config_path: Path | None = None
+        self._requested = False
+        self._next_rescan = float("inf")
+        self._schedule_rescan()
+
+    def request(self, config_path: Path) -> None:
+        """SIGHUP: re-read the table list at the next transaction boundary."""
+        self._config_path = config_path
+        self._requested = True
+
+    def between_transactions(self) -> None:
+        if self._requested:
+            self._reload()
+        elif time.monotonic() >= self._next_rescan:
+            self.apply_tables(self._c.capture.declared, "rescan")
+
+    def _reload(self) -> None:
+        """Pick up a changed table list (and new tables matching its patterns) without a restart; other
+        changes need one."""
+        self._requested = False
+        assert self._config_path is not None
+        try:
+            new = load_config(self._config_path)
+        except ConfigError as e:
+            log.error("reload_rejected", error=str(e))
+            return
+        capture = self._c.capture
+        declared = capture.declared
+        if new.model_copy(update={"tables": declared}) != capture.config.model_copy(update={"tables": declared}):
+            log.warning("reload_needs_restart", reason="settings other than 'tables' changed; they apply at restart")
+        self.apply_tables(new.tables, "reload")
+
+    def _schedule_rescan(self) -> None:
+        capture = self._c.capture
+        interval = capture.config.table_rescan_interval_s
+        patterns = any(t.name is None for t in capture.declared)
+        self._next_rescan = time.monotonic() + interval if interval and patterns else float("inf")
+
+    def apply_tables(self, declared: list[TableConfig], reason: str) -> None:
+        """Capture the tables ``declared`` selects now (patterns expanded against the catalog): new ones get
+        their topics, join the publication and are snapshotted while streaming; removed ones stop."""
+        c = self._c
+        capture = c.capture
+        cfg = capture.config
+        try:
+            conn = psycopg.connect(cfg.source.conninfo(application_name=f"cdc-{reason}"), autocommit=True)
+        except psycopg.OperationalError as e:
+            log.error("reload_rejected", reason=reason, error="cannot connect to Postgres: " + str(e).strip())
+            self._schedule_rescan()
+            return
+        with conn:
+            try:
+                candidate, selection = expand_config(conn, cfg.model_copy(update={"tables": declared}))
+            except StartupError as e:
+                log.error("reload_rejected", reason=reason, error=str(e))
+                self._schedule_rescan()
+                return
+            capture.declared = declared
+            self._schedule_rescan()
+            if candidate.tables == cfg.tables:
+                if reason == "reload":
+                    log.info("reload_no_table_change")
+                return
+            log_selection(selection)
+            try:
+                tables = describe_tables(conn, candidate.tables)
+                publication = plan_publication(
+                    conn, cfg.source.publication, [*tables.keys(), *capture.outbox_tables.keys()]
+                )
+                policies = column_policies(candidate, tables)
+            except StartupError as e:
+                log.error("reload_rejected", reason=reason, error=str(e))
+                return
+            oids = column_type_oids(conn, [t.oid for t in (*tables.values(), *capture.outbox_tables.values())])
+            types = load_types(conn, [o for o in oids if o not in BUILTIN_TYPES])
+            old_tables = capture.tables
+            capture.tables = tables
+            capture.config = candidate
+            # In place: the column-policy stage holds this dict, and an added table's masks must apply at once.
+            capture.policies.clear()
+            capture.policies.update(policies)
+            c.chain.invalidate()
+            c.decoder.set_rendering(rendering_of(candidate, c.serializer, c.chain))  # a table that gained a policy
+            c.topics.ensure(topic_specs(candidate, tables, c.serializer, c.router))
+            apply_publication(conn, publication)
+            c.decoder.update_tables({**tables, **capture.outbox_tables}, types)
+            snapshotted = c.snapshots.tables_changed(tables, types)
+        log.info(
+            "reload_tables",
+            reason=reason,
+            added=sorted(set(tables) - set(old_tables)),
+            removed=sorted(set(old_tables) - set(tables)),
+            snapshot=snapshotted,
+        )

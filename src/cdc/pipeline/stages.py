@@ -1,0 +1,193 @@
+"""The layers between the decoder and the serializer, and the chain that runs them.
+
+Every stage has one seam, ``process(event) -> event | None``: it passes the event
+on (itself or a changed copy) or consumes it (None), and may deliver records of its
+own on the way (an outbox event, a transaction's BEGIN record, the rows of a snapshot
+chunk). The chain runs the stages in a fixed order for every event of a transaction
+that delivery does not skip; what comes out of the last one is serialized and
+delivered by ``Deliver``.
+
+Each stage declares two things per table, from which the chain derives the rest:
+
+- ``sees_rows(table)``: whether the table's row changes pass through it at all. The
+  chain builds, once per table, the tuple of ``process`` methods a row of that table
+  meets, so a stage that has nothing to do with a table costs its rows nothing.
+- ``typed_rows(table)``: whether it reads the table's rows column by column. The
+  decoder may write a table's rows straight in the sink format (a rendered row,
+  carrying only its key's typed values) only when no stage of the chain needs typed
+  rows of it; ``Chain.typed_rows`` is that condition, and nothing else keeps it.
+
+Stages hold their own state; the chain holds none but its per-table cache, which
+``invalidate`` clears when the captured tables or their policies change.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+from cdc.columns import ColumnPolicy
+from cdc.event import ChangeEvent, Event, MessageEvent, TruncateEvent, TxBegin, TxCommit
+from cdc.observe import Stats
+from cdc.sink.delivery import Delivery
+from cdc.sink.metadata import TransactionMetadata
+from cdc.sink.serialize import EventSerializer
+from cdc.snapshot.incremental import is_watermark
+from cdc.snapshot.service import Snapshots
+
+Process = Callable[[Any], Any]
+
+
+class Stage(abc.ABC):
+    """One layer of the chain. Subclasses override ``process`` and what they declare."""
+
+    def sees_rows(self, table: str) -> bool:
+        """Whether row changes of ``table`` pass through ``process`` (other events always do)."""
+        return True
+
+    def typed_rows(self, table: str) -> bool:
+        """Whether ``process`` reads rows of ``table`` column by column (then they must not be rendered)."""
+        return False
+
+    @abc.abstractmethod
+    def process(self, event: Event) -> Event | None:
+        """The event to pass on, or None when this stage consumed it."""
+
+
+def describe(event: ChangeEvent | TruncateEvent | MessageEvent) -> str:
+    """What an event is about, for metrics and delivery errors: its table(s), or its message prefix."""
+    if isinstance(event, ChangeEvent):
+        return event.table.qualified
+    if isinstance(event, TruncateEvent):
+        return ",".join(t.qualified for t in event.tables)
+    return f"message {event.prefix}"
+
+
+class Deliver:
+    """The end of the chain: the serializer's records of an event, sent in order, and counted."""
+
+    def __init__(self, serializer: EventSerializer[Any], delivery: Delivery, stats: Stats) -> None:
+        self._records = serializer.records
+        self._send = delivery.send
+        self._counts = stats.events
+
+    def row(self, event: ChangeEvent, table: str) -> None:
+        send = self._send
+        for record in self._records(event):
+            send(record, table)
+        # Op is a StrEnum: the member is the same key as its code ("c"), without Enum.value's descriptor call
+        self._counts[(table, event.op)] += 1
+
+    def other(self, event: TruncateEvent | MessageEvent) -> None:
+        what = describe(event)
+        for record in self._records(event):
+            self._send(record, what)
+        self._counts[(what, "t" if isinstance(event, TruncateEvent) else "m")] += 1
+
+
+class Chain:
+    """The stages in order; per table, the ``process`` methods its rows meet."""
+
+    def __init__(self, stages: Sequence[Stage], deliver: Deliver) -> None:
+        self.stages: Final = tuple(stages)
+        self.deliver: Final = deliver
+        self._rows: dict[str, tuple[Process, ...]] = {}
+
+    def typed_rows(self, table: str) -> bool:
+        return any(stage.typed_rows(table) for stage in self.stages)
+
+    def invalidate(self) -> None:
+        """The captured tables or their policies changed: the per-table chains are built again."""
+        self._rows.clear()
+
+    def rows_of(self, table: str) -> tuple[Process, ...]:
+        found = self._rows.get(table)
+        if found is None:
+            found = self._rows[table] = tuple(s.process for s in self.stages if s.sees_rows(table))
+        return found
+
+    def row(self, event: ChangeEvent) -> None:
+        """A row change: through its table's stages, then delivered unless a stage consumed it."""
+        table = event.table.qualified
+        current: Any = event
+        for process in self.rows_of(table):
+            current = process(current)
+            if current is None:
+                return
+        self.deliver.row(current, table)
+
+    def other(self, event: Event) -> None:
+        """Begin, commit, truncate or message: through every stage; a truncate or message that is left
+        over is delivered."""
+        current: Event | None = event
+        for stage in self.stages:
+            current = stage.process(current)  # type: ignore[arg-type]  # None ends the loop below
+            if current is None:
+                return
+        if isinstance(current, TruncateEvent | MessageEvent):
+            self.deliver.other(current)
+
+
+class SnapshotStage(Stage):
+    """DBLog incremental snapshots: every event goes to the coordinator in commit order; a high watermark
+    releases its chunk's rows, which are delivered right there, inside the watermark's transaction.
+    Watermark messages themselves are consumed, never published."""
+
+    def __init__(self, snapshots: Snapshots, send_rows: Callable[[list[ChangeEvent]], None]) -> None:
+        self._on_event = snapshots.on_event
+        # A row change's part of on_event without its dispatch and the reader check (both run at every
+        # other event): it is called per row.
+        self._on_change = snapshots.coordinator.on_change
+        self._send_rows = send_rows
+
+    def process(self, event: Event) -> Event | None:
+        if type(event) is ChangeEvent:
+            self._on_change(event, event.table.qualified)
+            return event
+        rows = self._on_event(event)
+        if rows:  # a high watermark: the chunk's rows, inside its transaction
+            self._send_rows(rows)
+        return None if is_watermark(event) else event
+
+
+class ColumnPolicyStage(Stage):
+    """include_columns / exclude_columns / mask: applied to every row change of a table that has them.
+
+    ``policies`` is the pipeline's own dict, changed in place at a reload (then ``Chain.invalidate``)."""
+
+    def __init__(self, policies: dict[str, ColumnPolicy]) -> None:
+        self._policies = policies
+
+    def sees_rows(self, table: str) -> bool:
+        return table in self._policies
+
+    def typed_rows(self, table: str) -> bool:
+        return table in self._policies
+
+    def process(self, event: Event) -> Event | None:
+        if type(event) is ChangeEvent:
+            policy = self._policies.get(event.table.qualified)
+            if policy is not None:
+                return policy.apply(event)
+        return event
+
+
+class TransactionMetadataStage(Stage):
+    """``transaction_metadata: true``: a BEGIN record at each transaction's start, its rows counted per
+    table, an END record with the counts at its commit."""
+
+    def __init__(self, metadata: TransactionMetadata, delivery: Delivery) -> None:
+        self._metadata = metadata
+        self._count = metadata.count
+        self._send = delivery.send
+
+    def process(self, event: Event) -> Event | None:
+        kind = type(event)
+        if kind is ChangeEvent:
+            self._count(event.table.qualified)  # type: ignore[union-attr]
+        elif kind is TxBegin:
+            self._send(self._metadata.begin(event), "transaction metadata")  # type: ignore[arg-type]
+        elif kind is TxCommit:
+            self._send(self._metadata.end(event), "transaction metadata")  # type: ignore[arg-type]
+        return event

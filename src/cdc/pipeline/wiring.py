@@ -1,0 +1,415 @@
+"""Wiring: every start-up check, then the components the loop runs with, built once.
+
+``wire`` does the start-up in this order: connect and check the server, take the
+instance lock, expand the table selection and describe the tables, plan the
+publication, look at the slot, check Kafka, create the topics, apply the
+publication, then let the snapshot service drop, create (with an exported
+snapshot) and copy as ``snapshot.mode`` says. What it returns is a frozen
+``Components``: the loop (``cdc.pipeline.loop``) only runs them.
+
+What a reload may change lives in ``Capture`` (the tables, their policies, the
+expanded configuration, the topics' partition counts); the components read it
+there, the reloader (``cdc.pipeline.reload``) writes it.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import structlog
+
+from cdc.catalog import (
+    StartupError,
+    TableInfo,
+    apply_publication,
+    check_server,
+    column_type_oids,
+    describe_outbox_tables,
+    describe_tables,
+    expand_config,
+    load_types,
+    plan_publication,
+)
+from cdc.columns import ColumnPolicy, ColumnPolicyError, policies
+from cdc.config import Config, TableConfig
+from cdc.decoder.changes import ChangeDecoder
+from cdc.decoder.spool import Spool
+from cdc.decoder.stream import ReplicationStream
+from cdc.decoder.types import BUILTIN_TYPES
+from cdc.event import ChangeEvent, RowRendering, TableSchema
+from cdc.instance import InstanceLock
+from cdc.observe import Stats
+from cdc.outbox.route import OutboxRouter
+from cdc.pipeline.routing import OutboxStage, StandaloneMessages
+from cdc.pipeline.stages import Chain, ColumnPolicyStage, Deliver, SnapshotStage, Stage, TransactionMetadataStage
+from cdc.selection import Selection
+from cdc.sink.avro import AvroSerializer, AvroSettings
+from cdc.sink.delivery import AtLeastOnce, DeadLetters, Delivery, ExactlyOnce, read_position
+from cdc.sink.kafka import TopicSpec, admin_client, check_reachable, ensure_topics, producer_config
+from cdc.sink.metadata import TransactionMetadata, heartbeat_topic, transaction_topic
+from cdc.sink.registry import RegistryClient
+from cdc.sink.serialize import EventSerializer, JsonSerializer, JsonSettings
+from cdc.snapshot.modes import StartupPlan, inspect_slot
+from cdc.snapshot.output import ConfiguredOutput
+from cdc.snapshot.service import Snapshots
+from cdc.snapshot.state import KafkaStore, topics_holding_records
+
+log = structlog.get_logger("cdc.pipeline")
+
+
+@dataclass
+class Capture:
+    """What is captured right now; a reload replaces the tables and the configuration, and changes
+    ``policies`` and ``partitions`` in place (the stages hold those very dicts)."""
+
+    config: Config  # table patterns expanded
+    declared: list[TableConfig]  # as configured, patterns included
+    tables: dict[str, TableInfo]
+    outbox_tables: dict[str, TableInfo]  # in the publication and the decoder, not the snapshot
+    policies: dict[str, ColumnPolicy]
+    partitions: dict[str, int]  # topic -> partitions, of every topic the daemon made sure of
+
+
+@dataclass(frozen=True)
+class Components:
+    """Everything the loop runs with, built by ``wire``."""
+
+    capture: Capture
+    transport: Callable[[], ReplicationStream]  # a new replication connection per session
+    decoder: ChangeDecoder
+    serializer: EventSerializer[Any]
+    delivery: Delivery
+    snapshots: Snapshots
+    snapshot_plan: StartupPlan
+    chain: Chain
+    topics: Topics
+    router: OutboxRouter | None
+
+
+class Topics:
+    """Creates topics the daemon meets after start-up (an outbox's new aggregate type, a new table)."""
+
+    def __init__(self, capture: Capture) -> None:
+        self._capture = capture
+        self._admin: Any = None
+
+    def exists(self, topic: str) -> bool:
+        return topic in self._capture.partitions
+
+    def ensure(self, specs: list[TopicSpec]) -> None:
+        cfg = self._capture.config
+        if self._admin is None:
+            self._admin = admin_client(cfg.kafka.bootstrap_servers, cfg.kafka.producer)
+        self._capture.partitions.update(ensure_topics(self._admin, specs))
+
+    def create_outbox_topic(self, topic: str) -> None:
+        """The first event of a new aggregate type: its topic exists before its record is produced."""
+        self.ensure([outbox_topic_spec(self._capture.config, topic)])
+        log.info("outbox_topic_ready", topic=topic)
+
+
+def wire(config: Config, stats: Stats, lock: InstanceLock, should_stop: Callable[[], bool]) -> Components:
+    """Every check first, then create what is missing: topics, publication, slot; then the components."""
+    try:
+        conn = psycopg.connect(config.source.conninfo(application_name="cdc-setup"), autocommit=True)
+    except psycopg.OperationalError as e:
+        raise StartupError(
+            f"cannot connect to Postgres ({config.source.dsn}): {str(e).strip()}. Fix: {connect_fix(str(e))}"
+        ) from None
+    declared = config.tables
+    with conn:
+        check_server(conn)
+        lock.acquire()
+        cfg, selection = expand_config(conn, config)
+        log_selection(selection)
+        tables = describe_tables(conn, cfg.tables)
+        boxes = describe_outbox_tables(conn, cfg.outbox.tables)
+        capture = Capture(cfg, declared, tables, boxes, {}, {})
+        capture.policies.update(column_policies(cfg, tables))
+        publication = plan_publication(conn, cfg.source.publication, [*tables.keys(), *boxes.keys()])
+        slot_state = inspect_slot(conn, cfg.source.slot)
+        oids = column_type_oids(conn, [t.oid for t in (*tables.values(), *boxes.values())])
+        types = load_types(conn, [o for o in oids if o not in BUILTIN_TYPES])
+
+        admin = admin_client(cfg.kafka.bootstrap_servers, cfg.kafka.producer)
+        check_reachable(admin, cfg.kafka.bootstrap_servers)
+        serializer = make_serializer(cfg, capture.partitions.__getitem__)
+        router = make_router(cfg)
+        progress_topic = cfg.snapshot.progress_topic_for(cfg.topic_prefix)
+        capture.partitions.update(
+            ensure_topics(
+                admin,
+                [*topic_specs(cfg, tables, serializer, router), TopicSpec(progress_topic, 1, cfg.kafka.replication_factor)],
+            )
+        )
+        apply_publication(conn, publication)
+    topics = Topics(capture)
+    snapshots = make_snapshots(capture, serializer, types, progress_topic, stats, should_stop)
+    stats.snapshot_progress = snapshots.progress
+    # Drops, creates (with an exported snapshot) and copies as snapshot.mode says; resumes what was cut off.
+    plan = snapshots.prepare(slot_state)
+    spool = None
+    if cfg.decoder.streaming:
+        spool_root = cfg.decoder.spool_dir or Path(tempfile.gettempdir()) / "cdc-spool"
+        spool = Spool(spool_root / cfg.source.slot)
+    delivery = make_delivery(cfg)
+    chain = make_chain(capture, serializer, delivery, snapshots, router, topics, stats)
+    decoder = ChangeDecoder(
+        {**tables, **boxes}, types, spool=spool, rendering=rendering_of(cfg, serializer, chain)
+    )
+
+    def transport() -> ReplicationStream:
+        return ReplicationStream(
+            cfg.source.conninfo(), status_interval=cfg.status_interval_s, on_keepalive=delivery.position
+        )
+
+    log.info(
+        "ready",
+        tables=sorted(tables),
+        slot=cfg.source.slot,
+        topics=sorted(capture.partitions),
+        delivery=cfg.delivery.mode,
+        outbox_tables=sorted(boxes),
+        outbox_message_prefix=cfg.outbox.message_prefix,
+    )
+    return Components(capture, transport, decoder, serializer, delivery, snapshots, plan, chain, topics, router)
+
+
+def make_chain(
+    capture: Capture,
+    serializer: EventSerializer[Any],
+    delivery: Delivery,
+    snapshots: Snapshots,
+    router: OutboxRouter | None,
+    topics: Topics,
+    stats: Stats,
+) -> Chain:
+    """The stages in the order an event meets them: the outbox takes its rows and messages first (an
+    outbox row reaches the rest only with produce_change_topic), the snapshot coordinator sees every
+    event in commit order, messages outside transactions go out on their own, column policies shape what
+    is left, and transaction metadata counts it."""
+    cfg = capture.config
+    deliver = Deliver(serializer, delivery, stats)
+    outbox = (
+        OutboxStage(router, delivery, cfg, stats, topics.exists, topics.create_outbox_topic)
+        if router is not None
+        else None
+    )
+
+    def send_rows(rows: list[ChangeEvent]) -> None:
+        """Snapshot rows the coordinator released at a high watermark: same policies, serializer, delivery."""
+        for row in rows:
+            table = row.table.qualified
+            policy = capture.policies.get(table)
+            deliver.row(policy.apply(row) if policy is not None else row, table)
+            stats.snapshot_rows[table] += 1
+
+    stages: list[Stage] = []
+    if outbox is not None:
+        stages.append(outbox)
+    stages.append(SnapshotStage(snapshots, send_rows))
+    stages.append(StandaloneMessages(delivery, deliver, stats, outbox))
+    stages.append(ColumnPolicyStage(capture.policies))
+    if cfg.transaction_metadata:
+        stages.append(TransactionMetadataStage(TransactionMetadata(cfg.topic_prefix), delivery))
+    return Chain(stages, deliver)
+
+
+def rendering_of(
+    cfg: Config, serializer: EventSerializer[Any], chain: Chain
+) -> Callable[[TableSchema], RowRendering | None]:
+    """Asked by the decoder per Relation message: whether it may write the table's rows straight in the
+    sink format (JSON text, Avro binary). Only where no stage of the chain reads them column by column."""
+
+    def rendering(table: TableSchema) -> RowRendering | None:
+        if not cfg.decoder.render_rows or chain.typed_rows(table.qualified):
+            return None
+        return serializer.row_rendering(table)
+
+    return rendering
+
+
+def make_snapshots(
+    capture: Capture,
+    serializer: EventSerializer[Any],
+    types: dict[int, Any],
+    progress_topic: str,
+    stats: Stats,
+    should_stop: Callable[[], bool],
+) -> Snapshots:
+    cfg = capture.config
+    topic_of = {name: serializer.topic_name(t.schema, t.name) for name, t in capture.tables.items()}
+
+    def holding(names: Any) -> set[str]:
+        full = topics_holding_records(cfg.kafka.bootstrap_servers, cfg.kafka.producer, [topic_of[n] for n in names])
+        return {n for n in names if topic_of[n] in full}
+
+    def alive() -> None:
+        stats.heartbeat = time.monotonic()  # a long initial snapshot is not a hung daemon
+
+    return Snapshots(
+        cfg.snapshot,
+        conninfo=cfg.source.conninfo(),
+        slot=cfg.source.slot,
+        tables=capture.tables,
+        output=ConfiguredOutput(cfg, dict(capture.partitions), make_serializer),
+        store=KafkaStore(cfg.kafka.bootstrap_servers, progress_topic, cfg.source.slot, extra=cfg.kafka.producer),
+        types=types,
+        topics_holding_records=holding,
+        should_stop=should_stop,
+        alive=alive,
+    )
+
+
+def make_serializer(cfg: Config, partitions_of: Callable[[str], int]) -> EventSerializer[Any]:
+    """The configured format's serializer (module-level: snapshot workers build theirs with it)."""
+    if cfg.format == "avro":
+        assert cfg.schema_registry is not None  # the configuration model requires it
+        registry = RegistryClient.from_settings(cfg.schema_registry)
+        registry.check_reachable()
+        return AvroSerializer(
+            AvroSettings(
+                topic_prefix=cfg.topic_prefix,
+                database=cfg.source.database,
+                decimal_handling=cfg.avro_format.decimal_handling,
+                time_precision=cfg.avro_format.time_precision,
+                interval_handling=cfg.avro_format.interval_handling,
+            ),
+            partitions_of,
+            registry,
+        )
+    return JsonSerializer(
+        JsonSettings(
+            topic_prefix=cfg.topic_prefix,
+            database=cfg.source.database,
+            schemas_enable=cfg.json_format.schemas_enable,
+            decimal_handling=cfg.json_format.decimal_handling,
+            time_precision=cfg.json_format.time_precision,
+            interval_handling=cfg.json_format.interval_handling,
+        ),
+        partitions_of,
+    )
+
+
+def make_router(cfg: Config) -> OutboxRouter | None:
+    if not cfg.outbox.enabled:
+        return None
+    registry = None
+    if cfg.format == "avro":
+        assert cfg.schema_registry is not None
+        registry = RegistryClient.from_settings(cfg.schema_registry)
+    return OutboxRouter(cfg.outbox, cfg.topic_prefix, registry=registry)
+
+
+def make_delivery(cfg: Config) -> Delivery:
+    producer = producer_config(cfg.kafka.bootstrap_servers, cfg.kafka.producer, cfg.limits.max_record_bytes)
+    dead = DeadLetters(cfg.limits.dead_letter_topic) if cfg.limits.dead_letter_topic else None
+    if cfg.delivery.mode == "at_least_once":
+        return AtLeastOnce(producer, max_record_bytes=cfg.limits.max_record_bytes, dead_letters=dead)
+    start = read_position(cfg.kafka.bootstrap_servers, cfg.kafka.producer, cfg.delivery.offsets_topic, cfg.source.slot)
+    return ExactlyOnce(
+        producer,
+        slot=cfg.source.slot,
+        offsets_topic=cfg.delivery.offsets_topic,
+        start=start,
+        max_record_bytes=cfg.limits.max_record_bytes,
+        commit_interval_s=cfg.delivery.commit_interval_ms / 1000,
+        commit_records=cfg.delivery.commit_records,
+        dead_letters=dead,
+    )
+
+
+def column_policies(cfg: Config, tables: dict[str, TableInfo]) -> dict[str, ColumnPolicy]:
+    salt = cfg.masking.salt.get_secret_value() if cfg.masking.salt is not None else None
+    result = policies(cfg.tables, cfg.masking.fixed_value, salt)
+    problems = []
+    for name, policy in result.items():
+        info = tables[name]
+        try:
+            policy.check(info.columns)
+        except ColumnPolicyError as e:
+            problems.append(str(e))
+        table = next(t for t in cfg.tables if t.name == name)
+        hidden = set(info.key) & (set(table.exclude_columns) | set(table.mask))
+        if hidden:
+            problems.append(f"tables[{name}]: key columns cannot be excluded or masked: {', '.join(sorted(hidden))}")
+    if problems:
+        raise StartupError("column settings do not fit the tables:\n  " + "\n  ".join(problems))
+    return result
+
+
+def outbox_topic_spec(cfg: Config, topic: str) -> TopicSpec:
+    return TopicSpec(
+        topic,
+        cfg.outbox.partitions or cfg.kafka.partitions,
+        cfg.outbox.replication_factor or cfg.kafka.replication_factor,
+        cfg.outbox.topic_config,
+        compacted=False,  # an aggregate's events are a stream: compaction would keep only its last one
+    )
+
+
+def topic_specs(
+    cfg: Config, tables: dict[str, TableInfo], serializer: EventSerializer[Any], router: OutboxRouter | None
+) -> list[TopicSpec]:
+    by_name = {t.name: t for t in cfg.tables}
+    specs = []
+    for info in tables.values():
+        t = by_name[info.qualified]
+        specs.append(
+            TopicSpec(
+                serializer.topic_name(info.schema, info.name),
+                t.partitions or cfg.kafka.partitions,
+                t.replication_factor or cfg.kafka.replication_factor,
+                {**cfg.kafka.topic_config, **t.topic_config},
+            )
+        )
+    for box in cfg.outbox.tables:
+        if box.produce_change_topic:
+            specs.append(
+                TopicSpec(
+                    serializer.topic_name(box.schema_name, box.table_name),
+                    cfg.kafka.partitions,
+                    cfg.kafka.replication_factor,
+                    cfg.kafka.topic_config,
+                )
+            )
+    if router is not None:
+        specs.extend(outbox_topic_spec(cfg, t) for t in router.startup_topics())
+    if cfg.delivery.mode == "exactly_once":
+        specs.append(TopicSpec(cfg.delivery.offsets_topic, 1, cfg.kafka.replication_factor))
+    # Logical messages (pg_logical_emit_message) go here as Debezium does; keyed by prefix, so not compacted.
+    specs.append(TopicSpec(f"{cfg.topic_prefix}.message", 1, cfg.kafka.replication_factor, compacted=False))
+    if cfg.transaction_metadata:
+        # BEGIN and END share a key: compaction would drop the BEGINs, so this topic is not compacted.
+        specs.append(TopicSpec(transaction_topic(cfg.topic_prefix), 1, cfg.kafka.replication_factor, compacted=False))
+    if cfg.heartbeat.interval_ms:
+        specs.append(TopicSpec(heartbeat_topic(cfg.topic_prefix), 1, cfg.kafka.replication_factor))
+    if cfg.limits.dead_letter_topic:
+        # Every dead letter is kept: compaction would keep only the last one of each key.
+        specs.append(
+            TopicSpec(cfg.limits.dead_letter_topic, 1, cfg.kafka.replication_factor, {"retention.ms": "-1"}, compacted=False)
+        )
+    return specs
+
+
+def connect_fix(error: str) -> str:
+    if any(word in error for word in ("SSL", "certificate", "sslmode", "server does not support SSL")):
+        return (
+            "check the TLS settings in source.dsn: sslrootcert must name the CA that signed the server's "
+            "certificate (sslmode=verify-full also checks the host name against it), sslcert/sslkey a client "
+            "certificate if the server asks for one; and that the server runs with ssl=on."
+        )
+    return "check source.dsn, the password (CDC_SOURCE__PASSWORD or source.password_file) and pg_hba.conf."
+
+
+def log_selection(selection: Selection) -> None:
+    for selector, names in selection.expanded.items():
+        log.info("table_pattern_expanded", selector=selector, tables=list(names))
+    for selector in selection.empty:
+        log.warning("table_pattern_empty", selector=selector, note="allow_empty is set: none of its tables yet")
