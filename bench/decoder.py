@@ -40,7 +40,8 @@ import structlog
 from cdc import dev
 from cdc.catalog import describe_tables
 from cdc.config import TableConfig
-from cdc.decoder.changes import ChangeDecoder, Rendering
+from cdc.decoder.changes import ChangeDecoder
+from cdc.decoder.rows import RowRenderer
 from cdc.decoder.stream import ReplicationStream, protocol_for
 from cdc.dev import postgres
 from cdc.event import ChangeEvent, TxCommit
@@ -99,15 +100,15 @@ def write_rows(dsn: str, rows: int, tx_size: int) -> Lsn:
         return Lsn.parse(str(row[0]))
 
 
-def read_with_cdc(dsn: str, slot: str, target: Lsn, rendering: Rendering | None = None) -> tuple[float, int]:
+def read_with_cdc(dsn: str, slot: str, target: Lsn, renderer: RowRenderer | None = None) -> tuple[float, int]:
     """Seconds and rows: receive and decode into ChangeEvents until the commit at or past ``target``.
 
     With the daemon's garbage-collector settings (``cdc.process.tune_gc``), as ``cdc run`` has them.
-    ``rendering``: the rows rendered in a sink format (``RenderedRow``), as ``cdc run`` decodes them."""
+    ``renderer``: the rows rendered in a sink format (``cdc.render``), as ``cdc run`` decodes them."""
     tune_gc()
     with psycopg.connect(dsn, autocommit=True) as conn:
         tables = describe_tables(conn, [TableConfig(name=TABLE)])
-    decoder = ChangeDecoder(tables, {}, rendering=rendering)
+    decoder = ChangeDecoder(tables, {}, renderer=renderer)
     started = time.perf_counter()
     stream = ReplicationStream(dsn)
     stream.connect()

@@ -56,6 +56,7 @@ from decoder import DB, PUBLICATION, TABLE, create_slots, read_with_cdc, setup_d
 from cdc import dev
 from cdc.event import TxBegin, TxCommit
 from cdc.lsn import Lsn
+from cdc.render.rows import TableRenderer
 from cdc.sink.delivery import AtLeastOnce
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
 from cdc.sink.record import Record
@@ -356,7 +357,7 @@ def main() -> int:
         dec_cpu.append(spent(before, after))
         rate = rows / seconds
         dec_rates.append(rate)
-        seconds, rows = read_with_cdc(dsn, f"bench_rdec_{i}", Lsn.parse(target), json_rendering)
+        seconds, rows = read_with_cdc(dsn, f"bench_rdec_{i}", Lsn.parse(target), TableRenderer(json_rendering))
         assert rows == args.rows, f"decoded {rows} rows, expected {args.rows}"
         rdec_rates.append(rows / seconds)
         line = f"run {i + 1}: decoder-only {rate:,.0f} rows/s (rendering JSON {rows / seconds:,.0f})"

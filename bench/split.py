@@ -42,6 +42,7 @@ from cdc import dev
 from cdc.catalog import describe_tables
 from cdc.config import TableConfig
 from cdc.decoder.changes import ChangeDecoder
+from cdc.render.rows import TableRenderer
 from cdc.decoder.stream import ReplicationStream, protocol_for
 from cdc.event import ChangeEvent, TxBegin, TxCommit
 from cdc.lsn import Lsn
@@ -104,7 +105,7 @@ def split_run(dsn: str, bootstrap: str, slot: str, target: Lsn, prefix: str) -> 
     ensure_topics(admin_client(bootstrap, {}), [TopicSpec(f"{prefix}.{TABLE}", 3, 1)])
     with psycopg.connect(dsn, autocommit=True) as conn:
         tables = describe_tables(conn, [TableConfig(name=TABLE)])
-    decoder = ChangeDecoder(tables, {}, rendering=serializer.row_rendering)
+    decoder = ChangeDecoder(tables, {}, renderer=TableRenderer(serializer.row_rendering))
     ctx = multiprocessing.get_context("spawn")
     b_recv, a_send = ctx.Pipe(duplex=False)  # records: A -> B
     a_recv, b_send = ctx.Pipe(duplex=False)  # acknowledged LSNs: B -> A

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from cdc.config import TableConfig
-from cdc.event import AnyRow, ChangeEvent, Column, PgType, Row, TableSchema, rendered_row_error
+from cdc.event import AnyRow, ChangeEvent, Column, PgType, Row, TableSchema
 from cdc.values import UNCHANGED_TOAST
 
 TEXT = PgType(25, "text")
@@ -82,8 +82,6 @@ class ColumnPolicy:
     def _row(self, schema: TableSchema, row: AnyRow | None) -> Row | None:
         if row is None:
             return None
-        if not isinstance(row, dict):
-            raise rendered_row_error("a column policy", schema)
         masks = self._masks
         out: Row = {}
         for c in schema.columns:

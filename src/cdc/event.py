@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from cdc.lsn import Lsn
 
@@ -88,72 +88,18 @@ class TableSchema:
 Row = dict[str, Any]
 
 
-class RenderedRow:
-    """A row the decoder wrote straight into the sink format's bytes (``RowRendering``).
+class KeyedRow(Protocol):
+    """What every row offers for its key columns: a typed row (``dict``) and a row the decoder wrote in the
+    sink format (``cdc.render.rows.RenderedRow``, whose other columns have no typed value) alike."""
 
-    ``data`` is the row exactly as the serializer would write it from the typed values (JSON:
-    the object ``{"id":1,"name":"a",...}``; Avro: the binary of the table's Value record),
-    ``key_data`` the key the same way (JSON: the key object; Avro: the Key record), ``key`` the
-    typed values of the key columns (what snapshots compare streamed rows by, and key headers are
-    made of). The other columns have no typed value: this is deliberately not a mapping, so code
-    that needs a row's values cannot take one for a row of fewer columns; it must handle
-    ``RenderedRow`` or never be given one.
-    """
+    def __getitem__(self, column: str) -> Any: ...
 
-    __slots__ = ("data", "key", "key_data")
+    def get(self, column: str, default: Any = None) -> Any: ...
 
-    def __init__(self, data: bytes, key: Row, key_data: bytes) -> None:
-        self.data = data
-        self.key = key
-        self.key_data = key_data
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, RenderedRow):
-            return NotImplemented
-        return self.data == other.data and self.key == other.key and self.key_data == other.key_data
-
-    __hash__ = None  # type: ignore[assignment]  # mutable like the dicts it stands in for
-
-    def __repr__(self) -> str:
-        return f"RenderedRow({self.data!r})"
+    def __contains__(self, column: object) -> bool: ...
 
 
-AnyRow = Row | RenderedRow
-
-
-def rendered_row_error(who: str, table: TableSchema) -> TypeError:
-    """A rendered row reached code that needs every typed value: the decoder must not render this table."""
-    return TypeError(
-        f"{who} got a row of {table.qualified} rendered as JSON text, without its typed values: "
-        "the decoder renders only tables whose rows go straight to the JSON format (a bug; please report it)"
-    )
-
-Render = Callable[[bytes], bytes]
-
-
-@dataclass(frozen=True, slots=True)
-class RowRendering:
-    """How the decoder writes one table's rows in the sink format's bytes, given by the serializer.
-
-    Per column, in the table's order: ``render[i]`` turns the column's pgoutput text into its
-    encoding within the row, or is None, and then the column's typed value (the decoder's
-    converter) goes through ``typed[i]``; ``null[i]`` is a NULL's encoding (None: a NULL here
-    cannot be rendered, the typed path decides). ``row_format`` joins the columns' encodings
-    (``%b`` each, in order). The key columns (``key_index`` are their positions) reuse their
-    rendered encoding where the key's NULL is the row's (direct types encode keys as values); the
-    others go through ``key_typed``, as a key's encoding can differ (keys must be injective).
-    Renderers raise ValueError on anything they do not cover; the decoder then takes its typed path.
-    """
-
-    names: tuple[str, ...]
-    render: tuple[Render | None, ...]
-    typed: tuple[Callable[[Any], bytes], ...]
-    null: tuple[bytes | None, ...]
-    row_format: bytes
-    key_index: tuple[int, ...]
-    key_typed: tuple[Callable[[Any], bytes], ...]
-    key_null: tuple[bytes | None, ...]
-    key_format: bytes
+AnyRow = Row | KeyedRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +114,7 @@ class ChangeEvent:
 
     op: Op
     table: TableSchema
-    before: AnyRow | None  # a RenderedRow when the decoder renders the table's rows as JSON text
+    before: AnyRow | None  # a rendered row when the decoder writes the table's rows in the sink format
     after: AnyRow | None
     commit_lsn: Lsn  # LSN of the commit record of the transaction (snapshot: the slot's consistent point)
     lsn: Lsn  # the event's own LSN (snapshot: the consistent point)
@@ -182,9 +128,6 @@ class ChangeEvent:
         """The event key: key columns from ``after``, or from ``before`` for a delete."""
         row = self.after if self.after is not None else self.before
         assert row is not None, "a change event has a before or an after"
-        if type(row) is RenderedRow:
-            return dict(row.key)
-        assert isinstance(row, dict)
         return {c.name: row[c.name] for c in self.table.key_columns}
 
     def old_key(self) -> Row | None:
@@ -192,9 +135,6 @@ class ChangeEvent:
         before = self.before
         if before is None:
             return None
-        if type(before) is RenderedRow:
-            return dict(before.key)
-        assert isinstance(before, dict)
         return {c.name: before[c.name] for c in self.table.key_columns}
 
 

@@ -20,7 +20,8 @@ import pytest
 
 from cdc.catalog import TableInfo
 from cdc.decoder.changes import ChangeDecoder
-from cdc.event import ChangeEvent, PgType, RenderedRow
+from cdc.event import ChangeEvent, PgType
+from cdc.render.rows import RenderedRow, TableRenderer
 from cdc.lsn import Lsn
 from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.record import Record
@@ -114,7 +115,7 @@ def records_of(
 ) -> tuple[list[Record | str], list[ChangeEvent]]:
     """Every record (or serialization error) the payloads make, and their change events."""
     serializer = make_serializer(fmt, overrides)
-    decoder = ChangeDecoder(tables, types, rendering=serializer.row_rendering if render else None)
+    decoder = ChangeDecoder(tables, types, renderer=TableRenderer(serializer.row_rendering) if render else None)
     out: list[Record | str] = []
     events: list[ChangeEvent] = []
     for payload, lsn in payloads:

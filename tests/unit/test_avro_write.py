@@ -231,7 +231,7 @@ def test_rendered_rows_through_the_envelope_writer_are_fastavros_records_of_the_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from cdc.decoder.changes import ChangeDecoder
-    from cdc.event import RenderedRow
+    from cdc.render.rows import RenderedRow, TableRenderer
     from tests.unit.test_pgoutput import begin, delete, insert, relation, tuple_data, update
     from tests.unit.test_render import COLUMNS, TABLES, feed
 
@@ -244,7 +244,7 @@ def test_rendered_rows_through_the_envelope_writer_are_fastavros_records_of_the_
         delete(16384, old=row),
     )
     compiled = serializer()
-    rendered = feed(ChangeDecoder(TABLES, {}, rendering=compiled.row_rendering), *payloads)
+    rendered = feed(ChangeDecoder(TABLES, {}, renderer=TableRenderer(compiled.row_rendering)), *payloads)
     assert type(rendered[0].after) is RenderedRow and type(rendered[1].before) is RenderedRow
     fast = [compiled.records(e) for e in rendered]
     assert compiled._plan(rendered[0].table).envelope is not None

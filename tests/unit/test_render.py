@@ -19,7 +19,8 @@ from cdc.catalog import TableInfo
 from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.pgoutput import UNCHANGED
 from cdc.decoder.types import BUILTIN_TYPES, converter_for
-from cdc.event import ChangeEvent, RenderedRow
+from cdc.event import ChangeEvent
+from cdc.render.rows import RenderedRow, TableRenderer
 from cdc.sink.serialize import JsonSerializer, JsonSettings, TypeOptions, _direct_renderer, column_schema
 from tests.unit.test_pgoutput import begin, delete, insert, relation, tuple_data, update
 
@@ -136,7 +137,7 @@ def test_a_rendered_row_serializes_as_the_typed_row_and_keeps_its_typed_key() ->
     ser = serializer()
     row = tuple_data(b"7", b'100% "sure"', b"-1.50", b"0.1")
     payloads = (relation(columns=COLUMNS), begin(), insert(16384, row), update(16384, row, key=tuple_data(b"6", None, None, None)))
-    fast = feed(ChangeDecoder(TABLES, {}, rendering=ser.row_rendering), *payloads)
+    fast = feed(ChangeDecoder(TABLES, {}, renderer=TableRenderer(ser.row_rendering)), *payloads)
     typed = feed(ChangeDecoder(TABLES, {}), *payloads)
     assert [type(e.after) for e in fast] == [RenderedRow, RenderedRow]
     assert type(fast[1].before) is RenderedRow
@@ -166,7 +167,7 @@ def test_rendered_records_of_every_op_are_the_typed_records(schemas: bool) -> No
         delete(16384, old=row),
     )
     rendering = ser()
-    fast = feed(ChangeDecoder(TABLES, {}, rendering=rendering.row_rendering), *payloads)
+    fast = feed(ChangeDecoder(TABLES, {}, renderer=TableRenderer(rendering.row_rendering)), *payloads)
     assert any(type(e.after) is RenderedRow for e in fast) and any(type(e.before) is RenderedRow for e in fast)
     typed = feed(ChangeDecoder(TABLES, {}), *payloads)
     records = [rendering.records(e) for e in fast]
@@ -179,26 +180,28 @@ def test_rendered_records_of_every_op_are_the_typed_records(schemas: bool) -> No
 def test_an_unchanged_toasted_value_takes_the_typed_path() -> None:
     ser = serializer()
     payloads = (relation(columns=COLUMNS), begin(), update(16384, tuple_data(b"7", UNCHANGED, b"1.00", None)))
-    (event,) = feed(ChangeDecoder(TABLES, {}, rendering=ser.row_rendering), *payloads)
+    (event,) = feed(ChangeDecoder(TABLES, {}, renderer=TableRenderer(ser.row_rendering)), *payloads)
     assert isinstance(event.after, dict) and event.unchanged == {'we%ird "name'}
 
 
-def test_set_rendering_applies_to_tables_already_announced() -> None:
+def test_set_renderer_applies_to_tables_already_announced() -> None:
     ser = serializer()
-    decoder = ChangeDecoder(TABLES, {}, rendering=ser.row_rendering)
+    decoder = ChangeDecoder(TABLES, {}, renderer=TableRenderer(ser.row_rendering))
     row = insert(16384, tuple_data(b"1", b"a", b"1.00", None))
     (first,) = feed(decoder, relation(columns=COLUMNS), begin(), row)
-    decoder.set_rendering(lambda table: None)  # e.g. the table gained a column policy at a reload
+    decoder.set_renderer(TableRenderer(lambda table: None))  # e.g. the table gained a column policy at a reload
     (second,) = feed(decoder, row)
-    decoder.set_rendering(ser.row_rendering)
+    decoder.set_renderer(TableRenderer(ser.row_rendering))
     (third,) = feed(decoder, row)
     assert [type(e.after) for e in (first, second, third)] == [RenderedRow, dict, RenderedRow]
 
 
-def test_a_rendered_row_is_not_a_mapping() -> None:
-    row = RenderedRow(b'{"id":1}', {"id": 1}, b'{"id":1}')
-    with pytest.raises(TypeError):
-        row["id"]  # type: ignore[index]
+def test_a_rendered_row_has_typed_values_for_its_key_columns_only() -> None:
+    row = RenderedRow(b'{"id":1,"name":"a"}', {"id": 1}, b'{"id":1}')
+    assert row["id"] == 1 and row.get("id") == 1 and "id" in row
+    for read in (lambda: row["name"], lambda: row.get("name"), lambda: "name" in row):
+        with pytest.raises(TypeError, match="no typed value for column 'name'"):
+            read()
 
 
 def test_an_old_key_tuple_of_an_identity_wider_than_the_key_takes_the_typed_path() -> None:
@@ -207,7 +210,7 @@ def test_an_old_key_tuple_of_an_identity_wider_than_the_key_takes_the_typed_path
     columns = ((1, "id", 20, -1), (1, 'we%ird "name', 25, -1), (0, "amount", 1700, numeric_typmod(12, 2)), (0, "f", 701, -1))
     payloads = (relation(columns=columns, identity=b"i"), begin(), delete(16384, key=tuple_data(b"7", b"x", None, None)))
     ser = serializer()
-    (fast,) = feed(ChangeDecoder(TABLES, {}, rendering=ser.row_rendering), *payloads)
+    (fast,) = feed(ChangeDecoder(TABLES, {}, renderer=TableRenderer(ser.row_rendering)), *payloads)
     (typed,) = feed(ChangeDecoder(TABLES, {}), *payloads)
     assert fast.before == {"id": 7}
     assert ser.records(fast) == serializer().records(typed)

@@ -64,6 +64,7 @@ import structlog
 
 from cdc.catalog import TableInfo
 from cdc.decoder import pgoutput as pg
+from cdc.decoder.rows import Decline, RowParser, RowRenderer
 from cdc.decoder.spool import Spool, SpooledTransaction
 from cdc.decoder.types import (
     BUILTIN_TYPES,
@@ -82,8 +83,6 @@ from cdc.event import (
     MessageEvent,
     Op,
     PgType,
-    RenderedRow,
-    RowRendering,
     Row,
     TableSchema,
     TruncateEvent,
@@ -102,9 +101,6 @@ class ChangeError(Exception):
     """A message that cannot become an event; the pipeline stops rather than skip it."""
 
 
-RowParser = Callable[[bytes, int], tuple[AnyRow, int]]
-Rendering = Callable[[TableSchema], RowRendering | None]
-"""Asked once per Relation message: how to write the table's rows in the sink format, or None (typed rows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +114,7 @@ class _Relation:
     # The replica identity's columns are the configured key's: an old-key tuple ('K') then holds exactly
     # the key columns, so a rendered one is the typed path's before row.
     key_is_identity: bool = True
+    rendered: bool = False  # ``parse`` is the renderer's: its rows are in the sink format
 
 
 _XID: Final = struct.Struct(">I")
@@ -141,8 +138,7 @@ _OLD: Final = 0x4F  # 'O'
 _NOTHING_UNCHANGED: Final[frozenset[str]] = frozenset()
 
 
-class _Slow(Exception):
-    """The fast path declines a message; the general path decodes it (and raises whatever is wrong with it)."""
+_Slow = Decline  # the fast path declines a message; the general path decodes it (and raises whatever is wrong)
 
 
 # A value the bare parsers reject declines too: the general path converts it again and names the column.
@@ -162,10 +158,10 @@ class ChangeDecoder:
         types: Mapping[int, PgType],
         *,
         spool: Spool | None = None,
-        rendering: Rendering | None = None,
+        renderer: RowRenderer | None = None,
     ) -> None:
         self._tables = tables
-        self._rendering = rendering
+        self._renderer = renderer
         self._types: dict[int, PgType] = {**CATALOG_TEXT_TYPES, **BUILTIN_TYPES, **types}
         self._relations: dict[int, _Relation] = {}
         # Relations announced but not captured: a partition whose changes the publication sends as its
@@ -187,11 +183,12 @@ class ChangeDecoder:
         self._tables = tables
         self._types.update(types)
 
-    def set_rendering(self, rendering: Rendering | None) -> None:
-        """Ask ``rendering`` again for every known table (what may be rendered changed: a reload)."""
-        self._rendering = rendering
+    def set_renderer(self, renderer: RowRenderer | None) -> None:
+        """Ask ``renderer`` again for every known table (what may be rendered changed: a reload)."""
+        self._renderer = renderer
         for relation_id, rel in list(self._relations.items()):
-            self._relations[relation_id] = replace(rel, parse=self._parser(rel.schema, rel.names))
+            parse = self._parser(rel.schema, rel.names)
+            self._relations[relation_id] = replace(rel, parse=parse, rendered=getattr(parse, "rendered", False))
 
     def reset(self) -> None:
         """Forget per-connection state: the server resends Relation messages and streamed transactions."""
@@ -622,25 +619,18 @@ class ChangeDecoder:
         schema = TableSchema(msg.namespace, msg.name, tuple(columns), msg.relation_id, str(msg.replica_identity))
         key_names = tuple(c.name for c in columns if c.key)
         parse = self._parser(schema, names)
+        rendered = getattr(parse, "rendered", False)
         log.info(
-            "relation",
-            table=qualified,
-            columns=len(columns),
-            replica_identity=str(msg.replica_identity),
-            rendered=getattr(parse, "rendered", False),
+            "relation", table=qualified, columns=len(columns), replica_identity=str(msg.replica_identity), rendered=rendered
         )
         key_is_identity = all(c.is_key == (c.name in info.key) for c in msg.columns)
-        return _Relation(schema, names, tuple(converters), key_names, seq, parse, key_is_identity)
+        return _Relation(schema, names, tuple(converters), key_names, seq, parse, key_is_identity, rendered)
 
     def _parser(self, schema: TableSchema, names: tuple[str, ...]) -> RowParser:
-        """The fast path's row parser: JSON text when the sink renders the table, else typed values."""
+        """The fast path's row parser: the renderer's, when it renders the table, else typed values."""
         parsers = [parser_for(c.type) for c in schema.columns]
-        rendering = self._rendering(schema) if self._rendering is not None else None
-        if rendering is None:
-            return _row_parser(names, parsers)
-        if rendering.names != names:
-            raise ChangeError(f"the rendering of {schema.qualified} names other columns than its Relation message")
-        return _render_parser(rendering, parsers)
+        rendered = self._renderer.parser(schema, parsers) if self._renderer is not None else None
+        return rendered if rendered is not None else _row_parser(names, parsers)
 
 
 def _row_parser(names: tuple[str, ...], converters: list[Callable[[bytes], Any]]) -> RowParser:
@@ -689,77 +679,11 @@ def _key_of(old: AnyRow, rel: _Relation) -> AnyRow:
     were sent as NULL ('n'), so it is what the key columns alone serialize to (every other column
     null). Otherwise the tuple holds identity columns outside the key, which the typed path leaves
     out: the message declines to it."""
-    if type(old) is RenderedRow:
+    if rel.rendered:
         if not rel.key_is_identity:
             raise _Slow
         return old
-    assert isinstance(old, dict)
     return {k: old[k] for k in rel.key_names}
-
-
-def _render_parser(rendering: RowRendering, parsers: list[Callable[[bytes], Any]]) -> RowParser:
-    """Like ``_row_parser``, generated for one relation, but returns a ``RenderedRow``: the row and its key
-    in the sink format's bytes, and the key's typed values. A column with a direct renderer goes from its
-    text to its encoding; any other is parsed to its typed value first (the same value the typed path
-    makes) and written by ``rendering.typed``. Renderers raise ValueError on text they do not cover, and
-    a NULL the format cannot render here raises ``_Slow``: either declines the whole message to the
-    general path."""
-    names = rendering.names
-    count = len(names)
-    keys = dict(zip(rendering.key_index, range(len(rendering.key_index)), strict=True))  # column -> key position
-    namespace: dict[str, Any] = {
-        "Slow": _Slow,
-        "u32": _U32.unpack_from,
-        "Row": RenderedRow,
-        "fmt": rendering.row_format,
-        "kfmt": rendering.key_format,
-    }
-    lines = ["    if buf[pos] != %d or buf[pos + 1] != %d:" % (count >> 8, count & 0xFF), "        raise Slow", "    pos += 2"]
-    key_parts: list[str] = []
-    for i in range(count):
-        direct = rendering.render[i]
-        null = rendering.null[i]
-        j = keys.get(i)
-        namespace[f"c{i}"] = parsers[i]
-        namespace[f"t{i}"] = rendering.typed[i]
-        namespace[f"n{i}"] = null
-        lines += ["    kind = buf[pos]", "    if kind == 116:", "        start = pos + 5", "        pos = start + u32(buf, pos + 1)[0]"]
-        if direct is not None:
-            namespace[f"r{i}"] = direct
-            if j is None:
-                lines.append(f"        v{i} = r{i}(buf[start:pos])")
-            else:
-                lines += [f"        x{i} = buf[start:pos]", f"        v{i} = r{i}(x{i})", f"        k{i} = c{i}(x{i})"]
-        else:
-            lines += [f"        k{i} = c{i}(buf[start:pos])", f"        v{i} = t{i}(k{i})"]
-        lines.append("    elif kind == 110:")
-        lines.append(f"        v{i} = n{i}" if null is not None else "        raise Slow")
-        if j is not None:
-            lines.append(f"        k{i} = None")
-        lines += ["        pos += 1", "    else:", "        raise Slow"]
-        if j is not None:
-            key_null = rendering.key_null[j]
-            if direct is not None and key_null == null:
-                key_parts.append(f"v{i}")  # the same encoding as in the row
-            else:
-                namespace[f"kt{j}"] = rendering.key_typed[j]
-                namespace[f"kn{j}"] = key_null
-                if key_null is None:
-                    lines += [f"    if k{i} is None:", "        raise Slow"]
-                    key_parts.append(f"kt{j}(k{i})")
-                else:
-                    key_parts.append(f"(kn{j} if k{i} is None else kt{j}(k{i}))")
-    key_names = [names[i] for i in rendering.key_index]
-    values = ", ".join(f"v{i}" for i in range(count)) + ("," if count == 1 else "")
-    typed_key = "{" + ", ".join(f"{n!r}: k{i}" for n, i in zip(key_names, rendering.key_index, strict=True)) + "}"
-    key_values = ", ".join(key_parts) + ("," if len(key_parts) == 1 else "")
-    lines.append(f"    return Row(fmt % ({values}), {typed_key}, kfmt % ({key_values})), pos")
-    params = "".join(f", {name}={name}" for name in namespace)
-    source = "\n".join([f"def parse(buf, pos{params}):", *lines])
-    exec(source, namespace)  # noqa: S102 - column names enter the source only through repr()
-    parse: RowParser = namespace["parse"]
-    parse.rendered = True  # type: ignore[attr-defined]  # the relation log says which path a table takes
-    return parse
 
 
 _CATALOG_BY_NAME: Final[dict[str, PgType]] = {

@@ -19,6 +19,7 @@ from cdc.catalog import (
 )
 from cdc.config import ConfigError, TableConfig, load_config
 from cdc.decoder.types import BUILTIN_TYPES
+from cdc.render.rows import TableRenderer
 from cdc.pipeline.wiring import Components, column_policies, log_selection, rendering_of, topic_specs
 
 log = structlog.get_logger("cdc.pipeline")
@@ -111,7 +112,7 @@ class Reloader:
             capture.policies.clear()
             capture.policies.update(policies)
             c.chain.invalidate()
-            c.decoder.set_rendering(rendering_of(candidate, c.serializer, c.chain))  # a table that gained a policy
+            c.decoder.set_renderer(TableRenderer(rendering_of(candidate, c.serializer, c.chain)))  # a table that gained a policy
             c.topics.ensure(topic_specs(candidate, tables, c.serializer, c.router))
             apply_publication(conn, publication)
             c.decoder.update_tables({**tables, **capture.outbox_tables}, types)

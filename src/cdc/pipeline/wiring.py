@@ -42,7 +42,8 @@ from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.spool import Spool
 from cdc.decoder.stream import ReplicationStream
 from cdc.decoder.types import BUILTIN_TYPES
-from cdc.event import ChangeEvent, RowRendering, TableSchema
+from cdc.event import ChangeEvent, TableSchema
+from cdc.render.rows import RowRendering, TableRenderer
 from cdc.instance import InstanceLock
 from cdc.observe import Stats
 from cdc.outbox.route import OutboxRouter
@@ -161,7 +162,7 @@ def wire(config: Config, stats: Stats, lock: InstanceLock, should_stop: Callable
     delivery = make_delivery(cfg)
     chain = make_chain(capture, serializer, delivery, snapshots, router, topics, stats)
     decoder = ChangeDecoder(
-        {**tables, **boxes}, types, spool=spool, rendering=rendering_of(cfg, serializer, chain)
+        {**tables, **boxes}, types, spool=spool, renderer=TableRenderer(rendering_of(cfg, serializer, chain))
     )
 
     def transport() -> ReplicationStream:

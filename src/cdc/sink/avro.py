@@ -75,7 +75,8 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
-from cdc.event import AnyRow, Column, MessageEvent, PgType, RenderedRow, RowRendering, TableSchema, rendered_row_error
+from cdc.event import AnyRow, Column, MessageEvent, PgType, TableSchema
+from cdc.render.rows import RenderedRow, RowRendering
 from cdc.sink.record import Record
 from cdc.sink.registry import SchemaRegistry
 from cdc.sink.avro_write import Encoded, Unsupported, Write, compile_writer, write_long
@@ -525,8 +526,6 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             return Encoded(row.data, _RENDERED)
         if row is None:
             raise SerializationError(f"table {plan.table.qualified!r}: the event has no {which} row")
-        if not isinstance(row, dict):
-            raise rendered_row_error("the Avro format", plan.table)
         out: dict[str, Any] = {}
         toast = UNCHANGED_TOAST
         column = ""
@@ -552,8 +551,6 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             return plan.key.prefix + row.key_data
         if row is None:
             raise SerializationError(f"table {plan.table.qualified!r}: the event has no row to take the key from")
-        if not isinstance(row, dict):
-            raise rendered_row_error("the Avro format", plan.table)
         assert plan.key is not None, "events of tables without key columns are refused before their keys"
         out: dict[str, Any] = {}
         column = ""

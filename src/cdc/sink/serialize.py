@@ -97,6 +97,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
+from cdc.render.rows import RenderedRow, RowRendering
 from cdc.event import (
     AnyRow,
     ChangeEvent,
@@ -104,8 +105,6 @@ from cdc.event import (
     MessageEvent,
     Op,
     PgType,
-    RenderedRow,
-    RowRendering,
     TableSchema,
     TruncateEvent,
     TypeKind,

@@ -48,7 +48,6 @@ from cdc.event import (
     Event,
     MessageEvent,
     Op,
-    RenderedRow,
     Row,
     TableSchema,
     TruncateEvent,
@@ -150,9 +149,7 @@ class Window:
         self.done = threading.Event()
 
     def key(self, row: AnyRow) -> Key:
-        values = row.key if type(row) is RenderedRow else row
-        assert isinstance(values, dict)
-        return tuple(freeze(values.get(name)) for name in self.key_names)
+        return tuple(freeze(row.get(name)) for name in self.key_names)
 
     def settle(self, outcome: Outcome, reason: str | None = None) -> None:
         self.outcome = outcome
