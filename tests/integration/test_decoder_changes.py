@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc.decoder.changes import ChangeError
+from cdc.decoder.errors import ChangeError
 from cdc.event import ChangeEvent, Op, TruncateEvent
 from cdc.values import UNCHANGED_TOAST
 from tests.integration.decoder_harness import DecoderSession, changes, mark, transactions

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from cdc.catalog import TableInfo
 from cdc.decoder import pgoutput as pg
-from cdc.decoder.changes import ChangeDecoder, ChangeError
+from cdc.decoder.changes import ChangeDecoder
+from cdc.decoder.errors import ChangeError
 from cdc.decoder.spool import Spool
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.event import ChangeEvent, Event, MessageEvent, Op, PgType, TruncateEvent, TxBegin, TxCommit, TypeKind

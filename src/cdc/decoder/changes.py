@@ -3,24 +3,7 @@
 ``ChangeDecoder.feed(payload, lsn)`` takes every pgoutput payload the server
 sends and returns the events it releases. A message of an ordinary
 transaction releases its event at once. A streamed transaction (protocol 2+,
-``streaming 'on'``) arrives in Stream Start/Stop blocks before it commits,
-interleaved with other transactions: its payloads go to the spool
-(``cdc.decoder.spool``) untouched, and its Stream Commit releases all of its
-events, read back from disk lazily, as TxBegin, the changes with their
-ordinals, then TxCommit, exactly as if it had not been streamed. Changes of
-rolled-back subtransactions are left out; a Stream Abort of the whole
-transaction deletes its file.
-
-Relation messages inside a stream block describe the table as that streamed
-transaction sees it, so they are applied when the transaction is replayed, to a
-copy of the relation cache used for its changes. The server counts such a
-message as sent for later transactions too once the streamed transaction
-commits (pgoutput's ``cleanup_rel_sync_cache``) and sends those no Relation
-again, so at the end of the replay each table's last in-stream Relation
-becomes the table's entry in the cache, unless a Relation for the table
-arrived after it (a later schema, seen by the transactions in between, for
-instance after DDL that ran once the streamed transaction had rolled back the
-savepoint holding its lock). Receipt order decides, with a counter.
+``streaming 'on'``) is ``cdc.decoder.streamed``'s part of the work.
 
 Pure with respect to I/O but for the injected spool: the catalog facts it
 needs (key columns, resolved types) are handed in at construction; the only
@@ -65,7 +48,9 @@ import structlog
 from cdc.catalog import TableInfo
 from cdc.decoder import pgoutput as pg
 from cdc.decoder.rows import Decline, RowParser, RowRenderer
-from cdc.decoder.spool import Spool, SpooledTransaction
+from cdc.decoder.errors import ChangeError
+from cdc.decoder.spool import Spool
+from cdc.decoder.streamed import DELETE, INSERT, NO_EVENTS, UPDATE, StreamedTransactions, Streamed
 from cdc.decoder.types import (
     BUILTIN_TYPES,
     CATALOG_TEXT_TYPES,
@@ -97,8 +82,6 @@ from cdc.values import UNCHANGED_TOAST
 log = structlog.get_logger(__name__)
 
 
-class ChangeError(Exception):
-    """A message that cannot become an event; the pipeline stops rather than skip it."""
 
 
 
@@ -117,21 +100,7 @@ class _Relation:
     rendered: bool = False  # ``parse`` is the renderer's: its rows are in the sink format
 
 
-_XID: Final = struct.Struct(">I")
 _U32: Final = struct.Struct(">I")
-_RELATION_ID_IN_STREAM: Final = struct.Struct(">II")  # xid, relation id (after the type byte)
-_NO_EVENTS: Final[tuple[Event, ...]] = ()
-
-# Type bytes of the messages a stream block carries, each followed by a (sub)transaction xid.
-_IN_STREAM_CHANGE: Final = frozenset(b"IUDTM")  # data: left out when their subtransaction aborted
-_IN_STREAM_SCHEMA: Final = frozenset(b"RY")  # Relation, Type: applied whatever became of their subtransaction
-_STREAM_STOP: Final = 0x45  # 'E'
-_ORIGIN: Final = 0x4F  # 'O'
-_MESSAGE: Final = 0x4D  # 'M'
-_RELATION: Final = 0x52  # 'R'
-_INSERT: Final = 0x49  # 'I'
-_UPDATE: Final = 0x55  # 'U'
-_DELETE: Final = 0x44  # 'D'
 _NEW: Final = 0x4E  # 'N'
 _OLD_KEY: Final = 0x4B  # 'K'
 _OLD: Final = 0x4F  # 'O'
@@ -145,7 +114,7 @@ _Slow = Decline  # the fast path declines a message; the general path decodes it
 _FAST_PATH_DECLINES: Final = (_Slow, ValueConversionError, IndexError, struct.error, *PARSE_ERRORS)
 
 
-class ChangeDecoder:
+class ChangeDecoder(StreamedTransactions):
     """Turns the pgoutput messages of a replication connection into events, in commit order.
 
     ``feed`` takes raw payloads (streamed transactions need a ``spool``);
@@ -173,8 +142,8 @@ class ChangeDecoder:
         self._ordinal = 0
         self._spool = spool
         self._seq = 0  # Relation messages received so far, streamed or not
-        self._block: _Streamed | None = None  # the transaction of the open Stream Start block
-        self._streamed: dict[int, _Streamed] = {}
+        self._block: Streamed | None = None  # the transaction of the open Stream Start block
+        self._streamed: dict[int, Streamed] = {}
         self._replaying = False
         self._replay_in_progress: Generator[Event, None, None] | None = None
 
@@ -230,7 +199,7 @@ class ChangeDecoder:
             return self._in_block(block, payload, lsn)
         buf = payload.tobytes() if isinstance(payload, memoryview) else payload  # tobytes: 4x cheaper than bytes()
         kind = buf[0] if buf else -1
-        if kind == _INSERT or kind == _UPDATE or kind == _DELETE:
+        if kind == INSERT or kind == UPDATE or kind == DELETE:
             fast = self._fast_change(kind, buf, 1, lsn)
             if fast is not None:
                 return (fast,)
@@ -239,151 +208,7 @@ class ChangeDecoder:
         if mtype is pg.StreamStart or mtype is pg.StreamCommit or mtype is pg.StreamAbort or mtype is pg.StreamStop:
             return self._stream_control(message, lsn)
         event = self.handle(message, lsn)
-        return _NO_EVENTS if event is None else (event,)
-
-    def _in_block(self, block: _Streamed, payload: bytes | memoryview, lsn: Lsn) -> Iterable[Event]:
-        kind = payload[0] if len(payload) else -1
-        if kind == _STREAM_STOP:
-            pg.decode(payload, in_stream=True)  # checks it is exactly one byte
-            self._block = None
-            return _NO_EVENTS
-        if kind in _IN_STREAM_CHANGE or kind in _IN_STREAM_SCHEMA:
-            if kind == _MESSAGE and len(payload) > 5 and not payload[5] & 1:
-                # A non-transactional logical message belongs to no transaction: it goes out now.
-                event = self.handle(pg.decode(payload, in_stream=True), lsn)
-                return _NO_EVENTS if event is None else (event,)
-            if len(payload) < 5:
-                pg.decode(payload, in_stream=True)  # raises DecodeError naming the message
-            (subxid,) = _XID.unpack_from(payload, 1)
-            if kind == _RELATION:
-                if len(payload) < 9:
-                    pg.decode(payload, in_stream=True)
-                _, relation_id = _RELATION_ID_IN_STREAM.unpack_from(payload, 1)
-                self._seq += 1
-                block.relation_seqs[relation_id] = self._seq
-            block.file.append(payload, lsn, subxid)
-            return _NO_EVENTS
-        if kind == _ORIGIN:
-            pg.decode(payload, in_stream=True)  # checked, not needed: events carry no origin
-            return _NO_EVENTS
-        message = pg.decode(payload, in_stream=True)
-        raise ChangeError(
-            f"a {type(message).__name__} message arrived inside the stream block of transaction {block.file.xid} "
-            "(protocol violation)"
-        )
-
-    def _stream_control(self, message: pg.Message, lsn: Lsn) -> Iterable[Event]:
-        match message:
-            case pg.StreamStart(xid=xid, first_segment=first):
-                if self._xid is not None:
-                    raise ChangeError(
-                        f"a Stream Start of transaction {xid} arrived inside transaction {self._xid} (protocol violation)"
-                    )
-                streamed = self._streamed.get(xid)
-                if first or streamed is None:
-                    if not first:
-                        raise ChangeError(
-                            f"a stream block of transaction {xid} arrived without its first block: its earlier "
-                            "changes were not received (protocol violation)"
-                        )
-                    if streamed is not None:
-                        streamed.file.discard()
-                    streamed = _Streamed(self._require_spool(xid).begin(xid))
-                    self._streamed[xid] = streamed
-                self._block = streamed
-                return _NO_EVENTS
-            case pg.StreamStop():
-                raise ChangeError("a Stream Stop arrived outside a stream block (protocol violation)")
-            case pg.StreamAbort(xid=xid, subxid=subxid):
-                streamed = self._streamed.get(xid)
-                if subxid == xid:
-                    if streamed is not None:
-                        del self._streamed[xid]
-                        self._forget(streamed)
-                    log.debug("streamed_transaction_aborted", xid=xid)
-                elif streamed is not None:
-                    streamed.file.abort_subtransaction(subxid)
-                return _NO_EVENTS
-            case pg.StreamCommit(xid=xid):
-                streamed = self._streamed.pop(xid, None)
-                if streamed is None:
-                    raise ChangeError(
-                        f"a Stream Commit of transaction {xid} arrived, but none of its stream blocks did "
-                        "(protocol violation)"
-                    )
-                assert isinstance(message, pg.StreamCommit)
-                self._replaying = True  # until the replay has run to its end
-                replay = self._replay(streamed, message)
-                self._replay_in_progress = replay
-                return replay
-            case _:
-                raise AssertionError(f"not a stream control message: {message!r}")
-
-    def _require_spool(self, xid: int) -> Spool:
-        if self._spool is None:
-            raise ChangeError(
-                f"the server streams in-progress transaction {xid}, but this decoder has no spool: "
-                "give it one, or do not ask for streaming 'on'"
-            )
-        return self._spool
-
-    def _forget(self, streamed: _Streamed) -> None:
-        if self._spool is not None:
-            self._spool.pop(streamed.file.xid)
-        streamed.file.discard()
-
-    def _replay(self, streamed: _Streamed, commit: pg.StreamCommit) -> Generator[Event, None, None]:
-        """The streamed transaction's events, read back from its file as they are consumed."""
-        shared = self._relations
-        own = dict(shared)  # this transaction's view of the tables: its own Relation messages win
-        self._relations = own
-        handle = self.handle
-        decode = pg.decode
-        file = streamed.file
-        log.info(
-            "streamed_transaction_committed",
-            xid=commit.xid,
-            commit_lsn=str(commit.commit_lsn),
-            records=file.records,
-            spooled_bytes=file.bytes,
-        )
-        try:
-            yield TxBegin(commit.xid, commit.commit_lsn, commit.commit_ts_us)
-            self._xid, self._commit_lsn, self._commit_ts, self._ordinal = (
-                commit.xid,
-                commit.commit_lsn,
-                commit.commit_ts_us,
-                0,
-            )
-            fast_change = self._fast_change
-            for payload, lsn, aborted in file.replay():
-                kind = payload[0]
-                if aborted and kind in _IN_STREAM_CHANGE:
-                    continue
-                if kind == _INSERT or kind == _UPDATE or kind == _DELETE:
-                    fast = fast_change(kind, payload, 5, lsn)  # the xid takes bytes 1 to 4
-                    if fast is not None:
-                        yield fast
-                        continue
-                event = handle(decode(payload, in_stream=True), lsn)
-                if event is not None:
-                    yield event
-            count = self._ordinal
-            self._xid, self._ordinal = None, 0
-            # What the server now takes as sent: each table's last Relation in this transaction,
-            # unless a later one arrived meanwhile.
-            for relation_id, seq in streamed.relation_seqs.items():
-                current = shared.get(relation_id)
-                mine = own.get(relation_id)
-                if mine is not None and (current is None or current.seq < seq):
-                    shared[relation_id] = replace(mine, seq=seq)
-            yield TxCommit(commit.xid, commit.commit_lsn, commit.end_lsn, commit.commit_ts_us, count)
-        finally:
-            self._relations = shared
-            self._replaying = False
-            self._replay_in_progress = None
-            self._xid, self._ordinal = None, 0
-            self._forget(streamed)
+        return NO_EVENTS if event is None else (event,)
 
     # -- one message of an ordinary transaction ---------------------------------------------------
 
@@ -493,13 +318,13 @@ class ChangeDecoder:
                 return None
             parse = rel.parse
             marker = buf[at + 4]
-            if kind == _INSERT:
+            if kind == INSERT:
                 if marker != _NEW:
                     return None
                 after, end = parse(buf, at + 5)
                 before = None
                 op = Op.CREATE
-            elif kind == _UPDATE:
+            elif kind == UPDATE:
                 before = None
                 pos = at + 5
                 if marker == _OLD_KEY or marker == _OLD:
@@ -706,13 +531,3 @@ def _announced_type(oid: int, namespace: str, name: str) -> PgType:
         return PgType(oid, name, TypeKind.UNKNOWN, "pg_catalog")
     kind = TypeKind.BASE if name in EXTENSION_TYPE_NAMES else TypeKind.UNKNOWN
     return PgType(oid, name, kind, namespace)
-
-
-class _Streamed:
-    """A streamed transaction not yet committed or aborted: its spool file and its Relation messages."""
-
-    __slots__ = ("file", "relation_seqs")
-
-    def __init__(self, file: SpooledTransaction) -> None:
-        self.file = file
-        self.relation_seqs: dict[int, int] = {}  # relation id -> receipt order of its last Relation here

@@ -12,7 +12,7 @@ import structlog
 from cdc.catalog import StartupError
 from cdc.config import Config, ConfigError, load_config
 from cdc.decoder import pgoutput
-from cdc.decoder.changes import ChangeError
+from cdc.decoder.errors import ChangeError
 from cdc.decoder.spool import SpoolError
 from cdc.decoder.stream import ReplicationError
 from cdc.instance import InstanceLock
