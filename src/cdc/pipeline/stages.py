@@ -92,6 +92,7 @@ class Chain:
     def __init__(self, stages: Sequence[Stage], deliver: Deliver) -> None:
         self.stages: Final = tuple(stages)
         self.deliver: Final = deliver
+        self._deliver_row = deliver.row  # bound once: called per row
         self._rows: dict[str, tuple[Process, ...]] = {}
 
     def typed_rows(self, table: str) -> bool:
@@ -110,12 +111,15 @@ class Chain:
     def row(self, event: ChangeEvent) -> None:
         """A row change: through its table's stages, then delivered unless a stage consumed it."""
         table = event.table.qualified
+        steps = self._rows.get(table)
+        if steps is None:
+            steps = self.rows_of(table)
         current: Any = event
-        for process in self.rows_of(table):
+        for process in steps:
             current = process(current)
             if current is None:
                 return
-        self.deliver.row(current, table)
+        self._deliver_row(current, table)
 
     def other(self, event: Event) -> None:
         """Begin, commit, truncate or message: through every stage; a truncate or message that is left
