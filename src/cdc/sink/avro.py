@@ -76,7 +76,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
 from cdc.event import AnyRow, Column, MessageEvent, PgType, TableSchema
-from cdc.render.rows import RenderedRow, RowRendering
+from cdc.render.rows import RowRendering, encoded
 from cdc.sink.record import Record
 from cdc.sink.registry import SchemaRegistry
 from cdc.sink.avro_write import Encoded, Unsupported, Write, compile_writer, write_long
@@ -522,8 +522,9 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         )
 
     def _row(self, plan: _AvroPlan, row: AnyRow | None, which: str) -> Any:
-        if type(row) is RenderedRow:
-            return Encoded(row.data, _RENDERED)
+        rendered = encoded(row)
+        if rendered is not None:
+            return Encoded(rendered.data, _RENDERED)
         if row is None:
             raise SerializationError(f"table {plan.table.qualified!r}: the event has no {which} row")
         out: dict[str, Any] = {}
@@ -547,8 +548,9 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         return out
 
     def _key(self, plan: _AvroPlan, row: AnyRow | None) -> bytes:
-        if type(row) is RenderedRow and plan.key is not None:
-            return plan.key.prefix + row.key_data
+        rendered = encoded(row)
+        if rendered is not None and plan.key is not None:
+            return plan.key.prefix + rendered.key_data
         if row is None:
             raise SerializationError(f"table {plan.table.qualified!r}: the event has no row to take the key from")
         assert plan.key is not None, "events of tables without key columns are refused before their keys"

@@ -97,7 +97,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
-from cdc.render.rows import RenderedRow, RowRendering
+from cdc.render.rows import RowRendering, encoded
 from cdc.event import (
     AnyRow,
     ChangeEvent,
@@ -1311,11 +1311,8 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
 
     def _key_payload(self, plan: PlanT, row: AnyRow | None) -> bytes:
         """The key as JSON text (``{"id":1}``): the JSON format's key payload, and every format's key headers."""
-        if type(row) is RenderedRow:
-            row = row.key  # the typed key values (an Avro row's key_data is Avro)
         if row is None:
             raise SerializationError(f"table {plan.table.qualified!r}: the event has no row to take the key from")
-        assert isinstance(row, dict)
         try:
             return orjson.dumps(_encode_key(plan.table, plan.key_fields, row))
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
@@ -1565,19 +1562,20 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         return body
 
     def _row(self, plan: _TablePlan, row: AnyRow | None, which: str) -> Any:
-        if type(row) is RenderedRow:
-            return row.data  # JSON text: see _envelope
+        rendered = encoded(row)
+        if rendered is not None:
+            return rendered.data  # JSON text: see _envelope
         if row is None:
             raise SerializationError(f"table {plan.table.qualified!r}: the event has no {which} row")
-        assert isinstance(row, dict)
         try:
-            return plan.encode_row(row)
+            return plan.encode_row(row)  # type: ignore[arg-type]  # not rendered (above): a typed row, a dict
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise _value_error(plan.table, plan.fields, row, exc) from exc
 
     def _key_payload(self, plan: _TablePlan, row: AnyRow | None) -> bytes:
-        if type(row) is RenderedRow:
-            return row.key_data
+        rendered = encoded(row)
+        if rendered is not None:
+            return rendered.key_data
         return super()._key_payload(plan, row)
 
     def _key(self, plan: _TablePlan, row: AnyRow | None) -> bytes:
@@ -1633,7 +1631,7 @@ def row_encoder(fields: Sequence[_Field]) -> Callable[[dict[str, Any]], dict[str
     return encoder
 
 
-def _encode_key(table: TableSchema, key_fields: Sequence[_Field], row: dict[str, Any]) -> dict[str, Any]:
+def _encode_key(table: TableSchema, key_fields: Sequence[_Field], row: AnyRow) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, encode, _ in key_fields:
         value = row.get(name)
@@ -1650,7 +1648,7 @@ def unchanged_toast_key(table: TableSchema, column: str) -> SerializationError:
     )
 
 
-def _value_error(table: TableSchema, fields: Sequence[_Field], row: dict[str, Any], exc: Exception) -> Exception:
+def _value_error(table: TableSchema, fields: Sequence[_Field], row: AnyRow, exc: Exception) -> Exception:
     """Name the column whose value failed to encode (the slow path after a failure)."""
     if isinstance(exc, SerializationError):
         return exc
