@@ -27,7 +27,7 @@ from cdc.dev import postgres
 from cdc.snapshot.config import SnapshotConfig, SnapshotMode
 from cdc.snapshot.signals import send_snapshot_signal
 from tests.integration.connector import drop_slots
-from tests.integration.test_snapshot_harness import (
+from tests.support.snapshots import (
     Running,
     SnapshotPipeline,
     assert_topic_equals_table,

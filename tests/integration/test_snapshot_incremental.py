@@ -10,7 +10,7 @@ import pytest
 from cdc.snapshot.config import SnapshotConfig, SnapshotMode
 from cdc.snapshot.signals import send_snapshot_signal
 from cdc.snapshot.state import KafkaStore
-from tests.integration.test_snapshot_harness import (
+from tests.support.snapshots import (
     Running,
     SnapshotPipeline,
     Workload,

@@ -10,7 +10,7 @@ import pytest
 
 from cdc.snapshot.config import SnapshotConfig
 from cdc.snapshot.state import InitialStatus, KafkaStore
-from tests.integration.test_snapshot_harness import (
+from tests.support.snapshots import (
     Running,
     SnapshotPipeline,
     Workload,

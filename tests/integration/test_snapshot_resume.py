@@ -18,7 +18,7 @@ from cdc.catalog import StartupError
 from cdc.snapshot.config import SnapshotConfig
 from cdc.snapshot.errors import SnapshotError, SnapshotImportError
 from cdc.snapshot.state import InitialStatus, KafkaStore
-from tests.integration.test_snapshot_harness import (
+from tests.support.snapshots import (
     Running,
     SnapshotPipeline,
     Workload,
@@ -70,7 +70,7 @@ def test_an_initial_snapshot_killed_halfway_resumes_while_streaming_and_replays_
     workload = Workload(pg_dsn, 100_000, seed=3).start()
     log = open(tmp_path / "first.log", "wb")
     first = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from tests.integration.test_snapshot_harness import main; "
+        [sys.executable, "-c", "import sys; from tests.support.snapshots import main; "
          "sys.exit(main(sys.argv[1:]))", str(config_path), str(snapshot_path)],
         cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip

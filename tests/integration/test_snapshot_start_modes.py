@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 from cdc.snapshot.config import SnapshotConfig, SnapshotMode
-from tests.integration.test_snapshot_harness import (
+from tests.support.snapshots import (
     Running,
     SnapshotPipeline,
     assert_topic_equals_table,

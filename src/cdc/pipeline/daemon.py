@@ -21,7 +21,7 @@ from cdc.outbox.route import OutboxError
 from cdc.pipeline.loop import Pipeline
 from cdc.pipeline.reconnect import stream_with_retries
 from cdc.pipeline.reload import Reloader
-from cdc.pipeline.wiring import wire
+from cdc.pipeline.wiring import Components, wire
 from cdc.process import tune_gc
 from cdc.sink.kafka import SinkError
 from cdc.sink.registry import RegistryError
@@ -56,6 +56,7 @@ class Daemon:
         self._stop = False
         self._reload_path: Path | None = None
         self.pipeline: Pipeline | None = None
+        self.components: Components | None = None  # once wired
         self._lag_conn: psycopg.Connection[tuple[object, ...]] | None = None  # the metrics thread's
 
     @property
@@ -82,7 +83,7 @@ class Daemon:
             if self.config.http.enabled:  # before wiring: progress and health during the initial snapshot
                 http = HttpEndpoint(self.stats, self.config.http.host, self.config.http.port)
                 http.start()
-            components = wire(self.config, self.stats, self._lock, lambda: self._stop)
+            components = self.components = wire(self.config, self.stats, self._lock, lambda: self._stop)
             self.config = components.capture.config
             if not components.snapshot_plan.stream:
                 log.info("snapshot_only_done", mode=self.config.snapshot.mode)  # initial_only

@@ -1,23 +1,8 @@
-"""The daemon with snapshots wired in, for the snapshot tests (no tests in this module).
+"""The snapshot tests' helpers: the real daemon on a thread, a workload that writes the very rows being
+read, and the check that a table's topic replayed from offset 0 equals the table.
 
-``SnapshotPipeline`` is the real ``cdc.pipeline.Pipeline`` with the snapshot
-attached the way the wiring in the snapshot issue note describes, done from
-outside so the pipeline's own file stays untouched:
-
-- before the pipeline's start-up, the topics (and the progress topic) and the
-  publication are made, and ``Snapshots.prepare`` decides, creates the slot and
-  runs the initial snapshot; the pipeline's ``prepare`` then finds the slot;
-- each replication session starts with ``messages 'true'``, and every decoded
-  event passes through ``Snapshots.on_event``; what it returns is produced at
-  once through the pipeline's serializer and delivery (inside the transaction of
-  the high watermark); watermark messages are not published.
-
-The decoder's streaming of large transactions is off in these tests: its spool
-locks a directory per slot for the life of the process, and the tests restart a
-pipeline on the same slot within one process.
-
-Also a workload that writes the very rows being read, and the check that a
-table's topic replayed from offset 0 equals the table.
+The decoder's streaming of large transactions is off in these tests: its spool locks a directory per
+slot for the life of the process, and the tests restart a daemon on the same slot within one process.
 """
 
 from __future__ import annotations
@@ -29,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
@@ -38,160 +23,30 @@ import psycopg
 import yaml
 from confluent_kafka import Message
 
-import cdc.pipeline as pipeline_module
 from cdc import log as logsetup
-from cdc.catalog import apply_publication, column_type_oids, describe_tables, load_types, plan_publication
 from cdc.config import Config
-from cdc.decoder.stream import ReplicationStream
-from cdc.decoder.types import BUILTIN_TYPES
-from cdc.event import ChangeEvent, Event
-from cdc.lsn import Lsn
-from cdc.pipeline import Pipeline
-from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
-from cdc.sink.serialize import TRUNCATE_KEY_FIELD, JsonSerializer, JsonSettings
+from cdc.pipeline import Daemon
+from cdc.sink.serialize import TRUNCATE_KEY_FIELD
 from cdc.snapshot.config import SnapshotConfig
-from cdc.snapshot.incremental import is_watermark
-from cdc.snapshot.modes import StartupPlan, inspect_slot
-from cdc.snapshot.output import JsonKafkaOutput
+from cdc.snapshot.modes import StartupPlan
 from cdc.snapshot.service import Snapshots
-from cdc.snapshot.state import KafkaStore, topics_holding_records
 
 
-class _MessagesOn(ReplicationStream):
-    def start(self, slot: str, publication: str, start_lsn: Lsn, **kwargs: Any) -> None:
-        kwargs["messages"] = True
-        super().start(slot, publication, start_lsn, **kwargs)
+class SnapshotPipeline(Daemon):
+    """The real daemon (``cdc.pipeline.Daemon``), with the snapshot settings in its configuration, plus
+    what the snapshot tests look at: its snapshot service and start-up plan, and a failure on its thread."""
 
-
-class _Wired:
-    """The pipeline's decoder, with every event also handed to the snapshot coordinator."""
-
-    def __init__(self, inner: Any, pipeline: SnapshotPipeline) -> None:
-        self._inner = inner
-        self._pipeline = pipeline
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def reset(self) -> None:  # the pipeline calls it at the start of each session
-        self._inner.reset()
-        snapshots = self._pipeline.snapshots
-        assert snapshots is not None
-        snapshots.reset()
-        snapshots.start()
-
-    def feed(self, payload: Any, lsn: Lsn) -> Iterator[Event]:
-        snapshots = self._pipeline.snapshots
-        assert snapshots is not None
-        for event in self._inner.feed(payload, lsn):
-            emitted = snapshots.on_event(event)
-            if not is_watermark(event):
-                yield event  # the pipeline produces it before asking for the next one
-            if emitted:  # a high watermark: the chunk's rows, inside its transaction
-                self._send(emitted)
-
-    def _send(self, rows: list[ChangeEvent]) -> None:
-        p = self._pipeline
-        assert p._delivery is not None and p._serializer is not None
-        for row in rows:
-            describe = row.table.qualified
-            policy = p._policies.get(describe)
-            out: ChangeEvent = policy.apply(row) if policy is not None else row
-            for record in p._serializer.records(out):
-                p._delivery.send(record, describe)
-            p.stats.events[(describe, "r")] += 1
-
-
-class SnapshotPipeline(Pipeline):
     def __init__(self, config: Config, snapshot: SnapshotConfig) -> None:
-        super().__init__(config)
-        self.snapshot_config = snapshot
-        self.snapshots: Snapshots | None = None
-        self.plan: StartupPlan | None = None
+        super().__init__(config.model_copy(update={"snapshot": snapshot}))
         self.failure: BaseException | None = None
 
-    def prepare(self) -> None:
-        cfg = self.config
-        with psycopg.connect(cfg.source.conninfo(application_name="cdc-setup"), autocommit=True) as conn:
-            tables = describe_tables(conn, cfg.tables)
-            slot_state = inspect_slot(conn, cfg.source.slot)
-            oids = column_type_oids(conn, [t.oid for t in tables.values()])
-            types = load_types(conn, [o for o in oids if o not in BUILTIN_TYPES])
-            settings = JsonSettings(
-                topic_prefix=cfg.topic_prefix,
-                database=cfg.source.database,
-                schemas_enable=cfg.json_format.schemas_enable,
-                decimal_handling=cfg.json_format.decimal_handling,
-                time_precision=cfg.json_format.time_precision,
-                interval_handling=cfg.json_format.interval_handling,
-            )
-            partitions: dict[str, int] = {}
-            serializer = JsonSerializer(settings, partitions.__getitem__)
-            self._tables = tables
-            progress_topic = self.snapshot_config.progress_topic_for(cfg.topic_prefix)
-            specs = [*self._topic_specs(serializer), TopicSpec(progress_topic, 1, cfg.kafka.replication_factor)]
-            admin = admin_client(cfg.kafka.bootstrap_servers, cfg.kafka.producer)
-            partitions.update(ensure_topics(admin, specs))
-            apply_publication(conn, plan_publication(conn, cfg.source.publication, tables.keys()))
-        salt = cfg.masking.salt.get_secret_value() if cfg.masking.salt is not None else None
-        output = JsonKafkaOutput(
-            settings,
-            partitions,
-            producer_config(cfg.kafka.bootstrap_servers, cfg.kafka.producer, cfg.limits.max_record_bytes),
-            cfg.limits.max_record_bytes,
-            cfg.limits.dead_letter_topic,
-            tables=cfg.tables,
-            mask_fixed_value=cfg.masking.fixed_value,
-            mask_salt=salt,
-        )
-        topic_of = {name: serializer.topic_name(t.schema, t.name) for name, t in tables.items()}
+    @property
+    def snapshots(self) -> Snapshots | None:
+        return self.components.snapshots if self.components is not None else None
 
-        def holding(names: Collection[str]) -> set[str]:
-            full = topics_holding_records(cfg.kafka.bootstrap_servers, cfg.kafka.producer, [topic_of[n] for n in names])
-            return {n for n in names if topic_of[n] in full}
-
-        self.snapshots = Snapshots(
-            self.snapshot_config,
-            conninfo=cfg.source.conninfo(),
-            slot=cfg.source.slot,
-            tables=tables,
-            output=output,
-            store=KafkaStore(cfg.kafka.bootstrap_servers, progress_topic, cfg.source.slot, extra=cfg.kafka.producer),
-            types=types,
-            topics_holding_records=holding,
-            should_stop=lambda: self._stop,
-        )
-        self.plan = self.snapshots.prepare(slot_state)
-        if self.plan.stream:
-            super().prepare()
-
-    def run(self) -> None:
-        try:
-            self.prepare()
-            assert self.plan is not None
-            if self.plan.stream:
-                self._stream_with_retries()
-        finally:
-            # Its own Snapshots, and the one Pipeline.prepare() builds too since the pipeline is wired:
-            # each has a reader thread that must not outlive the test.
-            for snapshots in (self.snapshots, self._snapshots):
-                if snapshots is not None:
-                    snapshots.stop()
-            self._lock.release()
-            for side in (self._lag_conn, self._side_conn):
-                if side is not None:
-                    side.close()
-
-    def _session(self) -> None:
-        inner = self._decoder
-        self._decoder = _Wired(inner, self)  # type: ignore[assignment]
-        original = pipeline_module.ReplicationStream
-        pipeline_module.ReplicationStream = _MessagesOn  # type: ignore[misc]
-        try:
-            super()._session()
-        finally:
-            pipeline_module.ReplicationStream = original  # type: ignore[misc]
-            self._decoder = inner
+    @property
+    def plan(self) -> StartupPlan | None:
+        return self.components.snapshot_plan if self.components is not None else None
 
 
 def make_config(services: Any, dsn: str, slot: str, publication: str, prefix: str, tables: list[Any], **extra: Any) -> Config:
@@ -431,7 +286,7 @@ def assert_topic_equals_table(consume_all: Any, topic: str, dsn: str, query: str
 
 
 def main(argv: list[str]) -> int:
-    """``python -c 'from tests.integration.test_snapshot_harness import main; main([...])' CONFIG SNAPSHOT_JSON``"""
+    """``python -c 'from tests.support.snapshots import main; main([...])' CONFIG SNAPSHOT_JSON``"""
     logsetup.configure("json", "info")
     config = Config(**yaml.safe_load(Path(argv[0]).read_text()))
     snapshot = SnapshotConfig(**json.loads(Path(argv[1]).read_text()))
