@@ -29,7 +29,6 @@ from cdc.pipeline import Daemon
 from cdc.sink.serialize import TRUNCATE_KEY_FIELD
 from cdc.snapshot.config import SnapshotConfig
 from cdc.snapshot.modes import StartupPlan
-from cdc.snapshot.service import Snapshots
 
 
 class SnapshotPipeline(Daemon):
@@ -39,10 +38,6 @@ class SnapshotPipeline(Daemon):
     def __init__(self, config: Config, snapshot: SnapshotConfig) -> None:
         super().__init__(config.model_copy(update={"snapshot": snapshot}))
         self.failure: BaseException | None = None
-
-    @property
-    def snapshots(self) -> Snapshots | None:
-        return self.components.snapshots if self.components is not None else None
 
     @property
     def plan(self) -> StartupPlan | None:

@@ -27,6 +27,7 @@ from cdc.sink.kafka import SinkError
 from cdc.sink.registry import RegistryError
 from cdc.sink.serialize import SerializationError
 from cdc.snapshot.errors import SnapshotError, SnapshotInterrupted
+from cdc.snapshot.service import Snapshots
 
 log = structlog.get_logger("cdc.pipeline")
 
@@ -57,6 +58,7 @@ class Daemon:
         self._reload_path: Path | None = None
         self.pipeline: Pipeline | None = None
         self.components: Components | None = None  # once wired
+        self.snapshots: Snapshots | None = None  # from before the initial snapshot on
         self._lag_conn: psycopg.Connection[tuple[object, ...]] | None = None  # the metrics thread's
 
     @property
@@ -78,12 +80,13 @@ class Daemon:
 
     def run(self) -> None:
         http = None
-        components = None
         try:
             if self.config.http.enabled:  # before wiring: progress and health during the initial snapshot
                 http = HttpEndpoint(self.stats, self.config.http.host, self.config.http.port)
                 http.start()
-            components = self.components = wire(self.config, self.stats, self._lock, lambda: self._stop)
+            components = self.components = wire(
+                self.config, self.stats, self._lock, lambda: self._stop, on_snapshots=self._keep_snapshots
+            )
             self.config = components.capture.config
             if not components.snapshot_plan.stream:
                 log.info("snapshot_only_done", mode=self.config.snapshot.mode)  # initial_only
@@ -109,13 +112,16 @@ class Daemon:
         finally:
             if http is not None:
                 http.stop()
-            if components is not None:
-                components.snapshots.stop()
+            if self.snapshots is not None:
+                self.snapshots.stop()
             self._lock.release()
             if self.pipeline is not None:
                 self.pipeline.close()
             if self._lag_conn is not None:
                 self._lag_conn.close()
+
+    def _keep_snapshots(self, snapshots: Snapshots) -> None:
+        self.snapshots = snapshots
 
     def _slot_lag(self) -> int | None:
         """Bytes of WAL the slot holds back (read at scrape time, on a connection of its own)."""

@@ -115,8 +115,17 @@ class Topics:
         log.info("outbox_topic_ready", topic=topic)
 
 
-def wire(config: Config, stats: Stats, lock: InstanceLock, should_stop: Callable[[], bool]) -> Components:
-    """Every check first, then create what is missing: topics, publication, slot; then the components."""
+def wire(
+    config: Config,
+    stats: Stats,
+    lock: InstanceLock,
+    should_stop: Callable[[], bool],
+    on_snapshots: Callable[[Snapshots], None] = lambda snapshots: None,
+) -> Components:
+    """Every check first, then create what is missing: topics, publication, slot; then the components.
+
+    ``on_snapshots`` gets the snapshot service as soon as it exists, before it copies anything: what it
+    did is there to see even when the copy fails."""
     try:
         conn = psycopg.connect(config.source.conninfo(application_name="cdc-setup"), autocommit=True)
     except psycopg.OperationalError as e:
@@ -153,6 +162,7 @@ def wire(config: Config, stats: Stats, lock: InstanceLock, should_stop: Callable
     topics = Topics(capture)
     snapshots = make_snapshots(capture, serializer, types, progress_topic, stats, should_stop)
     stats.snapshot_progress = snapshots.progress
+    on_snapshots(snapshots)
     # Drops, creates (with an exported snapshot) and copies as snapshot.mode says; resumes what was cut off.
     plan = snapshots.prepare(slot_state)
     spool = None
