@@ -450,8 +450,10 @@ class Pipeline:
         router = self._router
         outbox_tables = router.tables if router is not None else {}
         outbox_prefix = router.message_prefix if router is not None else None
-        txmeta = TransactionMetadata(cfg.topic_prefix) if cfg.transaction_metadata else None
-        heartbeat = Heartbeat(cfg.topic_prefix, cfg.heartbeat.interval_ms / 1000) if cfg.heartbeat.interval_ms else None
+        txmeta = TransactionMetadata(cfg.topic_prefix, serializer) if cfg.transaction_metadata else None
+        heartbeat = (
+            Heartbeat(cfg.topic_prefix, cfg.heartbeat.interval_ms / 1000, serializer) if cfg.heartbeat.interval_ms else None
+        )
         stats.inflight_bytes = lambda: delivery.inflight_bytes
         stats.inflight_records = lambda: delivery.inflight_records
         stats.confirmed_lsn = lambda: int(stream.flushed)

@@ -271,6 +271,13 @@ def _sink_config(prefix: str, url: str, user: str) -> dict[str, str]:
         "schema.evolution": "basic",
         "collection.name.format": "${source.table}",
         "consumer.override.auto.offset.reset": "earliest",
+        # The key-change headers __debezium.newkey/oldkey are Debezium's bytes ({"a":5,"b":"k5"}, what the
+        # worker's default SimpleHeaderConverter writes for Debezium's own Key struct). Read back with the
+        # same converter, a composite key whose values infer different Connect types becomes a map without
+        # a value schema, and the sink dies building its header struct ("No schema defined for value of map
+        # field") on Debezium's own topics as on ours. The sink does not use these headers: read them as
+        # strings (docs/debezium-consumers.md).
+        "header.converter": "org.apache.kafka.connect.storage.StringConverter",
     }
 
 
