@@ -80,7 +80,7 @@ from cdc.snapshot.state import KafkaStore, topics_holding_records
 from cdc.sink.serialize import EventSerializer, JsonSerializer, JsonSettings, SerializationError
 from cdc.instance import InstanceLock
 from cdc.observe import HttpEndpoint, Stats
-from cdc.selection import Selection
+from cdc.selection import Selection, entry_for
 
 log = structlog.get_logger("cdc.pipeline")
 
@@ -801,6 +801,19 @@ class Pipeline:
 
 def make_serializer(cfg: Config, partitions_of: Callable[[str], int]) -> EventSerializer[Any]:
     """The configured format's serializer (module-level: snapshot workers build theirs with it)."""
+    serializer = _format_serializer(cfg, partitions_of)
+    entries = tuple(cfg.tables)
+
+    def skip_truncate(table: TableSchema) -> bool:
+        entry = entry_for(entries, table.schema, table.name)
+        return entry is not None and entry.truncate == "skip"
+
+    if any(e.truncate == "skip" for e in entries):
+        serializer.skip_truncate = skip_truncate
+    return serializer
+
+
+def _format_serializer(cfg: Config, partitions_of: Callable[[str], int]) -> EventSerializer[Any]:
     if cfg.format == "avro":
         assert cfg.schema_registry is not None  # the configuration model requires it
         registry = RegistryClient.from_settings(cfg.schema_registry)

@@ -264,3 +264,15 @@ def test_every_avro_record_is_valid_against_the_schema_its_id_names() -> None:
                 check_avro(registry, record.value, f"{kind}: value")
     assert "__debezium-heartbeat.dbserver1-value" in registry.subjects
     assert "dbserver1.transaction-value" in registry.subjects
+
+
+def test_a_table_set_to_skip_truncates_gets_no_marker_and_the_others_do() -> None:
+    from cdc.config import TableConfig  # noqa: PLC0415
+    from cdc.selection import entry_for  # noqa: PLC0415
+
+    entries = (TableConfig(name="public.flinked", truncate="skip"), TableConfig(pattern="public.*"))
+    s = JsonSerializer(JsonSettings(topic_prefix="p", database="db"), lambda topic: 2)
+    s.skip_truncate = lambda t: (e := entry_for(entries, t.schema, t.name)) is not None and e.truncate == "skip"
+    flinked, other = _table("flinked", True), _table("other", True)
+    records = s.records(TruncateEvent((flinked, other), False, False, Lsn(130), Lsn(125), 771, 3, COMMIT_US))
+    assert [(r.topic, r.partition) for r in records] == [("p.public.other", 0), ("p.public.other", 1)]

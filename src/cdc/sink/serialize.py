@@ -98,6 +98,7 @@ from decimal import Decimal
 from typing import Any, Final, Generic, Literal, Protocol, TypeVar
 
 import orjson
+import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
@@ -119,6 +120,8 @@ from cdc.sink.record import Record
 from cdc.values import UNCHANGED_TOAST, Infinity, Interval, Point, TimeTz
 
 __all__ = ["JsonSerializer", "JsonSettings", "ReadParts", "SerializationError"]
+
+_log = structlog.get_logger("cdc.sink.serialize")
 
 
 class SerializationError(Exception):
@@ -1088,6 +1091,8 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
     ) -> None:
         self._partitions_of = partitions_of
         self._clock_ns = clock_ns
+        # Tables whose truncates write no marker (tables[].truncate: skip); None: every table gets markers.
+        self.skip_truncate: Callable[[TableSchema], bool] | None = None
         self._opts = TypeOptions(settings.decimal_handling, settings.time_precision, settings.interval_handling)
         self._prefix = settings.topic_prefix
         self._version = settings.connector_version
@@ -1220,6 +1225,9 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         now = self._clock_ns()
         records: list[Record] = []
         for table in event.tables:
+            if self.skip_truncate is not None and self.skip_truncate(table):
+                _log.info("truncate_skipped", table=table.qualified, lsn=int(event.lsn), setting="tables[].truncate: skip")
+                continue
             plan = self._plan(table)
             source = self._source(table, event.commit_ts_us, event.commit_lsn, event.lsn, event.xid, False)
             value = self._envelope(plan, None, None, source, "t", now)
