@@ -251,12 +251,43 @@ def destination(services: dev.Endpoints, test_id: str) -> Iterator[str]:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+@pytest.fixture
+def untruncated(services: dev.Endpoints, test_id: str) -> Iterator[str]:
+    """A third database, for a sink with truncate.enabled=false."""
+    name = f"dst2_{test_id}"
+    with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield name
+    finally:
+        with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+# The rows items held when it was truncated: a sink that skips the marker keeps them.
+ITEMS_BEFORE_TRUNCATE = {(1,), (2,), (3,), (105,), (6,), (7,), (9,)}
+
+
+def _differences_without_truncate(src_dsn: str, dst_dsn: str) -> list[str]:
+    """Tables other than items equal; items holds its source rows (equal) plus the truncated ones."""
+    problems = [p for t in TABLES if t != "items" for p in _differences(src_dsn, dst_dsn, t)]
+    columns = [*TABLES["items"], *(name for name, _ in COLUMNS)]
+    if not _dst_columns(dst_dsn, "items"):
+        return [*problems, "items: no destination table"]
+    src, dst = _rows(src_dsn, "items", columns), _rows(dst_dsn, "items", columns)
+    if set(dst) != set(src) | ITEMS_BEFORE_TRUNCATE:
+        problems.append(f"items without truncates: keys {sorted(dst)}, expected {sorted(set(src) | ITEMS_BEFORE_TRUNCATE)}")
+    for key in set(src) & set(dst):
+        problems += [f"items {key} {c}" for c in columns if not _same(c, src[key][c], dst[key][c])]
+    return problems
+
+
 def _jdbc_url(dsn: str, dbname: str) -> str:
     info = psycopg.conninfo.conninfo_to_dict(dsn)
     return f"jdbc:postgresql://{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}/{dbname}"
 
 
-def _sink_config(prefix: str, url: str, user: str) -> dict[str, str]:
+def _sink_config(prefix: str, url: str, user: str, *, truncate: bool = True) -> dict[str, str]:
     return {
         "connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector",
         "tasks.max": "1",
@@ -267,7 +298,7 @@ def _sink_config(prefix: str, url: str, user: str) -> dict[str, str]:
         "insert.mode": "upsert",
         "primary.key.mode": "record_key",
         "delete.enabled": "true",
-        "truncate.enabled": "true",
+        "truncate.enabled": "true" if truncate else "false",
         "schema.evolution": "basic",
         "collection.name.format": "${source.table}",
         "consumer.override.auto.offset.reset": "earliest",
@@ -293,8 +324,11 @@ def _side_config(prefix: str, out: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("identity", ["DEFAULT", "FULL"])
 def test_debeziums_jdbc_sink_rebuilds_every_table_from_the_topics(
-    identity, tmp_path, services, pg_dsn, destination, slot_name, publication_name, topic_prefix, connect_worker
-):
+    identity, tmp_path, services, pg_dsn, destination, untruncated, slot_name, publication_name, topic_prefix,
+    connect_worker,
+):  # fmt: skip
+    """Truncates enabled: every destination table equals its source. Under DEFAULT also a second sink with
+    truncates off, which skips the markers and goes on: items keeps the rows the TRUNCATE removed."""
     started = time.monotonic()
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         _create(conn, identity)
@@ -311,7 +345,8 @@ def test_debeziums_jdbc_sink_rebuilds_every_table_from_the_topics(
         status_interval_s=1.0,
     )
     daemon = Connector(cfg, tmp_path / "cdc.log").start()
-    sink, side = unique_name("jdbc"), unique_name("side")
+    sink, side, plain = unique_name("jdbc"), unique_name("side"), unique_name("jdbc-no-truncate")
+    connectors = [sink, side, plain] if identity == "DEFAULT" else [sink, side]
     side_out = tmp_path / "side-topics.txt"
     try:
         daemon.wait_streaming(pg_dsn, slot_name)
@@ -320,17 +355,23 @@ def test_debeziums_jdbc_sink_rebuilds_every_table_from_the_topics(
         user = psycopg.conninfo.conninfo_to_dict(services.postgres_dsn).get("user", "postgres")
         connect_worker.add_connector(sink, _sink_config(topic_prefix, _jdbc_url(services.postgres_dsn, destination), str(user)))
         connect_worker.add_connector(side, _side_config(topic_prefix, side_out))
+        if plain in connectors:
+            url = _jdbc_url(services.postgres_dsn, untruncated)
+            connect_worker.add_connector(plain, _sink_config(topic_prefix, url, str(user), truncate=False))
         dst_dsn = psycopg.conninfo.make_conninfo(services.postgres_dsn, dbname=destination)
+        plain_dsn = psycopg.conninfo.make_conninfo(services.postgres_dsn, dbname=untruncated)
         deadline = time.monotonic() + 90
         problems: list[str] = ["not compared yet"]
         while time.monotonic() < deadline:
-            failures = {name: connect_worker.failure(name) for name in (sink, side)}
+            failures = {name: connect_worker.failure(name) for name in connectors}
             if any(failures.values()):
-                time.sleep(5)  # let the other connector reach its verdict too, so one run shows both
-                failures = {name: connect_worker.failure(name) for name in (sink, side)}
+                time.sleep(5)  # let the others reach their verdicts too, so one run shows them all
+                failures = {name: connect_worker.failure(name) for name in connectors}
                 report = "\n".join(f"connector {n} failed:\n{_cause(f)}" for n, f in failures.items() if f)
                 raise AssertionError(f"{report}\nleft to compare: {problems[:10]}")
             problems = [p for t in TABLES for p in _differences(pg_dsn, dst_dsn, t)]
+            if plain in connectors:
+                problems += [f"(truncates off) {p}" for p in _differences_without_truncate(pg_dsn, plain_dsn)]
             side_seen = side_out.exists() and side_out.stat().st_size > 0
             if not problems and side_seen:
                 break
@@ -340,14 +381,18 @@ def test_debeziums_jdbc_sink_rebuilds_every_table_from_the_topics(
         text = side_out.read_text()
         assert "ts_ms" in text and "status=BEGIN" in text and "status=END" in text and "prefix=compat" in text, text[-3000:]
     finally:
-        for name in (sink, side):
+        for name in connectors:
             try:
                 connect_worker.delete_connector(name)
             except Exception:  # noqa: BLE001 - cleanup only; the assertion above tells what went wrong
                 pass
         assert daemon.stop() == 0
+    if identity == "DEFAULT":
+        print("compat destination types:", _dst_columns(dst_dsn, "items"))
     for table in TABLES:
         columns = [*TABLES[table], *(name for name, _ in COLUMNS)]
         rows = len(_rows(pg_dsn, table, columns))
+        if plain in connectors:
+            print(f"compat {identity} truncates off {table}: destination={len(_rows(plain_dsn, table, columns))}")
         print(f"compat {identity} {table}: rows source={rows} destination={len(_rows(dst_dsn, table, columns))} "
               f"columns={len(columns)} lossy={sorted(LOSSY)} seconds={time.monotonic() - started:.1f}")  # fmt: skip
