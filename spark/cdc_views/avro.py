@@ -51,7 +51,7 @@ from cdc_views.tables import ColumnShape, Encoding, Kind, TableShape
 
 log = structlog.get_logger("cdc_views.avro")
 
-TRUNCATE_KEY_FIELD = "__cdc_truncate_partition"
+LEGACY_TRUNCATE_KEY_FIELD = "__cdc_truncate_partition"  # the markers' key before they took the table's key fields
 _MAX_SPARK_PRECISION = 38
 _OPTIONS = {"mode": "PERMISSIVE"}
 
@@ -127,11 +127,13 @@ def _pruned(schema: dict[str, Any], keep: Mapping[str, Iterable[str] | None]) ->
 
 
 def _is_truncate_key(schema: Any) -> bool:
-    return (
-        isinstance(schema, dict)
-        and schema.get("type") == "record"
-        and [f.get("name") for f in schema.get("fields", [])] == [TRUNCATE_KEY_FIELD]
-    )
+    """A truncate marker's key schema: the record ``<ns>.TruncateKey`` (the table's key fields, optional),
+    or the legacy one-field record of ``__cdc_truncate_partition``."""
+    if not (isinstance(schema, dict) and schema.get("type") == "record"):
+        return False
+    return schema.get("name") == "TruncateKey" or [f.get("name") for f in schema.get("fields", [])] == [
+        LEGACY_TRUNCATE_KEY_FIELD
+    ]
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,13 @@ micro-batches share them:
 1. ``envelopes(raw, encoding, avro)``: one row per record: the key's text (the row identity), the
    LSNs from the ``cdc.lsn``/``cdc.commit_lsn`` headers (the envelope's ``source.lsn`` when a header
    is missing), ``op``, ``after`` (JSON: its text; Avro: the value's bytes), and what the record is:
-   ``row`` (c/u/r), ``delete`` (d or a tombstone), ``truncate`` (a marker: key
-   ``{"__cdc_truncate_partition":p}``, op ``t``) or ``bad`` (key or value that is not what the
-   connector writes; with a reason).
+   ``row`` (c/u/r), ``delete`` (d or a tombstone), ``truncate`` (a marker: op ``t`` with the
+   table's key fields all null, ``{"id":null}``; topics written before that shape carry the key
+   ``{"__cdc_truncate_partition":p}``, still recognised) or ``bad`` (key or value that is not what
+   the connector writes; with a reason).
 2. ``latest(envelopes)``: the last record of each key in offset order (a key lives in one
-   partition); markers keep their latest per partition; every bad record stays, on its own.
+   partition); markers (one key on every partition) keep their latest per partition; every bad
+   record stays, on its own.
 3. ``decode_rows(latest, table, encoding, avro)``: the ``after`` of each row parsed and converted to
    typed columns (see ``decode``); a present value that does not convert makes the record ``bad``.
 
@@ -62,7 +64,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("cdc_views.reader")
 
 OnBadRecord = Literal["fail", "skip"]
-TRUNCATE_KEY_FIELD = "__cdc_truncate_partition"
+LEGACY_TRUNCATE_KEY_FIELD = "__cdc_truncate_partition"  # the markers' key before they took the table's key fields
 META = ("_cdc_key", "_cdc_partition", "_cdc_offset", "_cdc_lsn", "_cdc_commit_lsn", "_cdc_op", "_cdc_ts_ms")
 REPORTED_BAD_RECORDS = 20
 
@@ -248,7 +250,7 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
             "topic", "partition", "offset", "key_text",
             F.col("key_text").isNull().alias("key_missing"),
             F.when(F.col("key_map").isNull(), F.lit("key is not a JSON object")).alias("key_problem"),
-            F.col("key_map").getItem(TRUNCATE_KEY_FIELD).isNotNull().alias("is_marker"),
+            _json_marker_key(F.col("key_map")).alias("is_marker"),
             "tombstone", "env",
             F.col("env.after").alias("after"),
             "lsn_header", "commit_header",
@@ -272,6 +274,13 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
     )
 
 
+def _json_marker_key(key_map: Column) -> Column:
+    """A truncate marker's JSON key: every key field null (or the legacy ``__cdc_truncate_partition``)."""
+    all_null = (F.size(key_map) > 0) & F.forall(F.map_values(key_map), lambda v: v.isNull())
+    legacy = key_map.getItem(LEGACY_TRUNCATE_KEY_FIELD).isNotNull()
+    return F.coalesce(all_null | legacy, F.lit(False))
+
+
 def _classify(op: Column, *, check_after: bool) -> tuple[Column, Column]:
     """(record kind, reason) of an envelope row; ``check_after``: a c/u/r needs a non-null ``after``
     (Avro rows are decoded after the reduction, where a missing ``after`` is reported)."""
@@ -285,7 +294,8 @@ def _classify(op: Column, *, check_after: bool) -> tuple[Column, Column]:
         (F.col("value_problem").isNotNull(), "bad", F.col("value_problem")),
         (F.col("env").isNull() | op.isNull(), "bad", "value is not a Debezium envelope (no op)"),
         (is_marker & (op == "t"), "truncate", None),
-        (is_marker, "bad", f"key has {TRUNCATE_KEY_FIELD} but op is not 't'"),
+        (is_marker, "bad", "a truncate marker's key (every key field null) but op is not 't'"),
+        (op == "t", "bad", "op 't' under a row's key"),
         (op == "d", "delete", None),
         (op.isin("c", "u", "r") & no_after, "bad", "op c/u/r without an 'after' row"),
         (op.isin("c", "u", "r"), "row", None),
@@ -304,9 +314,15 @@ def _classify(op: Column, *, check_after: bool) -> tuple[Column, Column]:
 
 def latest(env: DataFrame) -> DataFrame:
     """The last record of each key (offset order); each bad record kept on its own."""
-    group = F.when(
-        F.col("record") == "bad", F.concat(F.lit("\u0000bad:"), F.col("partition").cast("string"), F.lit(":"), F.col("offset").cast("string"))
-    ).otherwise(F.col("key"))
+    group = (
+        F.when(
+            F.col("record") == "bad",
+            F.concat(F.lit("\u0000bad:"), F.col("partition").cast("string"), F.lit(":"), F.col("offset").cast("string")),
+        )
+        # every partition's markers share one key: the latest marker of each partition counts
+        .when(F.col("record") == "truncate", F.concat(F.lit("\u0000truncate:"), F.col("partition").cast("string")))
+        .otherwise(F.col("key"))
+    )
     carried = [c for c in env.columns if c not in ("topic",)]
     reduced = (
         env.withColumn("_group", group)

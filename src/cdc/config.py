@@ -160,6 +160,14 @@ class TableConfig(_Section):
     topic_config: dict[str, str] = Field(
         default_factory=dict, description="topic settings for this table, over kafka.topic_config"
     )
+    truncate: Literal["marker", "skip"] = Field(
+        default="marker",
+        description="what a TRUNCATE of this table (or a re-snapshot's reset) writes to its topic. marker: one "
+        "truncate marker per partition (op 't'), so a replay from offset 0 drops the rows before it. skip: "
+        "nothing, like Debezium's default skipped.operations=t, for consumers that fail on op 't' (Flink's "
+        "debezium-json format); a replay of the topic then still holds the truncated rows (logged as "
+        "truncate_skipped). Read at start-up",
+    )
 
     @model_validator(mode="after")
     def _one_selector(self) -> TableConfig:

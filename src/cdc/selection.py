@@ -73,6 +73,15 @@ def selects(entries: Iterable[TableConfig], qualified: str) -> bool:
     return any(matches(e, schema, table) for e in entries)
 
 
+def entry_for(entries: Sequence[TableConfig], schema: str, table: str) -> TableConfig | None:
+    """The entry whose settings ``schema.table`` gets: its named entry, else the first pattern selecting it."""
+    qualified = f"{schema}.{table}"
+    named = [e for e in entries if e.name == qualified]
+    if named:
+        return named[0]
+    return next((e for e in entries if e.name is None and matches(e, schema, table)), None)
+
+
 def settings_of(entry: TableConfig) -> dict[str, Any]:
     """What an entry gives each table it selects: everything but how it selects them."""
     return entry.model_dump(exclude=_SELECTOR_KEYS)

@@ -26,7 +26,6 @@ from confluent_kafka import Message
 from cdc import log as logsetup
 from cdc.config import Config
 from cdc.pipeline import Daemon
-from cdc.sink.serialize import TRUNCATE_KEY_FIELD
 from cdc.snapshot.config import SnapshotConfig
 from cdc.snapshot.modes import StartupPlan
 
@@ -245,7 +244,7 @@ def replay(messages: list[Message]) -> dict[bytes, dict[str, Any]]:
         if value is None:
             part.pop(key, None)
             continue
-        if TRUNCATE_KEY_FIELD.encode() in key:
+        if json.loads(value).get("op") == "t":  # a truncate marker (its key: the key fields, all null)
             part.clear()
             continue
         part[key] = json.loads(value)

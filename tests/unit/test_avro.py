@@ -590,17 +590,14 @@ def test_truncate_markers_go_to_every_partition_with_their_own_key_record() -> N
     same_shape(markers, json_twin(partitions=3).records(truncate))
     subject = "dbserver1.public.customers-dbserver1.public.customers.TruncateKey"
     marker_id = registry.subjects[subject][0]
-    assert registry.schemas[marker_id] == {
-        "type": "record",
-        "name": "TruncateKey",
-        "namespace": "dbserver1.public.customers",
-        "fields": [{"name": "__cdc_truncate_partition", "type": "int"}],
-        "connect.name": "dbserver1.public.customers.TruncateKey",
-    }
+    schema = registry.schemas[marker_id]
+    assert schema["name"] == "TruncateKey" and schema["namespace"] == "dbserver1.public.customers"
+    # the Key's fields (what a consumer maps to columns), each optional
+    assert [(f["name"], f["type"][0], f.get("default", "no default")) for f in schema["fields"]] == [("id", "null", None)]
     for partition, marker in enumerate(markers):
         assert marker.partition == partition
         assert decode_wire(marker.key)[0] == marker_id
-        assert decode(registry, marker.key) == {"__cdc_truncate_partition": partition}
+        assert decode(registry, marker.key) == {"id": None}
         value = decode(registry, marker.value)
         assert value["op"] == "t" and value["before"] is None and value["after"] is None
         assert ("cdc.truncate", b"1") in marker.headers
@@ -699,13 +696,6 @@ def test_a_null_key_value_is_a_clear_error() -> None:
     s, _ = avro()
     with pytest.raises(SerializationError, match=r"key column 'email' of table 'public.t' is NULL.*NOT NULL key columns"):
         s.records(event(table, Op.CREATE, None, {"email": None, "v": "x"}))
-
-
-def test_a_key_column_named_like_the_truncate_field_is_an_error() -> None:
-    table = TableSchema("public", "t", (Column("__cdc_truncate_partition", INT4, key=True),))
-    s, _ = avro()
-    with pytest.raises(SerializationError, match="__cdc_truncate_partition"):
-        s.records(event(table, Op.CREATE, None, {"__cdc_truncate_partition": 1}))
 
 
 def test_an_unchanged_toast_key_is_an_error() -> None:

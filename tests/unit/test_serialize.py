@@ -306,14 +306,15 @@ def test_truncate_markers_go_to_every_partition() -> None:
     ]
     for record in records:
         assert record.partition is not None
-        assert record.key == b'{"__cdc_truncate_partition":%d}' % record.partition
+        # the table's key fields, all null: the same key on every partition (compaction is per partition)
+        assert record.key == (b'{"id":null}')
         assert ("cdc.truncate", b"1") in record.headers
         assert ("cdc.lsn", b"400") in record.headers and ("cdc.txid", b"9") in record.headers
         p = payload(record)
         assert p["op"] == "t" and p["before"] is None and p["after"] is None
         assert p["source"]["table"] == record.topic.rsplit(".", 1)[1]
         assert p["source"]["lsn"] == 400
-    assert len({r.key for r in records}) == 3  # one marker per partition, never a null key
+    assert all(r.key is not None for r in records)  # one marker per partition, never a null key
 
 
 def test_truncate_marker_keys_never_collide_with_row_keys() -> None:
@@ -321,7 +322,16 @@ def test_truncate_marker_keys_never_collide_with_row_keys() -> None:
     markers = s.records(TruncateEvent((CUSTOMERS,), False, False, Lsn(1), Lsn(1), None, 1, COMMIT_US))
     rows = [s.records(event(CUSTOMERS, Op.CREATE, None, dict(ALICE_AFTER, id=i)))[0] for i in range(3)]
     assert not {m.key for m in markers} & {r.key for r in rows}
-    assert all("__cdc_truncate_partition" in orjson.loads(m.key) for m in markers)
+    assert all(orjson.loads(m.key) == {"id": None} for m in markers)
+
+
+def test_a_row_whose_key_columns_are_all_null_is_an_error() -> None:
+    # its key would be the truncate markers' key (and could not tell two such rows apart)
+    table = TableSchema("public", "t", (Column("k", INT4, key=True, nullable=True), Column("v", TEXT)))
+    s, _ = serializer()
+    with pytest.raises(SerializationError, match=r"every key column \(k\) is NULL"):
+        s.records(event(table, Op.CREATE, None, {"k": None, "v": "x"}))
+    assert s.row_rendering(table) is None  # a nullable key column: rows take the typed path, which checks
 
 
 def test_truncate_with_schemas() -> None:
@@ -331,11 +341,11 @@ def test_truncate_with_schemas() -> None:
     assert key == {
         "schema": {
             "type": "struct",
-            "fields": [{"type": "int32", "optional": False, "field": "__cdc_truncate_partition"}],
+            "fields": [{"type": "int32", "optional": True, "field": "id"}],
             "optional": False,
             "name": "dbserver1.public.customers.TruncateKey",
         },
-        "payload": {"__cdc_truncate_partition": 0},
+        "payload": {"id": None},
     }
     assert schema_of(marker)["name"] == "dbserver1.public.customers.Envelope"
 
@@ -958,13 +968,6 @@ def test_a_table_without_key_columns_is_an_error() -> None:
     s, _ = serializer()
     with pytest.raises(SerializationError, match="no key columns"):
         s.records(event(table, Op.CREATE, None, {"a": 1, "b": "x"}))
-
-
-def test_a_key_column_named_like_the_truncate_field_is_an_error() -> None:
-    table = TableSchema("public", "t", (Column("__cdc_truncate_partition", INT4, key=True),))
-    s, _ = serializer()
-    with pytest.raises(SerializationError, match="__cdc_truncate_partition"):
-        s.records(event(table, Op.CREATE, None, {"__cdc_truncate_partition": 1}))
 
 
 COMPOSITE = TableSchema(

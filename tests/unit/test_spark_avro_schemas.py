@@ -82,9 +82,11 @@ def test_decimals_spark_cannot_hold_lose_their_logical_type_and_others_keep_it()
 def test_truncate_marker_keys_are_told_from_row_keys_by_their_schema() -> None:
     key, _ = _connector_schemas()
     marker = {"type": "record", "name": "TruncateKey", "namespace": "p.public.accounts",
+              "fields": [{"name": "id", "type": ["null", "int"], "default": None}]}  # fmt: skip
+    legacy = {"type": "record", "name": "TruncateKey", "namespace": "p.public.accounts",
               "fields": [{"name": "__cdc_truncate_partition", "type": "int"}]}  # fmt: skip
 
-    assert _is_truncate_key(marker)
+    assert _is_truncate_key(marker) and _is_truncate_key(legacy)
     assert not _is_truncate_key(key)
 
 

@@ -75,7 +75,11 @@ class Pipeline:
         budget = cfg.limits.max_inflight_bytes
         feed = c.decoder.feed
         row, other = chain.row, chain.other
-        heartbeat = Heartbeat(cfg.topic_prefix, cfg.heartbeat.interval_ms / 1000) if cfg.heartbeat.interval_ms else None
+        heartbeat = (
+            Heartbeat(cfg.topic_prefix, cfg.heartbeat.interval_ms / 1000, c.serializer)
+            if cfg.heartbeat.interval_ms
+            else None
+        )
         stats.inflight_bytes = lambda: delivery.inflight_bytes
         stats.inflight_records = lambda: delivery.inflight_records
         stats.confirmed_lsn = lambda: int(stream.flushed)

@@ -49,7 +49,7 @@ from cdc.observe import Stats
 from cdc.outbox.route import OutboxRouter
 from cdc.pipeline.routing import OutboxStage, StandaloneMessages
 from cdc.pipeline.stages import Chain, ColumnPolicyStage, Deliver, SnapshotStage, Stage, TransactionMetadataStage
-from cdc.selection import Selection
+from cdc.selection import Selection, entry_for
 from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.delivery import AtLeastOnce, DeadLetters, Delivery, ExactlyOnce, read_position
 from cdc.sink.kafka import TopicSpec, admin_client, check_reachable, ensure_topics, producer_config
@@ -228,7 +228,7 @@ def make_chain(
     stages.append(StandaloneMessages(delivery, deliver, stats, outbox))
     stages.append(ColumnPolicyStage(capture.policies))
     if cfg.transaction_metadata:
-        stages.append(TransactionMetadataStage(TransactionMetadata(cfg.topic_prefix), delivery))
+        stages.append(TransactionMetadataStage(TransactionMetadata(cfg.topic_prefix, serializer), delivery))
     return Chain(stages, deliver)
 
 
@@ -280,6 +280,19 @@ def make_snapshots(
 
 def make_serializer(cfg: Config, partitions_of: Callable[[str], int]) -> EventSerializer[Any]:
     """The configured format's serializer (module-level: snapshot workers build theirs with it)."""
+    serializer = _format_serializer(cfg, partitions_of)
+    entries = tuple(cfg.tables)
+
+    def skip_truncate(table: TableSchema) -> bool:
+        entry = entry_for(entries, table.schema, table.name)
+        return entry is not None and entry.truncate == "skip"
+
+    if any(e.truncate == "skip" for e in entries):
+        serializer.skip_truncate = skip_truncate
+    return serializer
+
+
+def _format_serializer(cfg: Config, partitions_of: Callable[[str], int]) -> EventSerializer[Any]:
     if cfg.format == "avro":
         assert cfg.schema_registry is not None  # the configuration model requires it
         registry = RegistryClient.from_settings(cfg.schema_registry)

@@ -43,14 +43,14 @@ Differences from Debezium, and why
       required; a change of the key, or a type change Avro cannot promote (int -> long is
       fine, text -> int is not), is genuinely incompatible, and the registry's refusal stops
       the pipeline with ``IncompatibleSchemaError`` naming the subject, table and changed fields.
-    * Truncate markers (one per partition, as in JSON) cannot carry a row's key schema: their
-      key is a record ``<namespace>.TruncateKey {__cdc_truncate_partition: int}``, registered
-      under its own subject ``<topic>-<namespace>.TruncateKey`` (TopicRecordNameStrategy), so
-      the row key subject keeps exactly one record type under any compatibility level.
-      Consumers decode it by its schema id as usual; it never equals a row key, because its
-      schema id differs from every ``Key`` schema's id. Consumers that read keys with a fixed
-      reader schema (Flink, Spark's ``from_avro`` with a subject) should skip records with
-      header ``cdc.truncate`` before decoding keys.
+    * Truncate markers (one per partition, as in JSON) are keyed with a record
+      ``<namespace>.TruncateKey``: the Key's fields, each ``["null", T]``, all null (a Key record
+      cannot hold nulls, so no row has that key). It is registered under its own subject
+      ``<topic>-<namespace>.TruncateKey`` (TopicRecordNameStrategy), so the row key subject keeps
+      exactly one record type under any compatibility level. A consumer mapping key fields to
+      columns (Debezium's JDBC sink) finds the same field names as in row keys. Consumers that
+      read keys with a fixed reader schema (Flink, Spark's ``from_avro`` with a subject) should
+      skip records with header ``cdc.truncate`` (or value ``op`` ``"t"``) before decoding keys.
     * A key column value must not be NULL (a configured key over a nullable column): the Key
       record's fields are required. Multi-dimensional arrays cannot be written (the schema
       has one array level). Both are ``SerializationError``s naming the column and the fix.
@@ -84,12 +84,10 @@ from cdc.sink.serialize import (
     MESSAGE_KEY_SCHEMA,
     MESSAGE_VALUE_SCHEMA,
     SOURCE_SCHEMA,
-    TRUNCATE_KEY_FIELD,
     ConnectSchema,
     Encoder,
     EventSerializer,
     SerializationError,
-    check_key_column,
     column_schema,
     envelope_schema,
     TypeOptions,
@@ -286,6 +284,8 @@ class _AvroPlan:
     # (before, after, source, op, now_ns) -> the change event's record, field writers called in a row
     # instead of through a dict and the generic record writer; None: the generic path only
     envelope: Callable[[Any, Any, Any, str, int], bytes] | None = None
+    truncate_key: ConnectSchema | None = None  # the truncate markers' key: the Key's fields, optional
+    truncate_datum: dict[str, None] | None = None  # ... all null
 
 
 def _where(table: TableSchema, column: Column) -> str:
@@ -323,6 +323,7 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         self._truncate_keys: dict[str, _Writer] = {}
         self._message_key: _Writer | None = None
         self._message_value: _Writer | None = None
+        self._side_writers: dict[tuple[str, str], _Writer] = {}  # (topic, "key"/"value") of side topics
         # The envelope's source block per transaction and table, encoded around its two per-event fields.
         try:
             self._source_fields: list[tuple[str, Write]] | None = compile_writer(avro_schema(SOURCE_SCHEMA))[1][
@@ -365,7 +366,6 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             value_fields.append((column.name, name, spec.avro, _placeholder(spec, self._placeholder)))
             value_members.append((name, spec, not column.key))  # see the module docstring: non-key -> optional
             if column.key:
-                check_key_column(table, column)
                 key_spec = column_schema(column.type, column.modifier, opts, True, where)
                 key_fields.append((column.name, key_spec.encode, None))
                 avro_key_fields.append((column.name, name, key_spec.avro))
@@ -394,6 +394,8 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             key=key,
             value=value,
             envelope=_envelope_writer(value, avro_name(f"{topic}.Envelope")),
+            truncate_key=truncate_key_schema(topic, key_members),
+            truncate_datum=dict.fromkeys(name for name, _, _ in key_members),
         )
 
     def _source(
@@ -462,7 +464,8 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
     def _truncate_writer(self, plan: _AvroPlan) -> _Writer:
         writer = self._truncate_keys.get(plan.topic)
         if writer is None:
-            schema = avro_schema(truncate_key_schema(plan.topic))
+            assert plan.truncate_key is not None
+            schema = avro_schema(plan.truncate_key)
             subject = f"{plan.topic}-{schema['namespace']}.{schema['name']}"  # TopicRecordNameStrategy
             writer = self._register(subject, schema, f"truncate markers of table {plan.table.qualified}")
             self._truncate_keys[plan.topic] = writer
@@ -601,7 +604,7 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         return _write(plan.value, payload, f"a change event of table {plan.table.qualified!r}")
 
     def _truncate_key(self, plan: _AvroPlan, partition: int) -> bytes:
-        return _write(self._truncate_writer(plan), {TRUNCATE_KEY_FIELD: partition}, "a truncate marker's key")
+        return _write(self._truncate_writer(plan), dict(plan.truncate_datum or {}), "a truncate marker's key")
 
     def _message(self, event: MessageEvent) -> list[Record]:
         key_writer, value_writer = self._message_writers()
@@ -616,6 +619,18 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         body = _write(value_writer, value, f"logical message {event.prefix!r}")
         headers = position_headers(event.lsn, event.commit_lsn, event.xid, event.ordinal)
         return [Record(self._message_topic, key, body, headers)]
+
+    def side_record(
+        self, topic: str, key_schema: ConnectSchema, key: dict[str, Any], value_schema: ConnectSchema, value: dict[str, Any]
+    ) -> Record:
+        writers = self._side_writers
+        out: list[bytes] = []
+        for part, spec, datum in (("key", key_schema, key), ("value", value_schema, value)):
+            writer = writers.get((topic, part))
+            if writer is None:
+                writer = writers[(topic, part)] = self._register(f"{topic}-{part}", avro_schema(spec), f"topic {topic}")
+            out.append(_write(writer, datum, f"a record of {topic}"))
+        return Record(topic, out[0], out[1])
 
     def _no_placeholder(self, plan: _AvroPlan, column: str) -> SerializationError:
         return SerializationError(

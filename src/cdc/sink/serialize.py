@@ -11,10 +11,14 @@ Records
       value None). An update whose key changed: a ``d`` under the old key (header
       ``__debezium.newkey``), its tombstone, and a ``c`` under the new key (header
       ``__debezium.oldkey``); the header values are the key payloads, e.g. ``{"id":1}``.
-    * Truncate: one marker per partition of each table's topic, on that partition,
-      keyed ``{"__cdc_truncate_partition":p}`` (no row key has that field), valued with
-      the table's envelope, ``op`` ``"t"``; header ``cdc.truncate: 1``. Debezium sends a
-      null key, which a compacted topic cannot hold.
+    * Truncate: one marker per partition of each table's topic, on that partition, valued
+      with the table's envelope, ``op`` ``"t"``, header ``cdc.truncate: 1``, and keyed with
+      the table's key fields all null (``{"id":null}``; schema ``<topic>.TruncateKey``, the
+      Key's fields made optional). Debezium sends a null key, which a compacted topic cannot
+      hold; a key with fields of their own would become a column in Debezium's JDBC sink.
+      No row has that key (key columns are never all NULL: a row whose configured key
+      columns are all NULL is an error). Compaction keeps the latest marker of each
+      partition; a consumer recognises a marker by ``op`` ``"t"`` (or the header).
     * Logical message: topic ``<prefix>.message``, Debezium's MessageKey/MessageValue.
     * Every record carries ``cdc.lsn``, ``cdc.commit_lsn``, ``cdc.txid`` (when known) and
       ``cdc.ordinal`` headers, decimal ASCII.
@@ -94,6 +98,7 @@ from decimal import Decimal
 from typing import Any, Final, Generic, Literal, Protocol, TypeVar
 
 import orjson
+import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
@@ -109,13 +114,13 @@ from cdc.event import (
     TruncateEvent,
     TypeKind,
 )
+from cdc.sink.fallback import json_fallback
 from cdc.sink.record import Record
 from cdc.values import UNCHANGED_TOAST, Infinity, Interval, Point, TimeTz
 
-__all__ = ["JsonSerializer", "JsonSettings", "ReadParts", "SerializationError", "TRUNCATE_KEY_FIELD"]
+__all__ = ["JsonSerializer", "JsonSettings", "ReadParts", "SerializationError"]
 
-TRUNCATE_KEY_FIELD: Final = "__cdc_truncate_partition"
-"""The one field of a truncate marker's key; no row key has it."""
+_log = structlog.get_logger("cdc.sink.serialize")
 
 
 class SerializationError(Exception):
@@ -988,8 +993,9 @@ class _TablePlan:
     key_fields: tuple[_Field, ...]
     key_prefix: bytes  # b'{"schema":<key schema>,"payload":' or b''
     value_prefix: bytes  # the same for the envelope
-    truncate_key_prefix: bytes
+    truncate_key: bytes  # the truncate markers' key: the key fields, all null
     encode_row: Callable[[dict[str, Any]], dict[str, Any]]  # row_encoder(fields)
+    null_texts: tuple[bytes, ...] = ()  # per column: what a missing value renders as (null, or the fallback)
 
 
 class TablePlan(Protocol):
@@ -1064,13 +1070,6 @@ def _where(table: TableSchema, column: Column) -> str:
     return f"column {column.name!r} of table {table.qualified!r}"
 
 
-def check_key_column(table: TableSchema, column: Column) -> None:
-    """A key column may not take the name of the truncate markers' key field."""
-    if column.name == TRUNCATE_KEY_FIELD:
-        raise SerializationError(
-            f"{_where(table, column)}: a key column may not be named {TRUNCATE_KEY_FIELD!r}, "
-            "the field of truncate markers' keys"
-        )
 
 
 class EventSerializer(abc.ABC, Generic[PlanT]):
@@ -1091,6 +1090,8 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
     ) -> None:
         self._partitions_of = partitions_of
         self._clock_ns = clock_ns
+        # Tables whose truncates write no marker (tables[].truncate: skip); None: every table gets markers.
+        self.skip_truncate: Callable[[TableSchema], bool] | None = None
         self._opts = TypeOptions(settings.decimal_handling, settings.time_precision, settings.interval_handling)
         self._prefix = settings.topic_prefix
         self._version = settings.connector_version
@@ -1223,6 +1224,9 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         now = self._clock_ns()
         records: list[Record] = []
         for table in event.tables:
+            if self.skip_truncate is not None and self.skip_truncate(table):
+                _log.info("truncate_skipped", table=table.qualified, lsn=int(event.lsn), setting="tables[].truncate: skip")
+                continue
             plan = self._plan(table)
             source = self._source(table, event.commit_ts_us, event.commit_lsn, event.lsn, event.xid, False)
             value = self._envelope(plan, None, None, source, "t", now)
@@ -1236,6 +1240,13 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
     @abc.abstractmethod
     def _message(self, event: MessageEvent) -> list[Record]:
         """The record of a logical decoding message (topic ``<prefix>.message``)."""
+
+    @abc.abstractmethod
+    def side_record(
+        self, topic: str, key_schema: ConnectSchema, key: dict[str, Any], value_schema: ConnectSchema, value: dict[str, Any]
+    ) -> Record:
+        """A record of a side topic (heartbeats, transaction metadata: ``cdc.sink.metadata``) in this format,
+        key and value each valid against its Connect schema."""
 
     # --- pieces -------------------------------------------------------------
 
@@ -1379,6 +1390,7 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         self._schemas = settings.schemas_enable
         self._message_key_prefix = b""
         self._message_value_prefix = b""
+        self._side_prefixes: dict[ConnectSchema, bytes] = {}
         if self._schemas:
             self._message_key_prefix = _schema_prefix(MESSAGE_KEY_SCHEMA.node(False))
             self._message_value_prefix = _schema_prefix(MESSAGE_VALUE_SCHEMA.node(False))
@@ -1421,24 +1433,27 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         value_members: list[tuple[str, ConnectSchema, bool]] = []
         key_fields: list[_Field] = []
         key_members: list[tuple[str, ConnectSchema, bool]] = []
+        fallbacks: list[Any] = []
         for column in table.columns:
             where = _where(table, column)
             spec = column_schema(column.type, column.modifier, opts, False, where)
             fields.append((column.name, spec.encode, _placeholder(column.type, spec, self._placeholder)))
-            value_members.append((column.name, spec, column.nullable and not column.key))
+            optional = column.nullable and not column.key
+            value_members.append((column.name, spec, optional))
+            fallbacks.append(NO_FALLBACK if optional else json_fallback(column.type, column.modifier, spec))
             if column.key:
-                check_key_column(table, column)
                 key_spec = column_schema(column.type, column.modifier, opts, True, where)
                 key_fields.append((column.name, key_spec.encode, None))  # no placeholder: see _encode_key
                 key_members.append((column.name, key_spec, False))
-        key_prefix = value_prefix = truncate_key_prefix = b""
+        key_prefix = value_prefix = b""
+        truncate_key = orjson.dumps(dict.fromkeys(name for name, _, _ in key_fields))
         if self._schemas:
             row = ConnectSchema("struct", None, name=f"{topic}.Value", fields=tuple(value_members))
             envelope = envelope_schema(topic, row)
             value_prefix = _schema_prefix(envelope.node(False))
             key = ConnectSchema("struct", None, name=f"{topic}.Key", fields=tuple(key_members))
             key_prefix = _schema_prefix(key.node(False))
-            truncate_key_prefix = _schema_prefix(truncate_key_schema(topic).node(False))
+            truncate_key = _schema_prefix(truncate_key_schema(topic, key_members).node(False)) + truncate_key + b"}"
         return _TablePlan(
             table=table,
             topic=topic,
@@ -1446,8 +1461,9 @@ class JsonSerializer(EventSerializer[_TablePlan]):
             key_fields=tuple(key_fields),
             key_prefix=key_prefix,
             value_prefix=value_prefix,
-            truncate_key_prefix=truncate_key_prefix,
-            encode_row=row_encoder(fields),
+            truncate_key=truncate_key,
+            encode_row=row_encoder(fields, fallbacks),
+            null_texts=tuple(b"null" if f is NO_FALLBACK else orjson.dumps(f) for f in fallbacks),
         )
 
     def read_parts(self, table: TableSchema, commit_ts_us: int, lsn: int, xid: int | None) -> ReadParts:
@@ -1476,6 +1492,8 @@ class JsonSerializer(EventSerializer[_TablePlan]):
             return None
         if not plan.key_fields:
             return None
+        if any(c.key and c.nullable for c in table.columns):
+            return None  # a key column that may be NULL: the typed path checks every key (_encode_key)
         opts = self._opts
         render: list[Callable[[bytes], bytes] | None] = []
         typed: list[Callable[[Any], bytes]] = []
@@ -1488,7 +1506,7 @@ class JsonSerializer(EventSerializer[_TablePlan]):
             names=names,
             render=tuple(render),
             typed=tuple(typed),
-            null=(b"null",) * len(names),
+            null=plan.null_texts,
             row_format=_object_format(names),
             key_index=key_index,
             key_typed=tuple(typed_renderer(orjson.dumps, encode) for _, encode, _ in plan.key_fields),
@@ -1497,8 +1515,22 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         )
 
     def _truncate_key(self, plan: _TablePlan, partition: int) -> bytes:
-        payload = orjson.dumps({TRUNCATE_KEY_FIELD: partition})
-        return plan.truncate_key_prefix + payload + b"}" if self._schemas else payload
+        return plan.truncate_key
+
+    def side_record(
+        self, topic: str, key_schema: ConnectSchema, key: dict[str, Any], value_schema: ConnectSchema, value: dict[str, Any]
+    ) -> Record:
+        key_bytes, value_bytes = orjson.dumps(key), orjson.dumps(value)
+        if self._schemas:
+            key_bytes = self._side_prefix(key_schema) + key_bytes + b"}"
+            value_bytes = self._side_prefix(value_schema) + value_bytes + b"}"
+        return Record(topic, key_bytes, value_bytes)
+
+    def _side_prefix(self, schema: ConnectSchema) -> bytes:
+        prefix = self._side_prefixes.get(schema)
+        if prefix is None:
+            prefix = self._side_prefixes[schema] = _schema_prefix(schema.node(False))
+        return prefix
 
     def _message(self, event: MessageEvent) -> list[Record]:
         now = self._clock_ns()
@@ -1605,27 +1637,45 @@ def envelope_schema(topic: str, row: ConnectSchema) -> ConnectSchema:
     )
 
 
-def truncate_key_schema(topic: str) -> ConnectSchema:
-    """The key struct of truncate markers: ``<topic>.TruncateKey {__cdc_truncate_partition: int32}``."""
-    return ConnectSchema("struct", None, name=f"{topic}.TruncateKey", fields=((TRUNCATE_KEY_FIELD, _INT32, False),))
+def truncate_key_schema(topic: str, key_members: Sequence[tuple[str, ConnectSchema, bool]]) -> ConnectSchema:
+    """The key struct of truncate markers, ``<topic>.TruncateKey``: the table's key fields, each optional (the
+    marker's are all null). The same field names as the Key, so a consumer that maps key fields to columns
+    (Debezium's JDBC sink with ``primary.key.mode=record_key``) finds no new column in a marker."""
+    return ConnectSchema("struct", None, name=f"{topic}.TruncateKey", fields=tuple((n, spec, True) for n, spec, _ in key_members))
 
 
-def row_encoder(fields: Sequence[_Field]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+NO_FALLBACK: Final = object()
+"""``row_encoder``'s fallback of an optional field: a missing value stays null."""
+
+
+def row_encoder(
+    fields: Sequence[_Field], fallbacks: Sequence[Any] | None = None
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """A function encoding one row of the plan's fields, generated with the column loop unrolled (it runs
     per row): NULL stays None, an unchanged TOASTed value becomes the field's placeholder, any other value
-    goes through the field's encoder (or as it is when there is none). Encoders' errors propagate."""
+    goes through the field's encoder (or as it is when there is none). Encoders' errors propagate.
+
+    ``fallbacks`` (aligned with ``fields``): for a required field, the encoded value a missing or NULL
+    column becomes (``cdc.sink.fallback``: a delete's key-only old tuple), so the row stays valid against
+    its schema; ``NO_FALLBACK`` for an optional one."""
     lines = ["def encode(row, toast=toast):"]
     names: dict[str, Any] = {"toast": UNCHANGED_TOAST}
     for i, (name, encode, placeholder) in enumerate(fields):
         names[f"e{i}"] = encode
         names[f"p{i}"] = placeholder
+        fallback = NO_FALLBACK if fallbacks is None else fallbacks[i]
+        names[f"f{i}"] = fallback
         lines.append(f"    v{i} = row.get({name!r})")
         if encode is None:
             lines.append(f"    if v{i} is toast: v{i} = p{i}")
+            if fallback is not NO_FALLBACK:
+                lines.append(f"    elif v{i} is None: v{i} = f{i}")
         else:
             lines.append(f"    if v{i} is not None: v{i} = p{i} if v{i} is toast else e{i}(v{i})")
+            if fallback is not NO_FALLBACK:
+                lines.append(f"    else: v{i} = f{i}")
     lines.append("    return {" + ", ".join(f"{name!r}: v{i}" for i, (name, _, _) in enumerate(fields)) + "}")
-    lines[0] = "def encode(row, toast=toast" + "".join(f", e{i}=e{i}, p{i}=p{i}" for i in range(len(fields))) + "):"
+    lines[0] = "def encode(row, toast=toast" + "".join(f", e{i}=e{i}, p{i}=p{i}, f{i}=f{i}" for i in range(len(fields))) + "):"
     exec("\n".join(lines), names)  # noqa: S102 - column names enter the source only through repr()
     encoder: Callable[[dict[str, Any]], dict[str, Any]] = names["encode"]
     return encoder
@@ -1638,6 +1688,11 @@ def _encode_key(table: TableSchema, key_fields: Sequence[_Field], row: AnyRow) -
         if value is UNCHANGED_TOAST:
             raise unchanged_toast_key(table, name)
         out[name] = value if value is None or encode is None else encode(value)
+    if all(v is None for v in out.values()):
+        raise SerializationError(
+            f"table {table.qualified!r}: every key column ({', '.join(out)}) is NULL in this row; such a key "
+            "cannot tell rows apart (and is the truncate markers' key); choose key columns that are never all NULL"
+        )
     return out
 
 

@@ -1,0 +1,216 @@
+"""Kafka Connect standalone with Debezium's JDBC sink, to prove Debezium's own consumers read our topics.
+
+Not a service of ``cdc dev up``: a test (or ``make debezium-compat``) starts one worker, adds
+connectors through its REST API, and stops it. The jars come from Maven Central through the same
+mechanism as the broker's (``_proc.maven_fetch``), into ``$CDC_CACHE_DIR/connect/``:
+
+* ``connect-pom.xml``: the worker (connect-runtime, connect-json) at the broker's Kafka version;
+* ``debezium-jdbc-pom.xml``: ``io.debezium:debezium-connector-jdbc`` with its dependencies and
+  the PostgreSQL JDBC driver, laid out as one Connect plugin (``plugin.path``), so it gets its
+  own class loader as in a real Connect installation.
+
+A worker's files live under the directory it is given: ``worker.properties``,
+``log4j2.properties``, ``connect.log`` (its log4j2 log), ``connect.out`` (JVM stdout/stderr),
+``offsets`` (standalone source offsets; the sink's offsets are a consumer group in Kafka).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from structlog.typing import FilteringBoundLogger
+
+from cdc.dev import _proc
+from cdc.dev._proc import DevServiceError
+
+WORKER_POM = "connect-pom.xml"
+JDBC_POM = "debezium-jdbc-pom.xml"
+START_TIMEOUT_S = 180.0  # a cold JVM scanning the plugin on two busy cores
+HEAP = "512m"
+MAIN = "org.apache.kafka.connect.cli.ConnectStandalone"
+
+
+def worker_version() -> str:
+    match = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", _proc.package_text(WORKER_POM))
+    if match is None:
+        raise DevServiceError(f"no <kafka.version> in the packaged {WORKER_POM}")
+    return match.group(1)
+
+
+def jdbc_sink_version() -> str:
+    match = re.search(r"<debezium\.version>([^<]+)</debezium\.version>", _proc.package_text(JDBC_POM))
+    if match is None:
+        raise DevServiceError(f"no <debezium.version> in the packaged {JDBC_POM}")
+    return match.group(1)
+
+
+def worker_jars(log: FilteringBoundLogger) -> Path:
+    """The directory of the Connect worker's jars, fetched with Maven on first use."""
+    libs = _proc.maven_fetch(WORKER_POM, "connect", f"connect-{worker_version()}", log) / "libs"
+    if not any(libs.glob("connect-runtime-*.jar")):
+        raise DevServiceError(f"the Connect jar cache {libs} is incomplete; delete {libs.parent} and retry")
+    return libs
+
+
+def plugin_path(log: FilteringBoundLogger) -> Path:
+    """A ``plugin.path`` directory whose one plugin (``libs/``) is Debezium's JDBC sink, fetched on first use."""
+    root = _proc.maven_fetch(JDBC_POM, "connect", f"debezium-jdbc-{jdbc_sink_version()}", log)
+    if not any((root / "libs").glob("debezium-connector-jdbc-*.jar")):
+        raise DevServiceError(f"the Debezium JDBC sink cache {root} is incomplete; delete it and retry")
+    return root
+
+
+def _log4j2(log_file: Path) -> str:
+    return f"""# written by cdc.dev.connect on every start; edits are lost
+status = warn
+name = cdc-dev-connect
+appender.file.type = File
+appender.file.name = FILE
+appender.file.fileName = {log_file}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.file.ref = FILE
+logger.config.name = org.apache.kafka.common.config.AbstractConfig
+logger.config.level = WARN
+logger.hibernate.name = org.hibernate
+logger.hibernate.level = WARN
+"""
+
+
+class ConnectError(DevServiceError):
+    """The worker or a connector failed; the message carries the worker's log tail."""
+
+
+class ConnectWorker:
+    """One Kafka Connect standalone worker (JSON converters with schemas unless a connector overrides them)."""
+
+    def __init__(self, work_dir: Path, bootstrap: str, log: FilteringBoundLogger | None = None) -> None:
+        self.work_dir = work_dir.resolve()
+        self.bootstrap = bootstrap
+        self.log = _proc.logger(log)
+        self.pid: int | None = None
+        self.port: int | None = None
+        self._tag = f"-Dcdc.dev.connect={self.work_dir}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.work_dir / "connect.log"
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise ConnectError("the Connect worker is not running")
+        return f"http://127.0.0.1:{self.port}"
+
+    def _markers(self) -> list[str]:
+        return [_proc.exact_arg(MAIN), _proc.exact_arg(self._tag)]
+
+    def _logs(self) -> list[Path]:
+        return [self.work_dir / "connect.out", self.log_file]
+
+    def start(self) -> ConnectWorker:
+        java = _proc.find_java()
+        libs = worker_jars(self.log)
+        plugins = plugin_path(self.log)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.port = _proc.free_port("kafka-connect")
+        settings = {
+            "bootstrap.servers": self.bootstrap,
+            "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+            "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+            "key.converter.schemas.enable": "true",
+            "value.converter.schemas.enable": "true",
+            "offset.storage.file.filename": str(self.work_dir / "offsets"),
+            "offset.flush.interval.ms": "1000",
+            "plugin.path": str(plugins),
+            # Debezium's jars and Connect's own carry ServiceLoader manifests: no class scan at start-up.
+            "plugin.discovery": "service_load",
+            "listeners": f"http://127.0.0.1:{self.port}",
+            "rest.advertised.host.name": "127.0.0.1",
+        }
+        worker = self.work_dir / "worker.properties"
+        worker.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        (self.work_dir / "log4j2.properties").write_text(_log4j2(self.log_file))
+        cmd = [
+            java, f"-Xmx{HEAP}", "-XX:+ExitOnOutOfMemoryError", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
+            self._tag, f"-Dlog4j2.configurationFile={self.work_dir / 'log4j2.properties'}",
+            "-cp", str(libs / "*"), MAIN, str(worker),
+        ]  # fmt: skip
+        started = time.monotonic()
+        self.pid = _proc.spawn(cmd, log_file=self.work_dir / "connect.out", cwd=self.work_dir)
+        try:
+            _proc.wait_ready(
+                self._answers,
+                pid=self.pid,
+                markers=self._markers(),
+                timeout=START_TIMEOUT_S,
+                service="kafka-connect",
+                logs=self._logs(),
+            )
+        except DevServiceError:
+            self.stop()
+            raise
+        self.log.info("dev.connect.started", pid=self.pid, port=self.port, version=worker_version(),
+                      seconds=round(time.monotonic() - started, 1))  # fmt: skip
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            self.request("GET", "/connectors")
+        except (ConnectError, OSError):
+            return False
+        return True
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)  # noqa: S310 - our own worker
+        req.add_header("Content-Type", "application/json")
+        req.add_header("Accept", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
+                text = resp.read()
+        except urllib.error.HTTPError as exc:
+            raise ConnectError(f"Connect REST {method} {path}: HTTP {exc.code}: {exc.read()[:2000]!r}") from exc
+        return json.loads(text) if text else None
+
+    def add_connector(self, name: str, config: dict[str, str]) -> None:
+        self.request("PUT", f"/connectors/{name}/config", {"name": name, **config})
+
+    def delete_connector(self, name: str) -> None:
+        self.request("DELETE", f"/connectors/{name}")
+
+    def status(self, name: str) -> dict[str, Any]:
+        result: dict[str, Any] = self.request("GET", f"/connectors/{name}/status")
+        return result
+
+    def failure(self, name: str) -> str | None:
+        """The trace of the connector's or a task's failure; None while they run."""
+        try:
+            status = self.status(name)
+        except ConnectError:
+            return None  # not created yet
+        states = [status.get("connector", {}), *status.get("tasks", [])]
+        for state in states:
+            if state.get("state") == "FAILED":
+                return str(state.get("trace") or state)
+        return None
+
+    def tail(self, lines: int = 60) -> str:
+        return _proc.tails(self._logs(), lines)
+
+    def stop(self) -> None:
+        if self.pid is not None:
+            _proc.stop_pid(self.pid, self._markers(), self.log, "kafka-connect", timeout=30.0)
+            self.pid = None
+
+
+def unique_name(base: str) -> str:
+    return f"{base}-{secrets.token_hex(3)}"
