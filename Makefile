@@ -19,7 +19,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/cdc demo
 
-test: $(STAMP)
+test: $(STAMP) lint
 	$(BIN)/python -m pytest -p no:cacheprovider -ra --durations=20 tests
 
 unit: $(STAMP)
@@ -35,7 +35,8 @@ services-down: $(STAMP)
 	$(BIN)/cdc dev down
 
 lint: $(STAMP)
-	$(BIN)/mypy src/cdc
+	$(BIN)/mypy --strict src/cdc
+	$(BIN)/mypy --strict spark
 
 clean: services-down
 	rm -rf .cdc-dev $(VENV)
