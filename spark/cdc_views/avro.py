@@ -44,7 +44,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
 from pyspark.sql.types import ArrayType, BinaryType, DataType, DecimalType, StringType, StructType
 
-from cdc.sink.avro import avro_field_name
+from cdc.sink.avro_schema import avro_field_name
 from cdc.sink.registry import RegistryClient, RegistryError, named_types
 from cdc_views.decode import decode, spark_type
 from cdc_views.tables import ColumnShape, Encoding, Kind, TableShape

@@ -68,8 +68,8 @@ from cdc.sink.kafka import (
     ensure_topics,
     producer_config,
 )
-from cdc.sink.metadata import Heartbeat, TransactionMetadata, heartbeat_topic, transaction_topic
 from cdc.sink.avro import AvroSerializer, AvroSettings
+from cdc.sink.metadata import Heartbeat, TransactionMetadata, heartbeat_topic, transaction_topic
 from cdc.sink.registry import RegistryClient, RegistryError
 from cdc.snapshot.errors import SnapshotError, SnapshotInterrupted
 from cdc.snapshot.incremental import is_watermark
@@ -77,7 +77,9 @@ from cdc.snapshot.modes import StartupPlan, inspect_slot
 from cdc.snapshot.output import ConfiguredOutput
 from cdc.snapshot.service import Snapshots
 from cdc.snapshot.state import KafkaStore, topics_holding_records
-from cdc.sink.serialize import EventSerializer, JsonSerializer, JsonSettings, SerializationError
+from cdc.sink.errors import SerializationError
+from cdc.sink.json import JsonSerializer, JsonSettings
+from cdc.sink.records import EventSerializer
 from cdc.instance import InstanceLock
 from cdc.observe import HttpEndpoint, Stats
 from cdc.selection import Selection

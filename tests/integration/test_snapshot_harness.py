@@ -47,8 +47,9 @@ from cdc.decoder.types import BUILTIN_TYPES
 from cdc.event import ChangeEvent, Event
 from cdc.lsn import Lsn
 from cdc.pipeline import Pipeline
+from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
-from cdc.sink.serialize import TRUNCATE_KEY_FIELD, JsonSerializer, JsonSettings
+from cdc.sink.wire import TRUNCATE_KEY_FIELD
 from cdc.snapshot.config import SnapshotConfig
 from cdc.snapshot.incremental import is_watermark
 from cdc.snapshot.modes import StartupPlan, inspect_slot

@@ -46,9 +46,11 @@ from cdc import log as logsetup
 from cdc.event import ChangeEvent, Op, TxBegin, TxCommit, change_event
 from cdc.lsn import Lsn
 from cdc.process import tune_gc
+from cdc.sink.errors import SerializationError
+from cdc.sink.json import JsonSerializer
 from cdc.sink.kafka import SinkError
 from cdc.sink.record import Record
-from cdc.sink.serialize import JsonSerializer, SerializationError, position_headers
+from cdc.sink.records import position_headers
 from cdc.snapshot.copytext import CopyFormatError, RowParser, row_parser
 from cdc.snapshot.output import Output, OutputFactory
 from cdc.snapshot.plan import LEAVES, Chunk, SnapshotTable, chunk_select, session_setup
