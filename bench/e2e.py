@@ -58,9 +58,9 @@ from cdc.event import TxBegin, TxCommit
 from cdc.lsn import Lsn
 from cdc.render.rows import TableRenderer
 from cdc.sink.delivery import AtLeastOnce
+from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
 from cdc.sink.record import Record
-from cdc.sink.serialize import JsonSerializer, JsonSettings
 
 
 def per_row(cpu: dict[str, float], rows: int) -> str:

@@ -47,8 +47,9 @@ from cdc.config import TableConfig
 from cdc.event import ChangeEvent, Op, TableSchema, TxBegin
 from cdc.lsn import Lsn
 from cdc.sink.delivery import AtLeastOnce, BulkProducer
+from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
-from cdc.sink.serialize import JsonSerializer, JsonSettings, position_headers
+from cdc.sink.records import position_headers
 from cdc.snapshot.config import SnapshotConfig
 from cdc.snapshot.copytext import row_parser
 from cdc.snapshot.initial import InitialSnapshot

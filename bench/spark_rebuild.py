@@ -46,8 +46,9 @@ sys.path.insert(0, str(REPO / "spark"))
 from cdc.event import ChangeEvent, Column, Op, PgType, TableSchema, TruncateEvent  # noqa: E402
 from cdc.lsn import Lsn  # noqa: E402
 from cdc.sink.avro import AvroSerializer, AvroSettings  # noqa: E402
+from cdc.sink.json import JsonSerializer, JsonSettings  # noqa: E402
+from cdc.sink.records import EventSerializer  # noqa: E402
 from cdc.sink.registry import RegistryClient  # noqa: E402
-from cdc.sink.serialize import EventSerializer, JsonSerializer, JsonSettings  # noqa: E402
 
 log = structlog.get_logger("bench.spark_rebuild")
 

@@ -48,9 +48,9 @@ from cdc.event import ChangeEvent, TxBegin, TxCommit
 from cdc.lsn import Lsn
 from cdc.process import tune_gc
 from cdc.sink.delivery import AtLeastOnce
-from cdc.sink.record import Record
+from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
-from cdc.sink.serialize import JsonSerializer, JsonSettings
+from cdc.sink.record import Record
 
 
 

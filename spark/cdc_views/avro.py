@@ -44,14 +44,14 @@ from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
 from pyspark.sql.types import ArrayType, BinaryType, DataType, DecimalType, StringType, StructType
 
-from cdc.sink.avro import avro_field_name
+from cdc.sink.avro_schema import avro_field_name
 from cdc.sink.registry import RegistryClient, RegistryError, named_types
+from cdc.sink.wire import LEGACY_TRUNCATE_KEY_FIELD
 from cdc_views.decode import decode, spark_type
 from cdc_views.tables import ColumnShape, Encoding, Kind, TableShape
 
 log = structlog.get_logger("cdc_views.avro")
 
-LEGACY_TRUNCATE_KEY_FIELD = "__cdc_truncate_partition"  # the markers' key before they took the table's key fields
 _MAX_SPARK_PRECISION = 38
 _OPTIONS = {"mode": "PERMISSIVE"}
 

@@ -54,6 +54,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from cdc.sink.wire import COMMIT_LSN_HEADER, LEGACY_TRUNCATE_KEY_FIELD, LSN_HEADER
 from cdc_views.decode import decode, failed, row_schema
 from cdc_views.tables import Encoding, TableShape
 
@@ -64,7 +65,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("cdc_views.reader")
 
 OnBadRecord = Literal["fail", "skip"]
-LEGACY_TRUNCATE_KEY_FIELD = "__cdc_truncate_partition"  # the markers' key before they took the table's key fields
 META = ("_cdc_key", "_cdc_partition", "_cdc_offset", "_cdc_lsn", "_cdc_commit_lsn", "_cdc_op", "_cdc_ts_ms")
 REPORTED_BAD_RECORDS = 20
 
@@ -197,8 +197,8 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
     ``after`` is then the value's bytes, decoded by ``decode_rows`` for the latest records only.
     """
     has_headers = "headers" in raw.columns
-    lsn_header = _header("cdc.lsn").cast(LongType()) if has_headers else F.lit(None).cast(LongType())
-    commit_header = _header("cdc.commit_lsn").cast(LongType()) if has_headers else F.lit(None).cast(LongType())
+    lsn_header = _header(LSN_HEADER).cast(LongType()) if has_headers else F.lit(None).cast(LongType())
+    commit_header = _header(COMMIT_LSN_HEADER).cast(LongType()) if has_headers else F.lit(None).cast(LongType())
     if encoding.format == "avro":
         if avro is None:
             raise ValueError("format avro: envelopes() needs the records' schemas (AvroSchemas.scan)")

@@ -9,8 +9,8 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from cdc.catalog import StartupError, expand_config
 from cdc.config import Config
+from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import librdkafka_logger
-from cdc.sink.serialize import JsonSerializer, JsonSettings
 
 
 def collect(config: Config) -> dict[str, Any]:

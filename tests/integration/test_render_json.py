@@ -24,8 +24,9 @@ from cdc.event import ChangeEvent, PgType
 from cdc.render.rows import RenderedRow, TableRenderer
 from cdc.lsn import Lsn
 from cdc.sink.avro import AvroSerializer, AvroSettings
+from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.record import Record
-from cdc.sink.serialize import EventSerializer, JsonSerializer, JsonSettings
+from cdc.sink.records import EventSerializer
 from tests.integration.decoder_harness import DecoderSession, changes, mark
 from tests.integration.test_decoder_types import CASES, SETUP, hstore_available
 

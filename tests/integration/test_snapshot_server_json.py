@@ -16,8 +16,9 @@ from cdc.catalog import describe_tables
 from cdc.config import TableConfig
 from cdc.event import Op, change_event
 from cdc.lsn import Lsn
+from cdc.sink.errors import SerializationError
+from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
-from cdc.sink.serialize import JsonSerializer, JsonSettings, SerializationError
 from cdc.snapshot.config import SnapshotConfig
 from cdc.snapshot.copytext import row_parser
 from cdc.snapshot.initial import InitialSnapshot

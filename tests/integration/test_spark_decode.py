@@ -15,7 +15,7 @@ import pytest
 
 from cdc.event import ChangeEvent, Column, Op, PgType, TableSchema
 from cdc.lsn import Lsn
-from cdc.sink.serialize import JsonSerializer, JsonSettings
+from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.values import Interval
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[spark]')")

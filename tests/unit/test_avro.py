@@ -19,9 +19,11 @@ from hypothesis import strategies as st
 
 from cdc.event import ChangeEvent, Column, MessageEvent, Op, PgType, TableSchema, TruncateEvent, TypeKind
 from cdc.lsn import Lsn
-from cdc.sink.avro import AvroSerializer, AvroSettings, avro_field_name, avro_name, decode_wire
+from cdc.sink.avro import AvroSerializer, AvroSettings, decode_wire
+from cdc.sink.avro_schema import avro_field_name, avro_name
+from cdc.sink.errors import SerializationError
+from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.record import Record
-from cdc.sink.serialize import JsonSerializer, JsonSettings, SerializationError
 from cdc.values import UNCHANGED_TOAST, Infinity, Interval, Point, TimeTz
 
 CLOCK_NS = 1714566897101234567

@@ -18,7 +18,7 @@ from cdc.decoder.types import BUILTIN_TYPES
 from cdc.lsn import Lsn
 from cdc.sink.avro import _RENDERED, AvroSerializer, AvroSettings, _Writer, _write
 from cdc.sink.avro_write import Encoded, Unsupported, compile_writer, write_long
-from cdc.sink.serialize import SerializationError
+from cdc.sink.errors import SerializationError
 
 PRIMITIVES: dict[str, st.SearchStrategy[Any]] = {
     "boolean": st.booleans(),

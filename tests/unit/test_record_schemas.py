@@ -27,7 +27,8 @@ from cdc.lsn import Lsn
 from cdc.sink.avro import AvroSerializer, AvroSettings, decode_wire
 from cdc.sink.metadata import Heartbeat, TransactionMetadata
 from cdc.sink.record import Record
-from cdc.sink.serialize import EventSerializer, JsonSerializer, JsonSettings
+from cdc.sink.json import JsonSerializer, JsonSettings
+from cdc.sink.records import EventSerializer
 from tests.unit.test_avro import FakeRegistry
 
 COMMIT_US = 1714566896789012

@@ -20,8 +20,10 @@ from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.pgoutput import UNCHANGED
 from cdc.decoder.types import BUILTIN_TYPES, converter_for
 from cdc.event import ChangeEvent
+from cdc.render.json import _direct_renderer
 from cdc.render.rows import RenderedRow, TableRenderer
-from cdc.sink.serialize import JsonSerializer, JsonSettings, TypeOptions, _direct_renderer, column_schema
+from cdc.sink.json import JsonSerializer, JsonSettings
+from cdc.sink.typemap import TypeOptions, column_schema
 from tests.unit.test_pgoutput import begin, delete, insert, relation, tuple_data, update
 
 TYPES = {t.name: t for t in BUILTIN_TYPES.values()}

@@ -1,4 +1,4 @@
-"""cdc.sink.serialize: events in, Debezium-compatible JSON records out."""
+"""cdc.sink.json and cdc.sink.records: events in, Debezium-compatible JSON records out."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 from cdc.event import ChangeEvent, Column, MessageEvent, Op, PgType, TableSchema, TruncateEvent, TypeKind
 from cdc.lsn import Lsn
+from cdc.sink.errors import SerializationError
+from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.record import Record
-from cdc.sink.serialize import JsonSerializer, JsonSettings, SerializationError
 from cdc.values import UNCHANGED_TOAST, Infinity, Interval, Point, TimeTz
 
 # The team's note, in shared/ beside the checkout (as CI lays it out), wherever the checkout is.

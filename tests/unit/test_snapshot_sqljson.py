@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cdc.event import Column, PgType, TableSchema, TypeKind
-from cdc.sink.serialize import JsonSerializer, JsonSettings
+from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.snapshot.plan import Chunk, SnapshotTable
 from cdc.snapshot.sqljson import json_query
 

@@ -56,7 +56,7 @@ from cdc.event import ChangeEvent, MessageEvent, Op, Row
 from cdc.lsn import Lsn
 from cdc.outbox.config import TOPIC_CHARS, OutboxConfig, OutboxTable
 from cdc.sink.record import Record
-from cdc.sink.serialize import position_headers
+from cdc.sink.records import position_headers
 
 ROUTE_TABLE: Final = "table"
 ROUTE_MESSAGE: Final = "message"

@@ -25,7 +25,7 @@ from cdc.pipeline.wiring import Components, wire
 from cdc.process import tune_gc
 from cdc.sink.kafka import SinkError
 from cdc.sink.registry import RegistryError
-from cdc.sink.serialize import SerializationError
+from cdc.sink.errors import SerializationError
 from cdc.snapshot.errors import SnapshotError, SnapshotInterrupted
 from cdc.snapshot.service import Snapshots
 

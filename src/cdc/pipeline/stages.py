@@ -32,7 +32,7 @@ from cdc.event import ChangeEvent, Event, MessageEvent, TruncateEvent, TxBegin, 
 from cdc.observe import Stats
 from cdc.sink.delivery import Delivery
 from cdc.sink.metadata import TransactionMetadata
-from cdc.sink.serialize import EventSerializer
+from cdc.sink.records import EventSerializer
 from cdc.snapshot.incremental import is_watermark
 from cdc.snapshot.service import Snapshots
 

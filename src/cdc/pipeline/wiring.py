@@ -55,7 +55,8 @@ from cdc.sink.delivery import AtLeastOnce, DeadLetters, Delivery, ExactlyOnce, r
 from cdc.sink.kafka import TopicSpec, admin_client, check_reachable, ensure_topics, producer_config
 from cdc.sink.metadata import TransactionMetadata, heartbeat_topic, transaction_topic
 from cdc.sink.registry import RegistryClient
-from cdc.sink.serialize import EventSerializer, JsonSerializer, JsonSettings
+from cdc.sink.json import JsonSerializer, JsonSettings
+from cdc.sink.records import EventSerializer
 from cdc.snapshot.modes import StartupPlan, inspect_slot
 from cdc.snapshot.output import ConfiguredOutput
 from cdc.snapshot.service import Snapshots

@@ -1,1 +1,2 @@
-"""From events to Kafka: serialize (events to records), kafka (producer, delivery, acknowledged LSN)."""
+"""From events to Kafka: records (event -> records, per format in json/avro), kafka (producer, delivery,
+acknowledged LSN)."""

@@ -2,8 +2,8 @@
 
 ``AvroSerializer(settings, partitions_of, registry).records(event)`` turns a ``ChangeEvent``,
 ``TruncateEvent`` or ``MessageEvent`` into records, like ``JsonSerializer`` and through the same
-code (``cdc.sink.serialize.EventSerializer``): the same records in the same order, the same
-headers, the same values per type (``cdc.sink.serialize`` describes them), written as Avro where
+code (``cdc.sink.records.EventSerializer``): the same records in the same order, the same
+headers, the same values per type (``cdc.sink.typemap`` describes them), written as Avro where
 JSON writes text: bytes as bytes, decimals as two's-complement bytes, NaN as NaN.
 
 Wire format
@@ -12,27 +12,9 @@ Wire format
 
 Subjects (TopicNameStrategy)
     ``<topic>-key`` and ``<topic>-value``; logical messages ``<prefix>.message-key``/``-value``.
-    Schemas are registered when a table schema is first used; a ``Relation`` that changes the
+    Schemas (``cdc.sink.avro_schema``) are registered when a table schema is first used; a ``Relation`` that changes the
     columns makes a new table schema, whose value schema registers as the subject's next
     version (the key schema, unchanged, keeps its id, so a row's key bytes stay the same).
-
-Schemas, as Debezium's Connect schemas become Avro through Confluent's AvroData
-(``connect.meta.data=true``, ``schema.name.adjustment.mode=avro``, ``field.name.adjustment.mode=avro``)
-    * A struct ``a.b.C`` is a record named ``C`` in namespace ``a.b``; a named type used twice
-      (``before``/``after`` share ``Value``) is defined once and then referenced by full name.
-    * Optional: ``["null", T]`` with default null; with a Connect default, ``[T, "null"]`` and
-      that default (``source.snapshot``: ``"false"``).
-    * Metadata: ``connect.doc``, ``connect.version``, ``connect.parameters``, ``connect.default``,
-      ``connect.name``; int16 is an Avro int with ``connect.type: int16``.
-    * Decimal: bytes with ``scale``, ``precision`` (64 when the Connect schema has none, as for
-      money) and ``logicalType: decimal``. AvroData keeps ``logicalType`` even where the Avro spec
-      forbids it (numeric with a negative scale or a scale above the precision, PostgreSQL 15+);
-      there this module leaves it out, so that the schema parses everywhere (fastavro refuses
-      it; Java's Avro ignores it); the bytes and ``connect.*`` metadata are the same.
-    * Names: every dot-separated part of a record name and every field name keeps
-      ``[A-Za-z0-9_]``, anything else becomes ``_``, as does a leading digit
-      (``my-prefix.public.2024`` -> ``my_prefix.public._024``). Two columns whose names become the
-      same field are an error.
 
 Differences from Debezium, and why
     * Every non-key column is optional (``["null", T]``, default null) in the ``Value`` record,
@@ -63,7 +45,6 @@ from __future__ import annotations
 
 import functools
 import io
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -75,56 +56,38 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
-from cdc.event import AnyRow, Column, MessageEvent, PgType, TableSchema
+from cdc.event import AnyRow, MessageEvent, TableSchema
 from cdc.render.rows import RowRendering, encoded
-from cdc.sink.record import Record
-from cdc.sink.registry import SchemaRegistry
-from cdc.sink.avro_write import Encoded, Unsupported, Write, compile_writer, write_long
-from cdc.sink.serialize import (
+from cdc.render.avro import avro_row_rendering
+from cdc.sink.avro_schema import avro_field_name, avro_name, avro_schema
+from cdc.sink.avro_write import COMPILED_ERRORS, Encoded, Unsupported, Write, compile_writer
+from cdc.sink.connect import (
     MESSAGE_KEY_SCHEMA,
     MESSAGE_VALUE_SCHEMA,
     SOURCE_SCHEMA,
     ConnectSchema,
     Encoder,
-    EventSerializer,
-    SerializationError,
-    column_schema,
     envelope_schema,
-    TypeOptions,
-    check_int_text,
-    check_uuid_text,
-    direct_type,
-    fixed_numeric_bytes,
-    numeric_typmod,
+    truncate_key_schema,
+)
+from cdc.sink.errors import SerializationError
+from cdc.sink.record import Record
+from cdc.sink.records import (
+    EventSerializer,
+    column_where,
     position_headers,
     sequence_text,
-    time_precision,
-    truncate_key_schema,
-    typed_renderer,
-    zoned_timestamp_text,
     unchanged_toast_key,
 )
+from cdc.sink.registry import SchemaRegistry
+from cdc.sink.typemap import column_schema
 from cdc.values import UNCHANGED_TOAST
 
-__all__ = ["AvroSerializer", "AvroSettings", "avro_field_name", "avro_name", "avro_schema", "decode_wire"]
+__all__ = ["AvroSerializer", "AvroSettings", "decode_wire"]
 
 log = structlog.get_logger("cdc.sink.avro")
 
 MAGIC_BYTE: Final = 0
-_DECIMAL: Final = "org.apache.kafka.connect.data.Decimal"
-_DECIMAL_PRECISION_DEFAULT: Final = 64  # AvroData's, for a Decimal without connect.decimal.precision
-_PRIMITIVES: Final = {
-    "boolean": "boolean",
-    "int8": "int",
-    "int16": "int",
-    "int32": "int",
-    "int64": "long",
-    "float": "float",
-    "double": "double",
-    "bytes": "bytes",
-    "string": "string",
-}
-_INVALID_NAME_CHARS: Final = re.compile(r"[^A-Za-z0-9_]")
 _ENCODE_ERRORS: Final = (TypeError, ValueError, AttributeError, OverflowError)
 
 
@@ -142,109 +105,6 @@ class AvroSettings(BaseModel):
     connector_version: str = cdc.__version__
 
 
-# ---------------------------------------------------------------------------
-# Connect schemas -> Avro schemas (Confluent's AvroData)
-# ---------------------------------------------------------------------------
-
-
-def avro_name(name: str) -> str:
-    """A Connect schema name as a valid Avro full name (``schema.name.adjustment.mode=avro``)."""
-    return ".".join(avro_field_name(part) for part in name.split("."))
-
-
-def avro_field_name(name: str) -> str:
-    """A valid Avro name: characters outside ``[A-Za-z0-9_]``, and a leading digit, become ``_``."""
-    if not name:
-        return "_"
-    adjusted = _INVALID_NAME_CHARS.sub("_", name)
-    if adjusted[0].isdigit():
-        adjusted = "_" + adjusted[1:]
-    return adjusted
-
-
-def avro_schema(schema: ConnectSchema) -> Any:
-    """The Avro schema of a Connect struct, as AvroData writes it (one document: names defined once)."""
-    return _AvroDocument().record(schema)
-
-
-class _AvroDocument:
-    """Connect schemas -> one Avro schema document; each named type is defined once, then referenced."""
-
-    def __init__(self) -> None:
-        self._defined: set[str] = set()
-
-    def record(self, spec: ConnectSchema) -> Any:
-        if spec.type != "struct" or spec.name is None:
-            raise ValueError(f"an Avro record needs a named Connect struct, not {spec.type} {spec.name!r}")
-        full = avro_name(spec.name)
-        if full in self._defined:
-            return full
-        self._defined.add(full)
-        namespace, _, name = full.rpartition(".")
-        node: dict[str, Any] = {"type": "record", "name": name}
-        if namespace:
-            node["namespace"] = namespace
-        fields: list[dict[str, Any]] = []
-        for field_name, field_spec, optional in spec.fields:
-            field: dict[str, Any] = {"name": avro_field_name(field_name), "type": self.field_type(field_spec, optional)}
-            if optional:
-                field["default"] = _default(field_spec) if field_spec.default is not None else None
-            fields.append(field)
-        node["fields"] = fields
-        _connect_metadata(node, spec)
-        return node
-
-    def field_type(self, spec: ConnectSchema, optional: bool) -> Any:
-        base = self.base(spec)
-        if not optional:
-            return base
-        return [base, "null"] if spec.default is not None else ["null", base]
-
-    def base(self, spec: ConnectSchema) -> Any:
-        if spec.type == "struct":
-            return self.record(spec)
-        if spec.type == "array":
-            if spec.items is None:
-                raise ValueError("a Connect array needs an item schema")
-            node: dict[str, Any] = {"type": "array", "items": self.field_type(spec.items, True)}
-            _connect_metadata(node, spec)
-            return node
-        primitive = _PRIMITIVES[spec.type]
-        node = {"type": primitive}
-        decimal = spec.type == "bytes" and spec.name == _DECIMAL
-        scale = precision = 0
-        if decimal:
-            parameters = dict(spec.parameters)
-            scale = int(parameters.get("scale", "0"))
-            precision = int(parameters.get("connect.decimal.precision", str(_DECIMAL_PRECISION_DEFAULT)))
-            node["scale"] = scale
-            node["precision"] = precision
-        _connect_metadata(node, spec)
-        if decimal and precision > 0 and 0 <= scale <= precision:
-            node["logicalType"] = "decimal"
-        return node if len(node) > 1 else primitive
-
-
-def _connect_metadata(node: dict[str, Any], spec: ConnectSchema) -> None:
-    """AvroData's ``connect.*`` properties, in its order."""
-    if spec.doc is not None:
-        node["connect.doc"] = spec.doc
-    if spec.version is not None:
-        node["connect.version"] = spec.version
-    if spec.parameters:
-        node["connect.parameters"] = dict(spec.parameters)
-    if spec.default is not None:
-        node["connect.default"] = _default(spec)
-    if spec.name is not None:
-        node["connect.name"] = avro_name(spec.name) if spec.type == "struct" else spec.name
-    if spec.type in ("int8", "int16"):
-        node["connect.type"] = spec.type
-
-
-def _default(spec: ConnectSchema) -> Any:
-    if spec.type != "string":
-        raise ValueError(f"no Avro default for a {spec.type} Connect default {spec.default!r}")
-    return spec.default
 
 
 # ---------------------------------------------------------------------------
@@ -288,10 +148,6 @@ class _AvroPlan:
     truncate_datum: dict[str, None] | None = None  # ... all null
 
 
-def _where(table: TableSchema, column: Column) -> str:
-    return f"column {column.name!r} of table {table.qualified!r}"
-
-
 def _placeholder(spec: ConnectSchema, text: str) -> Any:
     """What an unchanged TOASTed value becomes, where the Avro type can hold Debezium's placeholder."""
     if spec.type == "string":
@@ -321,9 +177,9 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         self._settings = settings
         self._registry = registry
         self._truncate_keys: dict[str, _Writer] = {}
+        self._side_writers: dict[tuple[str, str], _Writer] = {}  # (topic, "key"/"value") of side topics
         self._message_key: _Writer | None = None
         self._message_value: _Writer | None = None
-        self._side_writers: dict[tuple[str, str], _Writer] = {}  # (topic, "key"/"value") of side topics
         # The envelope's source block per transaction and table, encoded around its two per-event fields.
         try:
             self._source_fields: list[tuple[str, Write]] | None = compile_writer(avro_schema(SOURCE_SCHEMA))[1][
@@ -353,7 +209,7 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         avro_key_fields: list[_AvroKeyField] = []
         key_members: list[tuple[str, ConnectSchema, bool]] = []
         for column in table.columns:
-            where = _where(table, column)
+            where = column_where(table, column)
             name = avro_field_name(column.name)
             owner = field_owner.setdefault(name, column.name)
             if owner != column.name:
@@ -489,40 +345,11 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             return None
         if plan.key is None or plan.value.write is None or plan.key.write is None or not plan.avro_key_fields:
             return None
-        value_fields = plan.value.fields.get(plan.value_record)
-        key_fields = plan.key.fields.get(avro_name(f"{plan.topic}.Key"))
-        if value_fields is None or key_fields is None:
+        value_writers = plan.value.fields.get(plan.value_record)
+        key_writers = plan.key.fields.get(avro_name(f"{plan.topic}.Key"))
+        if value_writers is None or key_writers is None:
             return None
-        opts = self._opts
-        render: list[Callable[[bytes], bytes] | None] = []
-        typed: list[Callable[[Any], bytes]] = []
-        nulls: list[bytes | None] = []
-        for column, (name, field, encode, _) in zip(table.columns, plan.value_fields, strict=True):
-            write = value_fields[field]
-            null = _try_null(write)
-            nulls.append(null)
-            tag = b"" if null is None else (b"\x02" if null == b"\x00" else b"\x00")
-            render.append(_tagged(_avro_direct(column.type, column.modifier, opts), tag))
-            typed.append(typed_renderer(write, encode))
-        names = tuple(c.name for c in table.columns)
-        key_index = tuple(names.index(key_column) for key_column, _, _ in plan.avro_key_fields)
-        key_typed: list[Callable[[Any], bytes]] = []
-        key_nulls: list[bytes | None] = []
-        for _, field, encode in plan.avro_key_fields:
-            write = key_fields[field]
-            key_nulls.append(_try_null(write))
-            key_typed.append(typed_renderer(write, encode))
-        return RowRendering(
-            names=names,
-            render=tuple(render),
-            typed=tuple(typed),
-            null=tuple(nulls),
-            row_format=b"%b" * len(names),
-            key_index=key_index,
-            key_typed=tuple(key_typed),
-            key_null=tuple(key_nulls),
-            key_format=b"%b" * len(key_index),
-        )
+        return avro_row_rendering(table, plan.value_fields, value_writers, plan.avro_key_fields, key_writers, self._opts)
 
     def _row(self, plan: _AvroPlan, row: AnyRow | None, which: str) -> Any:
         rendered = encoded(row)
@@ -587,7 +414,7 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         if fast is not None:
             try:
                 return fast(before, after, source, op, now_ns)
-            except _COMPILED_ERRORS:
+            except COMPILED_ERRORS:
                 pass  # the generic path below names what does not fit (through fastavro)
         record = plan.value_record
         payload = {
@@ -640,7 +467,6 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         )
 
 
-_COMPILED_ERRORS: Final = (TypeError, ValueError, KeyError, AttributeError, OverflowError, IndexError)
 _RENDERED: Final = object()  # the datum of a row the decoder rendered: there is no typed one for fastavro
 
 
@@ -658,7 +484,7 @@ def _envelope_writer(writer: _Writer, name: str) -> Callable[[Any, Any, Any, str
     prefix = writer.prefix
     try:
         no_transaction = transaction_w(None)  # the envelope's transaction block is always null here
-    except _COMPILED_ERRORS:
+    except COMPILED_ERRORS:
         return None
 
     def write(before: Any, after: Any, source: Any, op: str, now_ns: int) -> bytes:
@@ -679,79 +505,6 @@ def _envelope_writer(writer: _Writer, name: str) -> Callable[[Any, Any, Any, str
     return write
 
 
-def _try_null(write: Write) -> bytes | None:
-    """A field's encoding of NULL, or None when the field is required."""
-    try:
-        return write(None)
-    except _COMPILED_ERRORS:
-        return None
-
-
-def _tagged(base: Callable[[bytes], bytes] | None, tag: bytes) -> Callable[[bytes], bytes] | None:
-    """A renderer of a nullable field: its union branch's index, then the value."""
-    if base is None or not tag:
-        return base
-
-    def render(raw: bytes) -> bytes:
-        return tag + base(raw)
-
-    return render
-
-
-def _avro_string(raw: bytes) -> bytes:
-    if not raw.isascii():
-        raw.decode()  # valid UTF-8, or ValueError (the typed path names the column)
-    return write_long(len(raw)) + raw
-
-
-def _avro_long(raw: bytes) -> bytes:
-    return write_long(int(check_int_text(raw)))
-
-
-def _avro_bool(raw: bytes) -> bytes:
-    if raw == b"t":
-        return b"\x01"
-    if raw == b"f":
-        return b"\x00"
-    raise ValueError(raw)
-
-
-def _avro_uuid(raw: bytes) -> bytes:
-    return b"\x48" + check_uuid_text(raw)  # 36 bytes: the length's zig-zag varint is 0x48
-
-
-def _avro_direct(pg_type: PgType, modifier: int, opts: TypeOptions) -> Callable[[bytes], bytes] | None:
-    """The Avro renderer (no union index) of a column's text, for the types ``direct_type`` names."""
-    kind = direct_type(pg_type, modifier, opts)
-    if kind == "int":
-        return _avro_long  # int and long are the same varint
-    if kind == "text":
-        return _avro_string
-    if kind == "bool":
-        return _avro_bool
-    if kind == "uuid":
-        return _avro_uuid
-    if kind == "timestamptz":
-        text = zoned_timestamp_text(time_precision(modifier))  # unquoted: the Avro string
-
-        def zoned(raw: bytes) -> bytes:
-            value = text(raw)
-            return write_long(len(value)) + value
-
-        return zoned
-    if kind == "numeric":
-        typmod = numeric_typmod(modifier)
-        assert typmod is not None
-        unscaled = fixed_numeric_bytes(typmod[1])
-
-        def decimal(raw: bytes) -> bytes:
-            data = unscaled(raw)
-            return write_long(len(data)) + data
-
-        return decimal
-    return None
-
-
 def _write(writer: _Writer, datum: dict[str, Any], what: str) -> bytes:
     """Confluent wire format: magic byte, schema id, Avro binary.
 
@@ -760,7 +513,7 @@ def _write(writer: _Writer, datum: dict[str, Any], what: str) -> bytes:
     if writer.write is not None:
         try:
             return writer.prefix + writer.write(datum)
-        except _COMPILED_ERRORS:
+        except COMPILED_ERRORS:
             pass
     datum = {k: _plain(v, what) for k, v in datum.items()}
     buffer = io.BytesIO()

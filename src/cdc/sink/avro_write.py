@@ -29,6 +29,8 @@ _LONG_MAX: Final = 2**63 - 1
 _INT_MIN: Final = -(2**31)
 _INT_MAX: Final = 2**31 - 1
 _SMALL: Final = tuple(bytes(((n << 1) ^ (n >> 63),)) for n in range(-64, 64))  # one byte each
+COMPILED_ERRORS: Final = (TypeError, ValueError, KeyError, AttributeError, OverflowError, IndexError)
+"""What a compiled writer raises for a datum that does not fit its schema."""
 
 
 class Unsupported(ValueError):

@@ -18,7 +18,7 @@ from typing import Any, Final, Protocol
 
 from cdc.event import TxBegin, TxCommit
 from cdc.sink.record import Record
-from cdc.sink.serialize import ConnectSchema
+from cdc.sink.connect import ConnectSchema
 
 _STRING: Final = ConnectSchema("string", None)
 _INT64: Final = ConnectSchema("int64", None)

@@ -22,9 +22,9 @@ from cdc.columns import ColumnPolicy, policies
 from cdc.config import Config, TableConfig
 from cdc.event import ChangeEvent, MessageEvent, TruncateEvent, TxBegin, TxCommit
 from cdc.sink.delivery import AtLeastOnce, BulkProducer, DeadLetters
+from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import producer_config
 from cdc.sink.record import Record
-from cdc.sink.serialize import JsonSerializer, JsonSettings
 
 __all__ = ["ConfiguredOutput", "JsonKafkaOutput", "Output", "OutputFactory", "RecordDelivery", "Serializer"]
 

@@ -6,10 +6,10 @@ For tables whose every column has a type in the list below, and the JSON
 format, the chunk's ``COPY (SELECT ...)`` instead returns per row the key
 object and the ``after`` object already as Debezium's JSON (``'{"id":' ||
 id || ...``), and the worker only splices them between the envelope's constant
-parts (``cdc.sink.serialize.ReadParts``) and produces.
+parts (``cdc.sink.json.ReadParts``) and produces.
 
 Each SQL encoding writes the same JSON value as the column's Python encoder in
-``cdc.sink.serialize`` (the integration tests compare both on edge values).
+``cdc.sink.json`` (the integration tests compare both on edge values).
 A value outside what an encoding covers (a NaN or infinite numeric, an
 infinite or out-of-range date or timestamp) makes the row's JSON NULL and
 the row's columns are sent as ordinary COPY text instead: that row takes the
@@ -32,7 +32,7 @@ import orjson
 from psycopg import sql
 
 from cdc.event import Column, TableSchema, TypeKind
-from cdc.sink.serialize import JsonSettings, ReadParts
+from cdc.sink.json import JsonSettings, ReadParts
 from cdc.snapshot.plan import Chunk, SnapshotTable, chunk_where
 
 __all__ = ["JsonQuery", "json_query"]
@@ -65,7 +65,7 @@ def _twos_complement_base64(unscaled: sql.Composable) -> sql.Composable:
 
 
 def _encoding(column: Column, settings: JsonSettings) -> _Encoding | None:
-    """The SQL that writes this column's JSON value as ``cdc.sink.serialize`` does, or None when there is none."""
+    """The SQL that writes this column's JSON value as ``cdc.sink.json`` does, or None when there is none."""
     c = sql.Identifier(column.name)
     t = column.type
     if t.kind is TypeKind.ENUM:
@@ -89,7 +89,7 @@ def _encoding(column: Column, settings: JsonSettings) -> _Encoding | None:
         if column.modifier < 4:
             return None  # no declared precision: VariableScaleDecimal
         mod = column.modifier - 4
-        precision, scale = (mod >> 16) & 0xFFFF, ((mod & 0x7FF) ^ 0x400) - 0x400  # as cdc.sink.serialize reads it
+        precision, scale = (mod >> 16) & 0xFFFF, ((mod & 0x7FF) ^ 0x400) - 0x400  # as cdc.sink.typemap reads it
         if not 0 <= scale <= precision <= _MAX_FAST_PRECISION:
             return None
         unscaled = sql.SQL("({} * {})::int8").format(c, sql.Literal(10**scale))
