@@ -46,12 +46,12 @@ from pyspark.sql.types import ArrayType, BinaryType, DataType, DecimalType, Stri
 
 from cdc.sink.avro_schema import avro_field_name
 from cdc.sink.registry import RegistryClient, RegistryError, named_types
+from cdc.sink.wire import TRUNCATE_KEY_FIELD
 from cdc_views.decode import decode, spark_type
 from cdc_views.tables import ColumnShape, Encoding, Kind, TableShape
 
 log = structlog.get_logger("cdc_views.avro")
 
-TRUNCATE_KEY_FIELD = "__cdc_truncate_partition"
 _MAX_SPARK_PRECISION = 38
 _OPTIONS = {"mode": "PERMISSIVE"}
 

@@ -52,6 +52,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
+from cdc.sink.wire import COMMIT_LSN_HEADER, LSN_HEADER, TRUNCATE_KEY_FIELD
 from cdc_views.decode import decode, failed, row_schema
 from cdc_views.tables import Encoding, TableShape
 
@@ -62,7 +63,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("cdc_views.reader")
 
 OnBadRecord = Literal["fail", "skip"]
-TRUNCATE_KEY_FIELD = "__cdc_truncate_partition"
 META = ("_cdc_key", "_cdc_partition", "_cdc_offset", "_cdc_lsn", "_cdc_commit_lsn", "_cdc_op", "_cdc_ts_ms")
 REPORTED_BAD_RECORDS = 20
 
@@ -195,8 +195,8 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
     ``after`` is then the value's bytes, decoded by ``decode_rows`` for the latest records only.
     """
     has_headers = "headers" in raw.columns
-    lsn_header = _header("cdc.lsn").cast(LongType()) if has_headers else F.lit(None).cast(LongType())
-    commit_header = _header("cdc.commit_lsn").cast(LongType()) if has_headers else F.lit(None).cast(LongType())
+    lsn_header = _header(LSN_HEADER).cast(LongType()) if has_headers else F.lit(None).cast(LongType())
+    commit_header = _header(COMMIT_LSN_HEADER).cast(LongType()) if has_headers else F.lit(None).cast(LongType())
     if encoding.format == "avro":
         if avro is None:
             raise ValueError("format avro: envelopes() needs the records' schemas (AvroSchemas.scan)")

@@ -53,7 +53,16 @@ from cdc.sink.connect import ColumnField
 from cdc.sink.errors import SerializationError
 from cdc.sink.record import Record
 from cdc.sink.typemap import TypeOptions
-from cdc.sink.wire import TRUNCATE_KEY_FIELD
+from cdc.sink.wire import (
+    COMMIT_LSN_HEADER,
+    LSN_HEADER,
+    NEW_KEY_HEADER,
+    OLD_KEY_HEADER,
+    ORDINAL_HEADER,
+    TRUNCATE_HEADER,
+    TRUNCATE_KEY_FIELD,
+    TXID_HEADER,
+)
 from cdc.values import UNCHANGED_TOAST
 
 
@@ -155,8 +164,8 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         self._tx_headers: tuple[int | None, int | None, tuple[str, bytes], tuple[str, bytes]] = (
             None,
             None,
-            ("cdc.commit_lsn", b""),
-            ("cdc.txid", b""),
+            (COMMIT_LSN_HEADER, b""),
+            (TXID_HEADER, b""),
         )
 
     # --- topics and plans ---------------------------------------------------
@@ -231,7 +240,7 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         tx = self._tx_headers
         headers: tuple[tuple[str, bytes], ...]
         if tx[0] == commit_lsn and tx[1] == xid and xid is not None:
-            headers = (("cdc.lsn", b"%d" % event.lsn), tx[2], tx[3], ("cdc.ordinal", b"%d" % event.ordinal))
+            headers = ((LSN_HEADER, b"%d" % event.lsn), tx[2], tx[3], (ORDINAL_HEADER, b"%d" % event.ordinal))
         else:
             headers = position_headers(event.lsn, commit_lsn, xid, event.ordinal)
             if len(headers) == 4:
@@ -257,8 +266,8 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
                 if old_key != key:
                     new_payload = self._key_payload(plan, event.after)
                     old_payload = self._key_payload(plan, event.before)
-                    delete_headers = (*headers, ("__debezium.newkey", new_payload))
-                    create_headers = (*headers, ("__debezium.oldkey", old_payload))
+                    delete_headers = (*headers, (NEW_KEY_HEADER, new_payload))
+                    create_headers = (*headers, (OLD_KEY_HEADER, old_payload))
                     return [
                         Record(topic, old_key, self._envelope(plan, old_row, None, source, "d", now), delete_headers),
                         Record(topic, old_key, None, delete_headers),
@@ -268,7 +277,7 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         raise SerializationError(f"a ChangeEvent cannot have op {op.value!r} (truncates and messages have their own events)")
 
     def _truncate(self, event: TruncateEvent) -> list[Record]:
-        headers = (*position_headers(event.lsn, event.commit_lsn, event.xid, event.ordinal), ("cdc.truncate", b"1"))
+        headers = (*position_headers(event.lsn, event.commit_lsn, event.xid, event.ordinal), (TRUNCATE_HEADER, b"1"))
         now = self._clock_ns()
         records: list[Record] = []
         for table in event.tables:
@@ -439,16 +448,16 @@ def sequence_text(commit_lsn: int | None, lsn: int) -> str:
 def position_headers(lsn: int, commit_lsn: int | None, xid: int | None, ordinal: int) -> tuple[tuple[str, bytes], ...]:
     if commit_lsn is not None and xid is not None:
         return (
-            ("cdc.lsn", b"%d" % lsn),
-            ("cdc.commit_lsn", b"%d" % commit_lsn),
-            ("cdc.txid", b"%d" % xid),
-            ("cdc.ordinal", b"%d" % ordinal),
+            (LSN_HEADER, b"%d" % lsn),
+            (COMMIT_LSN_HEADER, b"%d" % commit_lsn),
+            (TXID_HEADER, b"%d" % xid),
+            (ORDINAL_HEADER, b"%d" % ordinal),
         )
-    headers: list[tuple[str, bytes]] = [("cdc.lsn", b"%d" % lsn)]
+    headers: list[tuple[str, bytes]] = [(LSN_HEADER, b"%d" % lsn)]
     if commit_lsn is not None:
-        headers.append(("cdc.commit_lsn", b"%d" % commit_lsn))
+        headers.append((COMMIT_LSN_HEADER, b"%d" % commit_lsn))
     if xid is not None:
-        headers.append(("cdc.txid", b"%d" % xid))
-    headers.append(("cdc.ordinal", b"%d" % ordinal))
+        headers.append((TXID_HEADER, b"%d" % xid))
+    headers.append((ORDINAL_HEADER, b"%d" % ordinal))
     return tuple(headers)
 

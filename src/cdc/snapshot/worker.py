@@ -51,6 +51,7 @@ from cdc.sink.json import JsonSerializer
 from cdc.sink.kafka import SinkError
 from cdc.sink.record import Record
 from cdc.sink.records import position_headers
+from cdc.sink.wire import ORDINAL_HEADER
 from cdc.snapshot.copytext import CopyFormatError, RowParser, row_parser
 from cdc.snapshot.output import Output, OutputFactory
 from cdc.snapshot.plan import LEAVES, Chunk, SnapshotTable, chunk_select, session_setup
@@ -375,7 +376,7 @@ def _copy_chunk_json(
                 if b"\\" in key:
                     key = key.replace(b"\\\\", b"\\")
                 headers = position.copy()
-                headers["cdc.ordinal"] = b"%d" % ordinal
+                headers[ORDINAL_HEADER] = b"%d" % ordinal
                 key = key_head + key + key_end
                 value = value_head + after + tail
                 if len(value) > limit:
