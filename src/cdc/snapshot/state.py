@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 import orjson
@@ -52,6 +53,8 @@ __all__ = [
     "InitialStatus",
     "Job",
     "JobRange",
+    "JobReason",
+    "JobStatus",
     "KafkaStore",
     "MemoryStore",
     "ProgressStore",
@@ -209,11 +212,55 @@ def topics_holding_records(bootstrap_servers: str, extra: Mapping[str, Any], top
 # --------------------------------------------------------------------------- typed state
 
 
-class InitialStatus:
+class InitialStatus(StrEnum):
+    """Where a slot's initial snapshot stands: the ``status`` of the ``<slot>/initial`` record. Every
+    state persists (it is written to the progress topic); the values are the stored strings.
+
+    Transitions, and who makes them:
+
+    * (none) -> ``PENDING``: ``SnapshotState.begin_initial``, when ``InitialSnapshot`` starts a new
+      snapshot, before the slot exists; the previous snapshot's records are forgotten.
+    * ``PENDING`` -> ``COPYING``: ``InitialSnapshot``, once the slot stands at its consistent point and
+      every table is planned.
+    * ``COPYING`` -> ``DONE``: ``InitialSnapshot``, when every chunk is in Kafka.
+    * ``COPYING`` -> ``COPYING`` (with ``deferred`` tables): ``InitialSnapshot``, when chunks of tables
+      rewritten during the copy were left; ``Snapshots`` then resumes at once (below).
+    * ``PENDING``/``COPYING`` -> ``RESUMED``: ``Snapshots._resume``, after an interruption (the next
+      start's plan, ``cdc.snapshot.modes``, resumes on these two) or deferred chunks: what was not
+      recorded as copied became DBLog jobs (``JobReason.RESUME_INITIAL``).
+    """
+
     PENDING = "pending"  # about to create the slot; nothing read yet
     COPYING = "copying"  # slot at the consistent point, chunks being copied
     DONE = "done"  # every chunk in Kafka; streaming from the consistent point
     RESUMED = "resumed"  # interrupted; what was left became DBLog jobs
+
+
+class JobStatus(StrEnum):
+    """Where a DBLog job stands: ``Job.status``, persisted in its ``<slot>/job/<id>`` record.
+
+    * (new) -> ``PENDING``: ``new_job`` (``cdc.snapshot.reader``), for every reason in ``JobReason``.
+    * ``PENDING`` -> ``DONE``: ``IncrementalReader._finish``, when its last range is read; the record
+      is written once Postgres confirmed the slot past the last chunk's high watermark.
+    * ``PENDING`` -> ``FAILED``: ``IncrementalReader._finish``, when the table is no longer captured,
+      was dropped or recreated, or cannot be read (``Job.error`` says why); written at once.
+
+    ``DONE`` and ``FAILED`` are final (``Job.finished``).
+    """
+
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class JobReason(StrEnum):
+    """Why a DBLog job exists: ``Job.reason``, persisted with the job; set once, by whoever creates it."""
+
+    RESUME_INITIAL = "resume_initial"  # Snapshots._resume: chunks of an interrupted initial snapshot
+    NEW_TABLE = "new_table"  # Snapshots: a table captured after the initial snapshot (start-up or reload)
+    SIGNAL = "signal"  # IncrementalReader: an accepted signal-table row asking for a snapshot
+    REQUEST = "request"  # Snapshots.request (no caller in the daemon today)
+    REWRITTEN = "rewritten"  # a value of the record format; no code path creates it today
 
 
 @dataclass(slots=True)
@@ -258,9 +305,9 @@ class Job:
     id: str
     table: str
     oid: int
-    reason: str  # resume_initial, new_table, signal, rewritten
+    reason: JobReason
     ranges: list[JobRange]
-    status: str = "pending"  # pending, done, failed
+    status: JobStatus = JobStatus.PENDING
     error: str | None = None
     rows: int = 0
     created_us: int = field(default_factory=lambda: time.time_ns() // 1000)
@@ -268,7 +315,7 @@ class Job:
 
     @property
     def finished(self) -> bool:
-        return self.status != "pending"
+        return self.status != JobStatus.PENDING
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -290,9 +337,9 @@ class Job:
             id=str(data["id"]),
             table=str(data["table"]),
             oid=int(data["oid"]),
-            reason=str(data["reason"]),
+            reason=JobReason(data["reason"]),
             ranges=[JobRange.from_json(r) for r in data["ranges"]],
-            status=str(data.get("status", "pending")),
+            status=JobStatus(data.get("status", JobStatus.PENDING)),
             error=data.get("error"),
             rows=int(data.get("rows", 0)),
             created_us=int(data.get("created_us", 0)),
@@ -341,7 +388,7 @@ class SnapshotState:
             self._put("initial", {"status": InitialStatus.PENDING, "started_us": time.time_ns() // 1000})
         self._store.flush()
 
-    def set_initial(self, status: str, **fields: Any) -> None:
+    def set_initial(self, status: InitialStatus, **fields: Any) -> None:
         with self._lock:
             value = dict(self._data.get("initial") or {})
             value.update(fields)
