@@ -58,6 +58,7 @@ from cdc.lsn import Lsn
 from cdc.outbox.config import TOPIC_CHARS, OutboxConfig, OutboxTable
 from cdc.sink.record import Record
 from cdc.sink.records import position_headers
+from cdc.sink.wire import DEAD_LETTER_REASON_HEADER
 
 ROUTE_TABLE: Final = "table"
 ROUTE_MESSAGE: Final = "message"
@@ -354,7 +355,7 @@ class OutboxRouter:
             ("row" if bad.route == ROUTE_TABLE else "message"): dict(bad.content),
         }
         headers = (
-            ("cdc.dead_letter.reason", bad.reason.encode()),
+            (DEAD_LETTER_REASON_HEADER, bad.reason.encode()),
             *position_headers(bad.lsn, bad.commit_lsn, bad.xid, bad.ordinal),
         )
         return Record(topic, bad.key, orjson.dumps(value), headers)

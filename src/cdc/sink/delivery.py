@@ -44,6 +44,7 @@ from cdc.event import TxBegin, TxCommit
 from cdc.lsn import Lsn
 from cdc.sink.kafka import AckTracker, DeliveryFailed, RecordTooLarge, SinkError, librdkafka_logger, read_to_end
 from cdc.sink.record import Record
+from cdc.sink.wire import DEAD_LETTER_REASON_HEADER
 
 log = structlog.get_logger(__name__)
 
@@ -119,7 +120,7 @@ class _Producing:
             self._dead_letters.topic,
             record.key,
             orjson.dumps(reason),
-            record.headers + (("cdc.dead_letter.reason", b"record_too_large"),),
+            record.headers + ((DEAD_LETTER_REASON_HEADER, b"record_too_large"),),
         )
 
     def _produce(self, record: Record, describe: str, on_done: Any, *, critical: bool = True) -> None:

@@ -20,6 +20,8 @@ NEW_KEY_HEADER: Final = "__debezium.newkey"
 """On the delete of an update that changed the key: the new key's JSON payload (Debezium's name)."""
 OLD_KEY_HEADER: Final = "__debezium.oldkey"
 """On the create of an update that changed the key: the old key's JSON payload (Debezium's name)."""
+DEAD_LETTER_REASON_HEADER: Final = "cdc.dead_letter.reason"
+"""On a dead-letter record: why it is there (``record_too_large``, or an outbox ``MalformedReason``)."""
 
 TRUNCATE_KEY_FIELD: Final = "__cdc_truncate_partition"
 """The one field of a truncate marker's key (``{"__cdc_truncate_partition": p}``); no row key has it."""
