@@ -12,7 +12,7 @@ Records
       null key, which a compacted topic cannot hold.
     * Logical message: topic ``<prefix>.message``, Debezium's MessageKey/MessageValue.
     * Every record carries ``cdc.lsn``, ``cdc.commit_lsn``, ``cdc.txid`` (when known) and
-      ``cdc.ordinal`` headers, decimal ASCII.
+      ``cdc.ordinal`` headers, decimal ASCII (the names: ``cdc.sink.wire``).
 
 Keys
     A JSON object of the key columns in column order, serialized the same way for every
@@ -22,7 +22,6 @@ Keys
     string, numeric as a plain decimal string, timetz with its own offset). A change of
     the key's bytes, not of Python equality, makes the update a delete plus create.
     A table without key columns is an error: its rows cannot live on a compacted topic.
-
 
 Envelope ``ts_ms``/``ts_us``/``ts_ns`` are the serializer's clock when the event is
 serialized; ``source.ts_*`` are the commit time.
