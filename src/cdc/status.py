@@ -10,7 +10,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from cdc.catalog import StartupError, expand_config
 from cdc.config import Config
 from cdc.sink.json import JsonSerializer, JsonSettings
-from cdc.sink.kafka import librdkafka_logger
+from cdc.sink.kafka import connection_settings, librdkafka_logger
 
 
 def collect(config: Config) -> dict[str, Any]:
@@ -57,7 +57,7 @@ def collect(config: Config) -> dict[str, Any]:
                 "estimated_rows": est[0] if est else None,
             }
     consumer = Consumer(
-        {"bootstrap.servers": config.kafka.bootstrap_servers, "group.id": "cdc-status", **_security(config)},
+        {"bootstrap.servers": config.kafka.bootstrap_servers, "group.id": "cdc-status", **connection_settings(config.kafka.producer)},
         logger=librdkafka_logger(),
     )
     try:
@@ -78,10 +78,6 @@ def collect(config: Config) -> dict[str, Any]:
         consumer.close()
     out["tables"] = tables
     return out
-
-
-def _security(config: Config) -> dict[str, Any]:
-    return {k: v for k, v in config.kafka.producer.items() if k.startswith(("security.", "sasl.", "ssl."))}
 
 
 def render(status: dict[str, Any]) -> str:

@@ -45,6 +45,7 @@ import io
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, Final, Protocol, cast
@@ -57,6 +58,7 @@ from cdc.lsn import Lsn
 from cdc.outbox.config import TOPIC_CHARS, OutboxConfig, OutboxTable
 from cdc.sink.record import Record
 from cdc.sink.records import position_headers
+from cdc.sink.wire import DEAD_LETTER_REASON_HEADER
 
 ROUTE_TABLE: Final = "table"
 ROUTE_MESSAGE: Final = "message"
@@ -89,11 +91,38 @@ class OutboxEvent:
     ordinal: int
 
 
+class MalformedReason(StrEnum):
+    """Why an outbox row or message cannot become an event: ``Malformed.reason``. Set once, by
+    ``OutboxRouter.from_row`` (rows) or ``from_message`` (messages), never changed; it persists in the
+    dead-letter record (its ``reason`` and the ``cdc.dead_letter.reason`` header) and labels the
+    ``cdc_outbox_dead_letters`` metric. The values are those strings."""
+
+    MISSING_AGGREGATE_ID = "missing_aggregate_id"  # NULL/empty column, or member missing/empty/not a string
+    MISSING_AGGREGATE_TYPE = "missing_aggregate_type"
+    MISSING_TYPE = "missing_type"
+    MISSING_ID = "missing_id"
+    MISSING_PAYLOAD = "missing_payload"  # NULL column, or member missing or null
+    PAYLOAD_NOT_JSON = "payload_not_json"  # rows: not UTF-8, not text, or not JSON
+    AGGREGATE_TYPE_NOT_ALLOWED = "aggregate_type_not_allowed"  # outside outbox.aggregate_types
+    AGGREGATE_TYPE_NOT_A_TOPIC = "aggregate_type_not_a_topic"  # cannot be part of a topic name
+    NOT_TRANSACTIONAL = "not_transactional"  # messages: emitted outside a transaction
+    MESSAGE_NOT_JSON_OBJECT = "message_not_json_object"  # messages: content not a JSON object
+    BAD_HEADERS = "bad_headers"  # messages: headers not an object of strings, or reserved names
+
+
+_MISSING: Final = {
+    "aggregate_id": MalformedReason.MISSING_AGGREGATE_ID,
+    "aggregate_type": MalformedReason.MISSING_AGGREGATE_TYPE,
+    "type": MalformedReason.MISSING_TYPE,
+    "id": MalformedReason.MISSING_ID,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Malformed:
     """An outbox row or message that cannot become an event, and why."""
 
-    reason: str  # a short code: missing_aggregate_id, payload_not_json, aggregate_type_not_allowed, ...
+    reason: MalformedReason
     detail: str  # a sentence for people
     route: str
     source: str
@@ -156,7 +185,7 @@ class OutboxRouter:
         aggregate_id = _text(row.get(cols.aggregate_id))
         key = aggregate_id.encode() if aggregate_id else source.encode()
 
-        def bad(reason: str, detail: str) -> Malformed:
+        def bad(reason: MalformedReason, detail: str) -> Malformed:
             return Malformed(
                 reason, detail, ROUTE_TABLE, source, key, content, event.lsn, event.commit_lsn, event.xid, event.ordinal
             )
@@ -164,28 +193,28 @@ class OutboxRouter:
         for role, column in (("aggregate_id", cols.aggregate_id), ("aggregate_type", cols.aggregate_type),
                              ("type", cols.type), ("id", cols.id)):
             if not _text(row.get(column)):
-                return bad(f"missing_{role}", f"column {column} ({role}) is NULL or empty")
+                return bad(_MISSING[role], f"column {column} ({role}) is NULL or empty")
         aggregate_type = _text(row[cols.aggregate_type])
         problem = self._check_type(aggregate_type)
         if problem is not None:
             return bad(*problem)
         raw = row.get(cols.payload)
         if raw is None:
-            return bad("missing_payload", f"column {cols.payload} (payload) is NULL")
+            return bad(MalformedReason.MISSING_PAYLOAD, f"column {cols.payload} (payload) is NULL")
         payload_type = next((c.type.name for c in event.table.columns if c.name == cols.payload), "")
         if isinstance(raw, bytes | bytearray):
             try:
                 raw = bytes(raw).decode()
             except UnicodeDecodeError:
-                return bad("payload_not_json", f"column {cols.payload} (payload) is not UTF-8 text")
+                return bad(MalformedReason.PAYLOAD_NOT_JSON, f"column {cols.payload} (payload) is not UTF-8 text")
         if not isinstance(raw, str):
-            return bad("payload_not_json", f"column {cols.payload} (payload) holds a {payload_type or type(raw).__name__}, not JSON text")
+            return bad(MalformedReason.PAYLOAD_NOT_JSON, f"column {cols.payload} (payload) holds a {payload_type or type(raw).__name__}, not JSON text")
         payload = raw.encode()
         if payload_type != "jsonb":  # jsonb holds nothing else; json and text may hold anything
             try:
                 orjson.loads(payload)
             except orjson.JSONDecodeError as e:
-                return bad("payload_not_json", f"column {cols.payload} (payload) is not JSON: {e}")
+                return bad(MalformedReason.PAYLOAD_NOT_JSON, f"column {cols.payload} (payload) is not JSON: {e}")
         headers = []
         envelope = []
         for extra in table.extra:
@@ -232,25 +261,25 @@ class OutboxRouter:
         aggregate_id = _text(data.get("aggregate_id")) if isinstance(data, dict) else ""
         key = aggregate_id.encode() if aggregate_id else source.encode()
 
-        def bad(reason: str, detail: str) -> Malformed:
+        def bad(reason: MalformedReason, detail: str) -> Malformed:
             return Malformed(
                 reason, detail, ROUTE_MESSAGE, source, key, content, event.lsn, event.commit_lsn, event.xid, event.ordinal
             )
 
         if not event.transactional:
             return bad(
-                "not_transactional",
+                MalformedReason.NOT_TRANSACTIONAL,
                 "a non-transactional message (pg_logical_emit_message(false, ...)) is published even when its "
                 "transaction rolls back, so the outbox refuses it; emit it with transactional = true",
             )
         if not isinstance(data, dict):
-            return bad("message_not_json_object", "the content is not a JSON object")
+            return bad(MalformedReason.MESSAGE_NOT_JSON_OBJECT, "the content is not a JSON object")
         for member in ("aggregate_id", "aggregate_type", "type"):
             value = data.get(member)
             if not isinstance(value, str | int) or isinstance(value, bool) or not _text(value):
-                return bad(f"missing_{member}", f"member {member} is missing, empty or not a string")
+                return bad(_MISSING[member], f"member {member} is missing, empty or not a string")
         if "payload" not in data or data["payload"] is None:
-            return bad("missing_payload", "member payload is missing or null")
+            return bad(MalformedReason.MISSING_PAYLOAD, "member payload is missing or null")
         aggregate_type = _text(data["aggregate_type"])
         problem = self._check_type(aggregate_type)
         if problem is not None:
@@ -259,13 +288,13 @@ class OutboxRouter:
         if event_id is None:
             event_id = str(uuid.uuid5(_MESSAGE_ID_NAMESPACE, str(int(event.lsn))))
         elif not isinstance(event_id, str) or not event_id:
-            return bad("missing_id", "member id is not a non-empty string")
+            return bad(MalformedReason.MISSING_ID, "member id is not a non-empty string")
         extra = data.get("headers") or {}
         if not isinstance(extra, dict) or not all(isinstance(v, str) for v in extra.values()):
-            return bad("bad_headers", "member headers is not an object of strings")
+            return bad(MalformedReason.BAD_HEADERS, "member headers is not an object of strings")
         reserved = sorted(set(extra) & {"id", "eventType", "aggregateType"})
         if reserved:
-            return bad("bad_headers", f"member headers names reserved headers: {', '.join(reserved)}")
+            return bad(MalformedReason.BAD_HEADERS, f"member headers names reserved headers: {', '.join(reserved)}")
         return OutboxEvent(
             id=event_id,
             aggregate_type=aggregate_type,
@@ -282,16 +311,16 @@ class OutboxRouter:
             ordinal=event.ordinal,
         )
 
-    def _check_type(self, aggregate_type: str) -> tuple[str, str] | None:
+    def _check_type(self, aggregate_type: str) -> tuple[MalformedReason, str] | None:
         if self._allowed is not None and aggregate_type not in self._allowed:
             return (
-                "aggregate_type_not_allowed",
+                MalformedReason.AGGREGATE_TYPE_NOT_ALLOWED,
                 f"aggregate type {aggregate_type!r} is not in outbox.aggregate_types ({', '.join(sorted(self._allowed))})",
             )
         topic = self.topic(aggregate_type) if TOPIC_CHARS.fullmatch(aggregate_type) else None
         if topic is None or len(topic) > _MAX_TOPIC or topic in (".", ".."):
             return (
-                "aggregate_type_not_a_topic",
+                MalformedReason.AGGREGATE_TYPE_NOT_A_TOPIC,
                 f"aggregate type {aggregate_type[:100]!r} cannot be part of a topic name (letters, digits, '.', '_', "
                 f"'-'; the topic at most {_MAX_TOPIC} characters)",
             )
@@ -324,7 +353,7 @@ class OutboxRouter:
             ("row" if bad.route == ROUTE_TABLE else "message"): dict(bad.content),
         }
         headers = (
-            ("cdc.dead_letter.reason", bad.reason.encode()),
+            (DEAD_LETTER_REASON_HEADER, bad.reason.encode()),
             *position_headers(bad.lsn, bad.commit_lsn, bad.xid, bad.ordinal),
         )
         return Record(topic, bad.key, orjson.dumps(value), headers)

@@ -38,12 +38,13 @@ from typing import Any, Protocol
 
 import orjson
 import structlog
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from cdc.event import TxBegin, TxCommit
 from cdc.lsn import Lsn
-from cdc.sink.kafka import AckTracker, DeliveryFailed, RecordTooLarge, SinkError, librdkafka_logger
+from cdc.sink.kafka import AckTracker, DeliveryFailed, RecordTooLarge, SinkError, librdkafka_logger, read_to_end
 from cdc.sink.record import Record
+from cdc.sink.wire import DEAD_LETTER_REASON_HEADER
 
 log = structlog.get_logger(__name__)
 
@@ -119,7 +120,7 @@ class _Producing:
             self._dead_letters.topic,
             record.key,
             orjson.dumps(reason),
-            record.headers + (("cdc.dead_letter.reason", b"record_too_large"),),
+            record.headers + ((DEAD_LETTER_REASON_HEADER, b"record_too_large"),),
         )
 
     def _produce(self, record: Record, describe: str, on_done: Any, *, critical: bool = True) -> None:
@@ -263,43 +264,18 @@ class Position:
 
 def read_position(bootstrap: str, extra: Mapping[str, Any], topic: str, slot: str, timeout: float = 30.0) -> Position | None:
     """The last committed position of ``slot`` in the offsets topic, read as read_committed consumers see it."""
-    conf = {k: v for k, v in extra.items() if k.startswith(("security.", "sasl.", "ssl.", "client."))}
-    conf.update(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"cdc-offsets-reader-{slot}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "enable.partition.eof": True,
-        }
-    )
-    consumer = Consumer(conf, logger=librdkafka_logger())
     key = slot.encode()
-    found: Position | None = None
-    try:
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout)
-        if high <= 0:
-            return None
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    break
-                raise SinkError(f"cannot read the offsets topic {topic}: {err.str()}")
-            value = msg.value()
-            if msg.key() == key and value is not None:
-                data = orjson.loads(value)
-                found = Position(Lsn(int(data["commit_lsn"])), Lsn(int(data["end_lsn"])))
-        else:
-            raise SinkError(f"reading the offsets topic {topic} did not finish within {timeout:.0f}s")
-    finally:
-        consumer.close()
-    return found
+    found: list[Position] = []
+
+    def record(record_key: bytes | None, value: bytes | None) -> None:
+        if record_key == key and value is not None:
+            data = orjson.loads(value)
+            found.append(Position(Lsn(int(data["commit_lsn"])), Lsn(int(data["end_lsn"]))))
+
+    read_to_end(
+        bootstrap, extra, topic, group_id=f"cdc-offsets-reader-{slot}", what="the offsets topic", on_record=record, timeout=timeout
+    )
+    return found[-1] if found else None
 
 
 class ExactlyOnce(_Producing):

@@ -7,13 +7,14 @@ is in ``cdc.sink.delivery``.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic  # type: ignore[attr-defined]
 
 from cdc.lsn import Lsn
@@ -142,8 +143,17 @@ def librdkafka_logger() -> logging.Logger:
     return logger
 
 
+_CONNECTION_PREFIXES = ("security.", "sasl.", "ssl.", "client.")
+
+
+def connection_settings(extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The librdkafka settings of ``kafka.producer`` that every other client of the same cluster needs
+    too: security (``security.protocol``, ``sasl.*``, ``ssl.*``) and ``client.*``."""
+    return {k: v for k, v in extra.items() if k.startswith(_CONNECTION_PREFIXES)}
+
+
 def admin_client(bootstrap_servers: str, extra: Mapping[str, Any]) -> AdminClient:
-    conf = {k: v for k, v in extra.items() if k.startswith(("security.", "sasl.", "ssl.", "client."))}
+    conf = connection_settings(extra)
     conf["bootstrap.servers"] = bootstrap_servers
     conf["logger"] = librdkafka_logger()
     return AdminClient(conf)
@@ -206,3 +216,81 @@ def ensure_topics(admin: AdminClient, specs: Iterable[TopicSpec], timeout: float
                     raise SinkError(f"cannot create topic {name}: {err.str()}") from None
             log.info("topic_created", topic=name)
     return {s.name: existing.get(s.name, s.partitions) for s in specs}
+
+
+_NOT_READY = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._TRANSPORT,
+    KafkaError._TIMED_OUT,
+)
+
+
+def watermarks(consumer: Consumer, partition: TopicPartition, timeout: float) -> tuple[int, int]:
+    """(low, high) of a partition, waiting out a topic created a moment ago (no leader yet)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(partition, timeout=max(1.0, deadline - time.monotonic()))
+            return int(low), int(high)
+        except KafkaException as e:
+            err = e.args[0] if e.args else None
+            retry = isinstance(err, KafkaError) and (err.retriable() or err.code() in _NOT_READY)
+            if not retry or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def read_to_end(
+    bootstrap_servers: str,
+    extra: Mapping[str, Any],
+    topic: str,
+    *,
+    group_id: str,
+    what: str,
+    on_record: Callable[[bytes | None, bytes | None], None],
+    timeout: float = 30.0,
+) -> None:
+    """Hand every record of the single-partition compacted ``topic`` to ``on_record(key, value)``, in
+    offset order, from its first offset to its end when reading began, as read_committed consumers
+    see it. A missing topic has no records. ``what`` names the topic in errors (``SinkError``)."""
+    conf = connection_settings(extra)
+    conf.update(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    consumer = Consumer(conf, logger=librdkafka_logger())
+    try:
+        meta = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            return  # no topic yet: nothing was written
+        low, high = watermarks(consumer, TopicPartition(topic, 0), timeout)
+        if high <= low:
+            return
+        consumer.assign([TopicPartition(topic, 0, low)])
+        deadline = time.monotonic() + timeout
+        while True:
+            if time.monotonic() > deadline:
+                raise SinkError(f"reading {what} {topic} did not finish within {timeout:.0f}s")
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    return
+                raise SinkError(f"cannot read {what} {topic}: {err.str()}")
+            on_record(msg.key(), msg.value())
+            offset = msg.offset()
+            if offset is not None and offset + 1 >= high:
+                return
+    except KafkaException as e:
+        raise SinkError(f"cannot read {what} {topic}: {e}") from None
+    finally:
+        consumer.close()

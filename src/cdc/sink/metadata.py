@@ -1,6 +1,6 @@
 """Debezium's side topics: transaction metadata (BEGIN / END with event counts) and heartbeats.
 
-Shapes follow Debezium (see shared/notes/debezium-envelope.md §5): the
+Shapes follow Debezium's transaction metadata and heartbeat records: the
 transaction topic ``<prefix>.transaction`` keyed ``{"id": "<xid>:<commit lsn>"}``,
 the heartbeat topic ``__debezium-heartbeat.<prefix>`` keyed
 ``{"serverName": "<prefix>"}`` with value ``{"ts_ms": ...}``. Both are written in the configured

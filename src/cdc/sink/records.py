@@ -16,7 +16,7 @@ Records
       partition; a consumer recognises a marker by ``op`` ``"t"`` (or the header).
     * Logical message: topic ``<prefix>.message``, Debezium's MessageKey/MessageValue.
     * Every record carries ``cdc.lsn``, ``cdc.commit_lsn``, ``cdc.txid`` (when known) and
-      ``cdc.ordinal`` headers, decimal ASCII.
+      ``cdc.ordinal`` headers, decimal ASCII (the names: ``cdc.sink.wire``).
 
 Keys
     A JSON object of the key columns in column order, serialized the same way for every
@@ -26,7 +26,6 @@ Keys
     string, numeric as a plain decimal string, timetz with its own offset). A change of
     the key's bytes, not of Python equality, makes the update a delete plus create.
     A table without key columns is an error: its rows cannot live on a compacted topic.
-
 
 Envelope ``ts_ms``/``ts_us``/``ts_ns`` are the serializer's clock when the event is
 serialized; ``source.ts_*`` are the commit time.
@@ -57,7 +56,15 @@ from cdc.sink.connect import ColumnField, ConnectSchema
 from cdc.sink.errors import SerializationError
 from cdc.sink.record import Record
 from cdc.sink.typemap import TypeOptions
-from cdc.sink.wire import COMMIT_LSN_HEADER, LSN_HEADER, ORDINAL_HEADER, TRUNCATE_HEADER, TXID_HEADER
+from cdc.sink.wire import (
+    COMMIT_LSN_HEADER,
+    LSN_HEADER,
+    NEW_KEY_HEADER,
+    OLD_KEY_HEADER,
+    ORDINAL_HEADER,
+    TRUNCATE_HEADER,
+    TXID_HEADER,
+)
 from cdc.values import UNCHANGED_TOAST
 
 _log = structlog.get_logger("cdc.sink.serialize")
@@ -256,8 +263,8 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
                 if old_key != key:
                     new_payload = self._key_payload(plan, event.after)
                     old_payload = self._key_payload(plan, event.before)
-                    delete_headers = (*headers, ("__debezium.newkey", new_payload))
-                    create_headers = (*headers, ("__debezium.oldkey", old_payload))
+                    delete_headers = (*headers, (NEW_KEY_HEADER, new_payload))
+                    create_headers = (*headers, (OLD_KEY_HEADER, old_payload))
                     return [
                         Record(topic, old_key, self._envelope(plan, old_row, None, source, "d", now), delete_headers),
                         Record(topic, old_key, None, delete_headers),

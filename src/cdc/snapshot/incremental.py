@@ -20,7 +20,7 @@ order and produces what it returns right away, before the next event:
    row is stale; the newer event was already emitted. The window is finished at
    HW's Commit, whose end LSN the reader waits for before it records progress.
 
-Postgres hazard (``../shared/notes/snapshots.md`` §4): a transaction T can be
+Postgres hazard (synchronous replication): a transaction T can be
 decoded before LW (its commit record is in WAL) while it is still running in
 the eyes of the chunk's snapshot (its backend waits for a synchronous standby
 before it leaves the proc array). The chunk then misses T's changes, and T's

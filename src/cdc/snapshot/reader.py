@@ -43,7 +43,7 @@ from cdc.snapshot.errors import SnapshotError, SnapshotRefused
 from cdc.snapshot.incremental import WATERMARK_PREFIX, IncrementalCoordinator, Outcome, Window, XidSnapshot, watermark_content
 from cdc.snapshot.plan import Chunk, SnapshotTable, chunk_select, describe_table, max_key, session_setup
 from cdc.snapshot.progress import ProgressTracker
-from cdc.snapshot.state import Job, JobRange, SnapshotState
+from cdc.snapshot.state import Job, JobRange, JobReason, JobStatus, SnapshotState
 
 log = structlog.get_logger("cdc.snapshot")
 
@@ -53,7 +53,7 @@ _RECONNECT_S = 2.0
 
 
 def new_job(
-    table: SnapshotTable | TableInfo, reason: str, ranges: list[JobRange] | None = None, *, job_id: str | None = None
+    table: SnapshotTable | TableInfo, reason: JobReason, ranges: list[JobRange] | None = None, *, job_id: str | None = None
 ) -> Job:
     name = table.name if isinstance(table, SnapshotTable) else table.qualified
     return Job(
@@ -176,7 +176,7 @@ class IncrementalReader:
             self._jobs[job.id] = job.copy()
         self._wake.set()
 
-    def request(self, table: str, reason: str) -> Job:
+    def request(self, table: str, reason: JobReason) -> Job:
         """A whole-table DBLog pass; SnapshotRefused for unknown tables and tables without a key."""
         info = self._tables.get(table)
         if info is None:
@@ -256,7 +256,7 @@ class IncrementalReader:
     def _run_job(self, conn: psycopg.Connection[Any], job: Job) -> None:
         info = self._tables.get(job.table)
         if info is None or info.oid != job.oid:
-            self._finish(job, "failed", f"table {job.table} is no longer captured (or was recreated)")
+            self._finish(job, JobStatus.FAILED, f"table {job.table} is no longer captured (or was recreated)")
             return
         if self._progress_job.get(job.table) != job.id:  # a new snapshot of the table counts from its start
             self._progress_job[job.table] = job.id
@@ -266,7 +266,7 @@ class IncrementalReader:
         while not self._stop.is_set():
             current = next((r for r in job.ranges if not r.done), None)
             if current is None:
-                self._finish(job, "done", None)
+                self._finish(job, JobStatus.DONE, None)
                 return
             try:
                 self._chunk(conn, job, current)
@@ -276,18 +276,18 @@ class IncrementalReader:
                 job.ranges = [JobRange(None, None)]
                 job.key = e.key
             except psycopg.errors.UndefinedTable:
-                self._finish(job, "failed", f"table {job.table} was dropped")
+                self._finish(job, JobStatus.FAILED, f"table {job.table} was dropped")
                 return
             except LookupError as e:
-                self._finish(job, "failed", str(e))
+                self._finish(job, JobStatus.FAILED, str(e))
                 return
             except CopyFormatError as e:
                 raise SnapshotError(f"snapshot of {job.table} while streaming: {e}") from None
             self._poll_signals(conn)
 
-    def _finish(self, job: Job, status: str, error: str | None) -> None:
+    def _finish(self, job: Job, status: JobStatus, error: str | None) -> None:
         job.status, job.error = status, error
-        if status == "done":
+        if status == JobStatus.DONE:
             # Its last chunk may still wait for confirmation: record "done" with it.
             self._unconfirmed.append(_Unconfirmed(self._unconfirmed[-1].end_lsn if self._unconfirmed else Lsn(0), job.copy()))
             self._progress.set_state(job.table, "done")
@@ -461,7 +461,7 @@ class IncrementalReader:
         accepted = []
         for name in names:
             try:
-                accepted.append(self.request(name, "signal").id)
+                accepted.append(self.request(name, JobReason.SIGNAL).id)
             except SnapshotRefused as e:
                 problems.append(str(e))
         if problems:

@@ -37,7 +37,7 @@ from cdc.snapshot.output import OutputFactory
 from cdc.snapshot.plan import Chunking, describe_table
 from cdc.snapshot.progress import ProgressTracker, SnapshotProgress
 from cdc.snapshot.reader import IncrementalReader, new_job
-from cdc.snapshot.state import InitialStatus, Job, JobRange, MemoryStore, ProgressStore, SnapshotState
+from cdc.snapshot.state import InitialStatus, Job, JobRange, JobReason, MemoryStore, ProgressStore, SnapshotState
 
 log = structlog.get_logger("cdc.snapshot")
 
@@ -134,7 +134,7 @@ class Snapshots:
             self._resume()
         for table in plan.new_tables:
             try:
-                self.reader.request(table, "new_table")
+                self.reader.request(table, JobReason.NEW_TABLE)
             except SnapshotRefused as e:
                 raise SnapshotRefused(
                     f"{e}. The table was added to the configuration, so its existing rows must be copied while "
@@ -181,7 +181,7 @@ class Snapshots:
         if not plans:  # interrupted before planning: every table, whole
             for name, whole in self._tables.items():
                 self._require_key(name, "it was not copied before the snapshot was interrupted")
-                self._add_job(new_job(whole, "resume_initial", job_id=f"resume-{whole.oid}"))
+                self._add_job(new_job(whole, JobReason.RESUME_INITIAL, job_id=f"resume-{whole.oid}"))
                 covered[name] = whole.oid
         for name, table_plan in plans.items():
             info = self._tables.get(name)
@@ -202,7 +202,7 @@ class Snapshots:
                 for c in undone
                 if c.keys is not None
             ]
-            job = new_job(info, "resume_initial", ranges, job_id=f"resume-{info.oid}")
+            job = new_job(info, JobReason.RESUME_INITIAL, ranges, job_id=f"resume-{info.oid}")
             job.key = table_plan.chunk_key
             self._add_job(job)
             covered[name] = info.oid
@@ -254,7 +254,7 @@ class Snapshots:
             return []
         for name in added:
             try:
-                self.reader.request(name, "new_table")
+                self.reader.request(name, JobReason.NEW_TABLE)
             except SnapshotRefused as e:
                 log.error("snapshot_refused", table=name, error=str(e))
         return added
@@ -276,7 +276,7 @@ class Snapshots:
 
     def request(self, table: str) -> str:
         """A snapshot of ``table`` while streaming; returns the job id. SnapshotRefused says why not."""
-        return self.reader.request(table, "request").id
+        return self.reader.request(table, JobReason.REQUEST).id
 
     def stop(self) -> None:
         self.reader.stop()

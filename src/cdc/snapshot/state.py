@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 import orjson
@@ -34,7 +35,16 @@ import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from cdc.lsn import Lsn
-from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, librdkafka_logger
+from cdc.sink.kafka import (
+    SinkError,
+    TopicSpec,
+    admin_client,
+    connection_settings,
+    ensure_topics,
+    librdkafka_logger,
+    read_to_end,
+    watermarks,
+)
 from cdc.snapshot.plan import KeyRange, KeyValue, TablePlan
 
 log = structlog.get_logger(__name__)
@@ -43,6 +53,8 @@ __all__ = [
     "InitialStatus",
     "Job",
     "JobRange",
+    "JobReason",
+    "JobStatus",
     "KafkaStore",
     "MemoryStore",
     "ProgressStore",
@@ -85,34 +97,6 @@ class MemoryStore:
         return None
 
 
-def _client_conf(extra: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in extra.items() if k.startswith(("security.", "sasl.", "ssl.", "client."))}
-
-
-_NOT_READY = (
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError._TRANSPORT,
-    KafkaError._TIMED_OUT,
-)
-
-
-def _watermarks(consumer: Consumer, partition: TopicPartition, timeout: float) -> tuple[int, int]:
-    """(low, high) of a partition, waiting out a topic created a moment ago (no leader yet)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            low, high = consumer.get_watermark_offsets(partition, timeout=max(1.0, deadline - time.monotonic()))
-            return int(low), int(high)
-        except KafkaException as e:
-            err = e.args[0] if e.args else None
-            retry = isinstance(err, KafkaError) and (err.retriable() or err.code() in _NOT_READY)
-            if not retry or time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 class KafkaStore:
     """A ProgressStore on a compacted single-partition topic, one namespace per slot."""
 
@@ -144,60 +128,36 @@ class KafkaStore:
 
     def _producer_for_puts(self) -> Producer:
         if self._producer is None:
-            conf = _client_conf(self._extra)
+            conf = connection_settings(self._extra)
             conf.update({"bootstrap.servers": self._bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
             self._producer = Producer(conf, logger=librdkafka_logger())
         return self._producer
 
     def load(self, timeout: float = 30.0) -> dict[str, dict[str, Any]]:
-        conf = _client_conf(self._extra)
-        conf.update(
-            {
-                "bootstrap.servers": self._bootstrap,
-                "group.id": f"cdc-snapshot-state-{self._prefix[:-1]}",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "isolation.level": "read_committed",
-            }
-        )
-        consumer = Consumer(conf, logger=librdkafka_logger())
         state: dict[str, dict[str, Any]] = {}
+        prefix = self._prefix
+
+        def record(raw_key: bytes | None, value: bytes | None) -> None:
+            key = raw_key.decode() if isinstance(raw_key, bytes) else ""
+            if not key.startswith(prefix):
+                return
+            if value is None:
+                state.pop(key[len(prefix) :], None)
+            else:
+                state[key[len(prefix) :]] = orjson.loads(value)
+
         try:
-            meta = consumer.list_topics(self._topic, timeout=timeout).topics.get(self._topic)
-            if meta is None or meta.error is not None or not meta.partitions:
-                return state  # no topic yet: nothing was recorded
-            low, high = _watermarks(consumer, TopicPartition(self._topic, 0), timeout)
-            if high <= low:
-                return state
-            consumer.assign([TopicPartition(self._topic, 0, low)])
-            deadline = time.monotonic() + timeout
-            while True:
-                if time.monotonic() > deadline:
-                    raise StoreError(f"reading the snapshot progress topic {self._topic} did not finish in {timeout:.0f}s")
-                msg = consumer.poll(0.5)
-                if msg is None:
-                    continue
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        break
-                    raise StoreError(f"cannot read the snapshot progress topic {self._topic}: {err.str()}")
-                raw_key = msg.key()
-                key = raw_key.decode() if isinstance(raw_key, bytes) else ""
-                if not key.startswith(self._prefix):
-                    continue
-                value = msg.value()
-                if value is None:
-                    state.pop(key[len(self._prefix) :], None)
-                else:
-                    state[key[len(self._prefix) :]] = orjson.loads(value)
-                offset = msg.offset()
-                if offset is not None and offset + 1 >= high:
-                    break
-        except KafkaException as e:
-            raise StoreError(f"cannot read the snapshot progress topic {self._topic}: {e}") from None
-        finally:
-            consumer.close()
+            read_to_end(
+                self._bootstrap,
+                self._extra,
+                self._topic,
+                group_id=f"cdc-snapshot-state-{prefix[:-1]}",
+                what="the snapshot progress topic",
+                on_record=record,
+                timeout=timeout,
+            )
+        except SinkError as e:
+            raise StoreError(str(e)) from None
         return state
 
     def put(self, key: str, value: Mapping[str, Any] | None) -> None:
@@ -227,7 +187,7 @@ class KafkaStore:
 
 def topics_holding_records(bootstrap_servers: str, extra: Mapping[str, Any], topics: Iterable[str], timeout: float = 30.0) -> set[str]:
     """Which of these topics already hold records (a new initial snapshot must first mark them truncated)."""
-    conf = _client_conf(extra)
+    conf = connection_settings(extra)
     conf.update({"bootstrap.servers": bootstrap_servers, "group.id": "cdc-snapshot-probe", "enable.auto.commit": False})
     consumer = Consumer(conf, logger=librdkafka_logger())
     holding: set[str] = set()
@@ -238,7 +198,7 @@ def topics_holding_records(bootstrap_servers: str, extra: Mapping[str, Any], top
             if meta is None or meta.error is not None:
                 continue
             for p in meta.partitions:
-                low, high = _watermarks(consumer, TopicPartition(topic, p), timeout)
+                low, high = watermarks(consumer, TopicPartition(topic, p), timeout)
                 if high > low:
                     holding.add(topic)
                     break
@@ -252,11 +212,55 @@ def topics_holding_records(bootstrap_servers: str, extra: Mapping[str, Any], top
 # --------------------------------------------------------------------------- typed state
 
 
-class InitialStatus:
+class InitialStatus(StrEnum):
+    """Where a slot's initial snapshot stands: the ``status`` of the ``<slot>/initial`` record. Every
+    state persists (it is written to the progress topic); the values are the stored strings.
+
+    Transitions, and who makes them:
+
+    * (none) -> ``PENDING``: ``SnapshotState.begin_initial``, when ``InitialSnapshot`` starts a new
+      snapshot, before the slot exists; the previous snapshot's records are forgotten.
+    * ``PENDING`` -> ``COPYING``: ``InitialSnapshot``, once the slot stands at its consistent point and
+      every table is planned.
+    * ``COPYING`` -> ``DONE``: ``InitialSnapshot``, when every chunk is in Kafka.
+    * ``COPYING`` -> ``COPYING`` (with ``deferred`` tables): ``InitialSnapshot``, when chunks of tables
+      rewritten during the copy were left; ``Snapshots`` then resumes at once (below).
+    * ``PENDING``/``COPYING`` -> ``RESUMED``: ``Snapshots._resume``, after an interruption (the next
+      start's plan, ``cdc.snapshot.modes``, resumes on these two) or deferred chunks: what was not
+      recorded as copied became DBLog jobs (``JobReason.RESUME_INITIAL``).
+    """
+
     PENDING = "pending"  # about to create the slot; nothing read yet
     COPYING = "copying"  # slot at the consistent point, chunks being copied
     DONE = "done"  # every chunk in Kafka; streaming from the consistent point
     RESUMED = "resumed"  # interrupted; what was left became DBLog jobs
+
+
+class JobStatus(StrEnum):
+    """Where a DBLog job stands: ``Job.status``, persisted in its ``<slot>/job/<id>`` record.
+
+    * (new) -> ``PENDING``: ``new_job`` (``cdc.snapshot.reader``), for every reason in ``JobReason``.
+    * ``PENDING`` -> ``DONE``: ``IncrementalReader._finish``, when its last range is read; the record
+      is written once Postgres confirmed the slot past the last chunk's high watermark.
+    * ``PENDING`` -> ``FAILED``: ``IncrementalReader._finish``, when the table is no longer captured,
+      was dropped or recreated, or cannot be read (``Job.error`` says why); written at once.
+
+    ``DONE`` and ``FAILED`` are final (``Job.finished``).
+    """
+
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class JobReason(StrEnum):
+    """Why a DBLog job exists: ``Job.reason``, persisted with the job; set once, by whoever creates it."""
+
+    RESUME_INITIAL = "resume_initial"  # Snapshots._resume: chunks of an interrupted initial snapshot
+    NEW_TABLE = "new_table"  # Snapshots: a table captured after the initial snapshot (start-up or reload)
+    SIGNAL = "signal"  # IncrementalReader: an accepted signal-table row asking for a snapshot
+    REQUEST = "request"  # Snapshots.request (no caller in the daemon today)
+    REWRITTEN = "rewritten"  # a value of the record format; no code path creates it today
 
 
 @dataclass(slots=True)
@@ -301,9 +305,9 @@ class Job:
     id: str
     table: str
     oid: int
-    reason: str  # resume_initial, new_table, signal, rewritten
+    reason: JobReason
     ranges: list[JobRange]
-    status: str = "pending"  # pending, done, failed
+    status: JobStatus = JobStatus.PENDING
     error: str | None = None
     rows: int = 0
     created_us: int = field(default_factory=lambda: time.time_ns() // 1000)
@@ -311,7 +315,7 @@ class Job:
 
     @property
     def finished(self) -> bool:
-        return self.status != "pending"
+        return self.status != JobStatus.PENDING
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -333,9 +337,9 @@ class Job:
             id=str(data["id"]),
             table=str(data["table"]),
             oid=int(data["oid"]),
-            reason=str(data["reason"]),
+            reason=JobReason(data["reason"]),
             ranges=[JobRange.from_json(r) for r in data["ranges"]],
-            status=str(data.get("status", "pending")),
+            status=JobStatus(data.get("status", JobStatus.PENDING)),
             error=data.get("error"),
             rows=int(data.get("rows", 0)),
             created_us=int(data.get("created_us", 0)),
@@ -384,7 +388,7 @@ class SnapshotState:
             self._put("initial", {"status": InitialStatus.PENDING, "started_us": time.time_ns() // 1000})
         self._store.flush()
 
-    def set_initial(self, status: str, **fields: Any) -> None:
+    def set_initial(self, status: InitialStatus, **fields: Any) -> None:
         with self._lock:
             value = dict(self._data.get("initial") or {})
             value.update(fields)
