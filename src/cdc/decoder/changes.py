@@ -62,7 +62,6 @@ from typing import Any, Final
 
 import structlog
 
-from cdc.catalog import TableInfo
 from cdc.decoder import pgoutput as pg
 from cdc.decoder.spool import Spool, SpooledTransaction
 from cdc.decoder.types import (
@@ -85,6 +84,7 @@ from cdc.event import (
     RenderedRow,
     RowRendering,
     Row,
+    TableInfo,
     TableSchema,
     TruncateEvent,
     TxBegin,
