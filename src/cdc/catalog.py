@@ -16,6 +16,7 @@ from psycopg import sql
 from cdc.config import Config, TableConfig
 from cdc.outbox.config import OutboxTable
 from cdc.event import PgType, TypeKind
+from cdc.event import TableInfo as TableInfo  # re-exported: the catalog builds it (describe_tables)
 from cdc.selection import Selection, SelectionError, select_tables
 
 log = structlog.get_logger(__name__)
@@ -23,21 +24,6 @@ log = structlog.get_logger(__name__)
 
 class StartupError(Exception):
     """The source is not ready for capture; the message names the problem and the fix."""
-
-
-@dataclass(frozen=True, slots=True)
-class TableInfo:
-    schema: str
-    name: str
-    oid: int
-    replica_identity: str  # d default, f full, i index, n nothing
-    key: tuple[str, ...]  # the event key columns, in table column order
-    columns: tuple[str, ...]
-    not_null: frozenset[str]
-
-    @property
-    def qualified(self) -> str:
-        return f"{self.schema}.{self.name}"
 
 
 def check_server(conn: psycopg.Connection[tuple[object, ...]]) -> None:

@@ -117,6 +117,22 @@ class SourceConfig(_Section):
         return str(params.get("dbname") or params.get("user") or "postgres")
 
 
+def check_glob(pattern: str) -> str:
+    """A ``pattern`` entry's glob with its schema made explicit (``order_*`` -> ``public.order_*``).
+
+    ValueError says what is wrong. ``cdc.selection`` matches the glob against the catalog.
+    """
+    if "." not in pattern:
+        pattern = f"public.{pattern}"
+    schema, _, table = pattern.partition(".")
+    if not schema or not table or "." in table:
+        raise ValueError(f"expected a glob of the form schema.table (one dot), got {pattern!r}")
+    for part in (schema, table):
+        if part.count("[") != part.count("]"):
+            raise ValueError(f"unbalanced [ ] in the glob {pattern!r}")
+    return pattern
+
+
 class TableConfig(_Section):
     """One entry of ``tables``: a table by ``name``, or every table a ``pattern`` (glob) or ``regex`` selects.
 
@@ -210,8 +226,6 @@ class TableConfig(_Section):
     def _glob(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        from cdc.selection import check_glob  # noqa: PLC0415 - cdc.selection imports this module
-
         return check_glob(v)
 
     @field_validator("regex")

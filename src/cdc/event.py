@@ -85,6 +85,28 @@ class TableSchema:
         return tuple(c for c in self.columns if c.key)
 
 
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    """A captured table as the catalog describes it (``cdc.catalog.describe_tables``), before any Relation.
+
+    What the decoder and the snapshot need of a table the catalog read: its replica identity, the
+    event key and the published columns. Defined here, beside ``TableSchema``, so that the decoder
+    depends on no catalog or configuration code.
+    """
+
+    schema: str
+    name: str
+    oid: int
+    replica_identity: str  # d default, f full, i index, n nothing
+    key: tuple[str, ...]  # the event key columns, in table column order
+    columns: tuple[str, ...]
+    not_null: frozenset[str]
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
 Row = dict[str, Any]
 
 

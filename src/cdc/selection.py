@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cdc.config import TableConfig
+from cdc.config import TableConfig, check_glob
 
 __all__ = ["Selection", "SelectionError", "check_glob", "matches", "select_tables", "selects"]
 
@@ -37,19 +37,6 @@ _SELECTOR_KEYS = {"name", "pattern", "regex", "allow_empty"}
 
 class SelectionError(Exception):
     """The entries cannot be expanded as they are; the message names each entry, the tables and the fix."""
-
-
-def check_glob(pattern: str) -> str:
-    """The glob with its schema made explicit (``order_*`` -> ``public.order_*``); ValueError says what is wrong."""
-    if "." not in pattern:
-        pattern = f"public.{pattern}"
-    schema, _, table = pattern.partition(".")
-    if not schema or not table or "." in table:
-        raise ValueError(f"expected a glob of the form schema.table (one dot), got {pattern!r}")
-    for part in (schema, table):
-        if part.count("[") != part.count("]"):
-            raise ValueError(f"unbalanced [ ] in the glob {pattern!r}")
-    return pattern
 
 
 def _glob_regex(part: str) -> re.Pattern[str]:

@@ -45,7 +45,6 @@ from typing import Any, Final
 
 import structlog
 
-from cdc.catalog import TableInfo
 from cdc.decoder import pgoutput as pg
 from cdc.decoder.rows import Decline, RowParser, RowRenderer
 from cdc.decoder.errors import ChangeError
@@ -69,6 +68,7 @@ from cdc.event import (
     Op,
     PgType,
     Row,
+    TableInfo,
     TableSchema,
     TruncateEvent,
     TxBegin,

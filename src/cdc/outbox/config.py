@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from cdc.snapshot.config import WATERMARK_PREFIX
+
 # The same characters Kafka allows in a topic name; an aggregate type becomes part of one.
 TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]+")
 TEMPLATE_FIELDS = frozenset({"aggregate_type", "topic_prefix"})
@@ -197,8 +199,6 @@ class OutboxConfig(_Section):
     @field_validator("message_prefix")
     @classmethod
     def _prefix(cls, v: str | None) -> str | None:
-        from cdc.snapshot.incremental import WATERMARK_PREFIX  # here: the snapshot package imports the config
-
         if v is None:
             return v
         if not v:

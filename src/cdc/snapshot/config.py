@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+WATERMARK_PREFIX: Final = "cdc.wm"
+"""The logical message prefix of watermarks; such messages are the coordinator's, never published.
+
+Here, with the configuration, because ``outbox.message_prefix`` must not take it (``cdc.outbox.config``)."""
 
 
 class SnapshotMode(enum.StrEnum):

@@ -56,6 +56,7 @@ from cdc.event import (
     change_event,
 )
 from cdc.lsn import Lsn
+from cdc.snapshot.config import WATERMARK_PREFIX
 from cdc.snapshot.plan import same_columns
 
 _NOTHING_UNCHANGED: frozenset[str] = frozenset()
@@ -72,9 +73,6 @@ __all__ = [
     "is_watermark",
     "watermark_content",
 ]
-
-WATERMARK_PREFIX: Final = "cdc.wm"
-"""The logical message prefix of watermarks; such messages are the coordinator's, never published."""
 
 Key = tuple[Any, ...]
 _XID_MASK: Final = 0xFFFFFFFF
