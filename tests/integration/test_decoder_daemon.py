@@ -17,7 +17,6 @@ import pytest
 import structlog
 from confluent_kafka import Consumer, TopicPartition
 
-from cdc.config import Config
 from cdc.decoder.stream import ConnectionLost, ReplicationError, ReplicationStream, SlotGone
 from cdc.dev import postgres
 from cdc.lsn import Lsn
@@ -25,7 +24,6 @@ from tests.integration.connector import Connector, write_config
 
 pytestmark = pytest.mark.integration
 
-STREAMING_WIRED = "decoder" in Config.model_fields  # pipeline.py/config.py know decoder.streaming
 
 
 def config(
@@ -399,13 +397,10 @@ def test_a_large_transaction_passes_through_the_daemon_in_bounded_memory(
     publication_name: str,
     topic_prefix: str,
 ) -> None:
-    if streaming and not STREAMING_WIRED:
-        pytest.skip("the daemon does not take decoder.streaming yet: the spool is not wired into pipeline.py")
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE big (id int PRIMARY KEY, filler text)")
     extra: dict[str, Any] = {"limits": {"max_inflight_bytes": 8 * 1024 * 1024}}
-    if STREAMING_WIRED:
-        extra["decoder"] = {"streaming": streaming, "spool_dir": str(tmp_path / "spool")}
+    extra["decoder"] = {"streaming": streaming, "spool_dir": str(tmp_path / "spool")}
     # A small logical_decoding_work_mem makes the server stream (or spill) early.
     dsn = psycopg.conninfo.make_conninfo(pg_dsn, options="-c logical_decoding_work_mem=1MB")
     cfg = config(tmp_path, services, dsn, slot_name, publication_name, topic_prefix, ["public.big"], **extra)

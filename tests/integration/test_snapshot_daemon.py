@@ -1,9 +1,4 @@
-"""The snapshot through the real daemon (``cdc run``), once the pipeline carries the snapshot wiring.
-
-Skipped while ``cdc.config.Config`` has no ``snapshot`` section (the wiring is the
-pipeline's to add); the other snapshot tests drive the same code through
-``test_snapshot_harness.SnapshotPipeline`` meanwhile.
-"""
+"""The snapshot through the real daemon (``cdc run``)."""
 
 from __future__ import annotations
 
@@ -16,7 +11,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc.config import Config
 from cdc.snapshot.state import KafkaStore
 from tests.integration.connector import Connector, write_config
 from tests.integration.test_snapshot_harness import (
@@ -29,10 +23,7 @@ from tests.integration.test_snapshot_harness import (
     wait_until,
 )
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif("snapshot" not in Config.model_fields, reason="the pipeline has no snapshot wiring yet"),
-]
+pytestmark = pytest.mark.integration
 
 
 def test_the_daemon_killed_during_its_initial_snapshot_resumes_and_snapshots_again_on_request(
