@@ -26,7 +26,7 @@ from cdc.sink.avro import AvroSerializer, AvroSettings, decode_wire
 from cdc.sink.record import Record
 from cdc.sink.registry import IncompatibleSchemaError, RegistryClient
 from cdc.values import Infinity, Interval, Point
-from tests.integration.connector import Connector, write_config
+from tests.support.connector import Connector, write_config
 
 pytestmark = pytest.mark.integration
 

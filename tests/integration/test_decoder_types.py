@@ -19,7 +19,7 @@ import pytest
 
 from cdc.event import TypeKind
 from cdc.values import Infinity, Interval, Point, TimeTz
-from tests.integration.decoder_harness import DecoderSession, changes, mark
+from tests.support.decoder_harness import DecoderSession, changes, mark
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pytest
 
 from cdc.outbox import publish
 from cdc.sink.registry import RegistryClient
-from tests.integration.connector import Connector, write_config
+from tests.support.connector import Connector, write_config
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,7 @@ from cdc.lsn import Lsn
 from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.record import Record
 from cdc.sink.serialize import EventSerializer, JsonSerializer, JsonSettings
-from tests.integration.decoder_harness import DecoderSession, changes, mark
+from tests.support.decoder_harness import DecoderSession, changes, mark
 from tests.integration.test_decoder_types import CASES, SETUP, hstore_available
 
 pytestmark = pytest.mark.integration

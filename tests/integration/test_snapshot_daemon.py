@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from cdc.snapshot.state import KafkaStore
-from tests.integration.connector import Connector, write_config
+from tests.support.connector import Connector, write_config
 from tests.integration.test_snapshot_harness import (
     Workload,
     assert_topic_equals_table,
