@@ -228,7 +228,10 @@ def normalize_avro(data: bytes, schema_text: SchemaLookup) -> bytes:
     (schema_id,) = struct.unpack(">I", data[1:5])
     body = data[5:]
     parsed = fastavro.parse_schema(json.loads(schema_text(schema_id)))
-    record = fastavro.schemaless_reader(io.BytesIO(body), parsed, None)
+    try:
+        record = fastavro.schemaless_reader(io.BytesIO(body), parsed, None)
+    except (EOFError, ValueError, IndexError, UnicodeDecodeError) as exc:
+        return data + f" <avro that does not decode with schema {schema_id}: {exc!r}>".encode()
     again = io.BytesIO()
     fastavro.schemaless_writer(again, parsed, record)
     if again.getvalue() != body:
@@ -327,6 +330,10 @@ def _watermarks(consumer: Consumer, tp: TopicPartition, deadline: float) -> tupl
             time.sleep(0.1)
 
 
+def _as_bytes(b: str | bytes | None) -> bytes | None:
+    return b.encode() if isinstance(b, str) else b
+
+
 def read_topics(bootstrap: str, topics: Sequence[str], timeout: float = 60.0) -> list[Record]:
     """Every record of the topics, from offset 0 to the end as of now (read_committed), by topic, partition, offset."""
     consumer = Consumer(
@@ -364,8 +371,12 @@ def read_topics(bootstrap: str, topics: Sequence[str], timeout: float = 60.0) ->
                     continue
                 raise KafkaException(err)
             if (msg.topic(), msg.partition()) in pending:
-                headers = tuple((k, v) for k, v in (msg.headers() or []))
-                out.append(Record(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value(), headers))
+                raw_headers = msg.headers() or []
+                pairs = list(raw_headers.items()) if isinstance(raw_headers, dict) else list(raw_headers)
+                headers = tuple((str(k), _as_bytes(v)) for k, v in pairs)
+                t, p, o = msg.topic(), msg.partition(), msg.offset()
+                assert t is not None and p is not None and o is not None  # a record, not an event
+                out.append(Record(t, p, o, _as_bytes(msg.key()), _as_bytes(msg.value()), headers))
     finally:
         consumer.close()
     out.sort(key=lambda r: (r.topic, r.partition, r.offset))
@@ -570,7 +581,15 @@ def summary(fmt_name: str, records: Sequence[Record]) -> str:
     ) + ")"
 
 
-def run(baseline_rev: str, current: Path, formats: Sequence[str], state: Path, timeout: float) -> int:
+Captures = dict[str, dict[str, list[Record]]]  # format -> side ("baseline"/"current") -> its records as read
+
+
+def run(
+    baseline_rev: str, current: Path, formats: Sequence[str], state: Path, timeout: float,
+    captures: Captures | None = None,
+) -> int:
+    """Capture and compare every format; 0 when every record is the same, 1 otherwise. ``captures`` (when given)
+    receives each side's records as read, before normalization (a test doctors them)."""
     sys.path.insert(0, str(REPO / "src"))
     from cdc import dev  # noqa: PLC0415 - the dev services of this tree
 
@@ -604,6 +623,8 @@ def run(baseline_rev: str, current: Path, formats: Sequence[str], state: Path, t
                         wait_deleted(endpoints.kafka_bootstrap, prefix)
                 finally:
                     delete_topics(endpoints.kafka_bootstrap, [prefix])
+                if captures is not None:
+                    captures[fmt_name] = got
                 lookup = registry.schema_text if registry is not None and fmt_name == "avro" else None
                 a = normalize(got["baseline"], {}, lookup)
                 b = normalize(got["current"], {slots[fmt_name][1]: slots[fmt_name][0]}, lookup)
