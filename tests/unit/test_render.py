@@ -21,7 +21,7 @@ from cdc.decoder.pgoutput import UNCHANGED
 from cdc.decoder.types import BUILTIN_TYPES, converter_for
 from cdc.event import ChangeEvent, RenderedRow
 from cdc.sink.serialize import JsonSerializer, JsonSettings, TypeOptions, _direct_renderer, column_schema
-from tests.unit.test_pgoutput import begin, delete, insert, relation, tuple_data, update
+from tests.support.pgoutput import begin, delete, insert, relation, tuple_data, update
 
 TYPES = {t.name: t for t in BUILTIN_TYPES.values()}
 PRECISE = TypeOptions("precise", "adaptive", "numeric")
