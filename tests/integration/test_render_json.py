@@ -26,7 +26,7 @@ from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.record import Record
 from cdc.sink.serialize import EventSerializer, JsonSerializer, JsonSettings
 from tests.support.decoder_harness import DecoderSession, changes, mark
-from tests.integration.test_decoder_types import CASES, SETUP, hstore_available
+from tests.support.type_cases import CASES, SETUP, hstore_available
 
 pytestmark = pytest.mark.integration
 
