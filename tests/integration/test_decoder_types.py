@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from cdc.event import TypeKind
+from cdc.values import Interval
 from tests.support.decoder_harness import DecoderSession, changes, mark
 from tests.support.type_cases import (
     Sql,
