@@ -13,7 +13,7 @@ import pytest
 import structlog
 
 from cdc.dev import kafka as dev_kafka
-from tests.integration.connector import Connector, write_config
+from tests.support.connector import Connector, write_config
 
 pytestmark = pytest.mark.integration
 

@@ -31,7 +31,7 @@ from psycopg import sql
 
 from cdc import dev
 from cdc.dev.connect import ConnectWorker, unique_name
-from tests.integration.connector import Connector, write_config
+from tests.support.connector import Connector, write_config
 
 pytestmark = pytest.mark.integration
 

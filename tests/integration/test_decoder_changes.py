@@ -13,7 +13,7 @@ import pytest
 from cdc.decoder.errors import ChangeError
 from cdc.event import ChangeEvent, Op, TruncateEvent
 from cdc.values import UNCHANGED_TOAST
-from tests.integration.decoder_harness import DecoderSession, changes, mark, transactions
+from tests.support.decoder_harness import DecoderSession, changes, mark, transactions
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, TopicPartition
 from cdc.decoder.stream import ConnectionLost, ReplicationError, ReplicationStream, SlotGone
 from cdc.dev import postgres
 from cdc.lsn import Lsn
-from tests.integration.connector import Connector, write_config
+from tests.support.connector import Connector, write_config
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ import pytest
 
 from cdc.event import ChangeEvent, Op, TruncateEvent, TxBegin, TxCommit
 from cdc.values import UNCHANGED_TOAST
-from tests.integration.decoder_harness import DecoderSession, changes, mark, transactions
+from tests.support.decoder_harness import DecoderSession, changes, mark, transactions
 
 pytestmark = pytest.mark.integration
 

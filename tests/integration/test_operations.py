@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.integration.connector import Connector, write_config
+from tests.support.connector import Connector, write_config
 
 pytestmark = pytest.mark.integration
 

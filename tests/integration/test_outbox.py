@@ -14,7 +14,7 @@ import pytest
 
 from cdc.outbox import publish
 from cdc.sink.registry import RegistryClient
-from tests.integration.connector import Connector, write_config
+from tests.support.connector import Connector, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -329,7 +329,7 @@ def test_exactly_once_outbox_events_are_seen_once_by_read_committed_consumers(
 def test_avro_outbox_events_decode_through_the_registry_with_the_payload_as_json_text(
     tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix, consume_all
 ):
-    from tests.integration.test_avro_registry import Consumer
+    from tests.support.registry import Consumer
 
     if services.schema_registry_url is None:
         pytest.skip("no schema registry in this environment (cdc.dev could not fetch Apicurio, or docker mode)")

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from confluent_kafka.admin import NewTopic
 
-from tests.integration.connector import Connector, write_config
+from tests.support.connector import Connector, write_config
 
 pytestmark = pytest.mark.integration
 

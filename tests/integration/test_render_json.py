@@ -27,8 +27,8 @@ from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.record import Record
 from cdc.sink.records import EventSerializer
-from tests.integration.decoder_harness import DecoderSession, changes, mark
-from tests.integration.test_decoder_types import CASES, SETUP, hstore_available
+from tests.support.decoder_harness import DecoderSession, changes, mark
+from tests.support.type_cases import CASES, SETUP, hstore_available
 
 pytestmark = pytest.mark.integration
 

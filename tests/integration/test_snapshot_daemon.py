@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from cdc.snapshot.state import KafkaStore
-from tests.integration.connector import Connector, write_config
+from tests.support.connector import Connector, write_config
 from tests.support.snapshots import (
     Workload,
     assert_topic_equals_table,

@@ -26,7 +26,7 @@ from psycopg import sql
 from cdc.dev import postgres
 from cdc.snapshot.config import SnapshotConfig, SnapshotMode
 from cdc.snapshot.signals import send_snapshot_signal
-from tests.integration.connector import drop_slots
+from tests.support.connector import drop_slots
 from tests.support.snapshots import (
     Running,
     SnapshotPipeline,

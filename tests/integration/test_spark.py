@@ -24,7 +24,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
 from cdc import dev
-from tests.integration.connector import Connector, write_config
+from tests.support.connector import Connector, write_config
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[spark]')")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "spark"))

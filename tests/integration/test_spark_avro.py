@@ -24,7 +24,7 @@ from psycopg import sql
 
 from cdc import dev
 from cdc.sink.registry import RegistryClient, RegistrySettings
-from tests.integration.connector import Connector, write_config
+from tests.support.connector import Connector, write_config
 from tests.integration.test_spark import (
     SCHEMA,
     TABLES,

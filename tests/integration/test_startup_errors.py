@@ -12,7 +12,7 @@ import pytest
 import structlog
 
 from cdc.dev import postgres as dev_postgres
-from tests.integration.connector import Connector, drop_slots, write_config
+from tests.support.connector import Connector, drop_slots, write_config
 
 pytestmark = pytest.mark.integration
 

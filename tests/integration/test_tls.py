@@ -22,7 +22,7 @@ import structlog
 
 from cdc.dev import postgres as dev_postgres
 from cdc.dev import tls
-from tests.integration.connector import Connector, write_config
+from tests.support.connector import Connector, write_config
 
 pytestmark = pytest.mark.integration
 

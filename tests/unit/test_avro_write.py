@@ -232,8 +232,8 @@ def test_rendered_rows_through_the_envelope_writer_are_fastavros_records_of_the_
 ) -> None:
     from cdc.decoder.changes import ChangeDecoder
     from cdc.render.rows import RenderedRow, TableRenderer
-    from tests.unit.test_pgoutput import begin, delete, insert, relation, tuple_data, update
-    from tests.unit.test_render import COLUMNS, TABLES, feed
+    from tests.support.accounts import COLUMNS, TABLES, feed
+    from tests.support.pgoutput import begin, delete, insert, relation, tuple_data, update
 
     row = tuple_data(b"7", b'100% "sure"', b"-1.50", b"0.1")
     payloads = (

@@ -29,7 +29,7 @@ from cdc.event import ChangeEvent, Event, MessageEvent, Op, PgType, TruncateEven
 from cdc.lsn import Lsn
 from cdc.values import UNCHANGED_TOAST
 from cdc.decoder.pgoutput import UNCHANGED
-from tests.unit.test_pgoutput import (
+from tests.support.pgoutput import (
     begin,
     commit,
     delete,

@@ -364,7 +364,7 @@ def test_cdc_config_reference_prints_the_reference() -> None:
     commands = next(
         a for a in build_parser()._actions if a.dest == "command"  # noqa: SLF001 (argparse keeps them there)
     )
-    assert "config-reference" in (commands.choices or {})
+    assert "config-reference" in (commands.choices or {}), "`cdc config-reference` is not a subcommand of cdc.cli"
     import subprocess
 
     proc = subprocess.run(

@@ -24,14 +24,12 @@ from cdc.render.json import _direct_renderer
 from cdc.render.rows import RenderedRow, TableRenderer
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.typemap import TypeOptions, column_schema
-from tests.unit.test_pgoutput import begin, delete, insert, relation, tuple_data, update
+from tests.support.accounts import COLUMNS, TABLES, feed, numeric_typmod
+from tests.support.pgoutput import begin, delete, insert, relation, tuple_data, update
 
 TYPES = {t.name: t for t in BUILTIN_TYPES.values()}
 PRECISE = TypeOptions("precise", "adaptive", "numeric")
 
-
-def numeric_typmod(precision: int, scale: int) -> int:
-    return ((precision << 16) | scale) + 4
 
 
 def typed_json(type_name: str, modifier: int, text: bytes) -> bytes:
@@ -119,16 +117,6 @@ def test_types_without_a_direct_renderer_are_rendered_from_their_typed_value() -
 
 
 # -- through the decoder ------------------------------------------------------------------------------
-
-COLUMNS = ((1, "id", 20, -1), (0, 'we%ird "name', 25, -1), (0, "amount", 1700, numeric_typmod(12, 2)), (0, "f", 701, -1))
-TABLES = {"public.accounts": TableInfo("public", "accounts", 16384, "d", ("id",), ("id", 'we%ird "name', "amount", "f"), frozenset({"id"}))}
-
-
-def feed(decoder: ChangeDecoder, *payloads: bytes) -> list[ChangeEvent]:
-    out = []
-    for i, payload in enumerate(payloads):
-        out += [e for e in decoder.feed(payload, 0x100 + i) if isinstance(e, ChangeEvent)]  # type: ignore[arg-type]
-    return out
 
 
 def serializer() -> JsonSerializer:

@@ -33,7 +33,7 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
 from cdc import dev
-from tests.integration.connector import drop_slots
+from tests.support.connector import drop_slots
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 log = structlog.get_logger("tests.services")
