@@ -1071,8 +1071,6 @@ def _where(table: TableSchema, column: Column) -> str:
     return f"column {column.name!r} of table {table.qualified!r}"
 
 
-
-
 class EventSerializer(abc.ABC, Generic[PlanT]):
     """What every format shares: topics, a plan per table schema, and the records each event becomes.
 
