@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test unit integration services-up services-down lint clean
+.PHONY: install demo test unit integration services-up services-down lint clean flink-compat
 
 $(STAMP): pyproject.toml scripts/system-deps.sh spark/jars-pom.xml
 	bash scripts/system-deps.sh
@@ -38,5 +38,16 @@ lint: $(STAMP)
 	$(BIN)/mypy --strict src/cdc
 	$(BIN)/mypy --strict spark
 
+# Flink's debezium-json format over the daemon's topics (docs/debezium-consumers.md): PyFlink in a venv
+# of its own (its pins clash with the project's), the Kafka SQL connector jar from Maven Central.
+FLINK_VENV := .venv-flink
+$(FLINK_VENV)/.installed:
+	test -x $(FLINK_VENV)/bin/python || $(PYTHON) -m venv $(FLINK_VENV)
+	$(FLINK_VENV)/bin/python -m pip install --quiet "apache-flink==2.2.1"
+	touch $@
+
+flink-compat: $(STAMP) $(FLINK_VENV)/.installed
+	$(BIN)/python scripts/flink_compat.py --flink-python $(FLINK_VENV)/bin/python
+
 clean: services-down
-	rm -rf .cdc-dev $(VENV)
+	rm -rf .cdc-dev $(VENV) $(FLINK_VENV)

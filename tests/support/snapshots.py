@@ -244,7 +244,7 @@ def replay(messages: list[Message]) -> dict[bytes, dict[str, Any]]:
         if value is None:
             part.pop(key, None)
             continue
-        if json.loads(value).get("op") == "t":  # a truncate marker (its key: the key fields, all null)
+        if dict(m.headers() or []).get("cdc.truncate") == b"1":  # a truncate marker (key: the key fields, all null)
             part.clear()
             continue
         part[key] = json.loads(value)
