@@ -27,6 +27,8 @@ fi
 
 start=$(date +%s.%N)
 rm -rf build/wheels
+# Reproducible wheels (timestamps from the last commit), so an unchanged tree hits the build cache.
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 315532800)}
 "$PY" -m pip wheel --quiet --disable-pip-version-check --wheel-dir build/wheels .
 revision=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 "${podman[@]}" build --format docker --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 \
