@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test unit integration services-up services-down lint clean image spark-image
+.PHONY: install demo test unit integration services-up services-down lint clean image
 
 $(STAMP): pyproject.toml scripts/system-deps.sh spark/jars-pom.xml
 	bash scripts/system-deps.sh
