@@ -349,3 +349,49 @@ def test_a_wrong_password_exits_non_zero_with_a_clear_message_and_no_secret(
     assert code != 0, out
     assert "password authentication failed" in out, out
     assert wrong not in out and SECRET not in out
+
+
+# --------------------------------------------------------------------------- the Spark image
+
+SPARK_IMAGE = "localhost/cdc-spark:local"
+
+
+@pytest.fixture(scope="session")
+def spark_image(image: str) -> str:
+    """The Spark jobs' image, built by scripts/spark-image.sh (after the daemon's: same base, same checks)."""
+    build = subprocess.run(["bash", "scripts/spark-image.sh"], cwd=REPO, capture_output=True, text=True, timeout=1800)
+    if build.returncode != 0:
+        pytest.fail(f"make spark-image failed:\n{build.stderr[-6000:]}")
+    return SPARK_IMAGE
+
+
+@pytest.mark.spark
+def test_the_spark_image_rebuilds_the_warehouse_from_what_the_daemon_container_wrote(
+    spark_image, image, containers, tmp_path, services, items, slot_name, publication_name, topic_prefix, consume_all
+):
+    with psycopg.connect(items, autocommit=True) as conn:
+        conn.execute("INSERT INTO items SELECT g, 'n' || g FROM generate_series(1, 30) g")
+    cfg = _config(tmp_path, services, items, slot_name, publication_name, topic_prefix)
+    c = containers(image, cfg).start()
+    c.wait_streaming(items, slot_name)
+    with psycopg.connect(items, autocommit=True) as conn:
+        conn.execute("UPDATE items SET name = 'changed' WHERE id <= 5")
+        conn.execute("DELETE FROM items WHERE id > 25")
+    _values(consume_all, f"{topic_prefix}.public.items", 30 + 5 + 5)
+    _podman("stop", "--time", "60", c.name, timeout=90)
+    assert c.exit_code() == 0, c.logs()
+
+    warehouse = tmp_path / "warehouse"
+    warehouse.mkdir()
+    os.chown(warehouse, 10001, 10001)  # the Spark image's user writes the Delta tables
+    mounts = ["-v", f"{cfg}:/etc/cdc/cdc.yaml:ro", "-v", f"{warehouse}:/data/warehouse"]
+    rebuild = _podman("run", "--rm", *RUN_FLAGS, *mounts, spark_image, "--master", "local[1]",
+                      "/opt/cdc/spark/warehouse.py", "--config", "/etc/cdc/cdc.yaml", "--warehouse", "/data/warehouse",
+                      check=False, timeout=600)
+    assert rebuild.returncode == 0, rebuild.stdout[-4000:] + rebuild.stderr[-4000:]
+    # The project's own check, in the same image: the warehouse equals the database, row for row.
+    verify = _podman("run", "--rm", *RUN_FLAGS, *mounts, "--entrypoint", "python3", spark_image,
+                     "-m", "cdc_views", "verify", "--config", "/etc/cdc/cdc.yaml", "--warehouse", "/data/warehouse",
+                     check=False, timeout=600)
+    assert verify.returncode == 0, verify.stdout[-4000:] + verify.stderr[-4000:]
+    assert (warehouse / "tables" / "public.items" / "_delta_log").is_dir()
