@@ -8,7 +8,8 @@
 #   docker build -f deploy/spark.Dockerfile -t cdc-spark:local .
 #   docker run --rm --network cdc_default cdc-spark:local --master 'local[2]' /opt/cdc/spark/warehouse.py ...
 #
-# The entry point is spark-submit; arguments are spark-submit's, then the job and its own.
+# The entry point is spark-submit with the jobs' jars (deploy/spark-submit.sh); arguments are
+# spark-submit's, then the job and its own.
 #
 # Without a registry or package index (`make spark-image`, scripts/spark-image.sh with podman):
 #   --build-arg BASE=localhost/cdc-base:bookworm-...  a local Debian base with python3 + venv
@@ -65,6 +66,7 @@ RUN apt-get update \
 COPY --from=deps /opt/venv /opt/venv
 COPY --from=deps /opt/cdc-cache /opt/cdc-cache
 COPY spark /opt/cdc/spark
+COPY --chmod=755 deploy/spark-submit.sh /opt/cdc/bin/spark-submit-jobs
 ENV PATH="/opt/venv/bin:${PATH}" \
     CDC_CACHE_DIR=/opt/cdc-cache \
     PYTHONPATH=/opt/cdc/spark \
@@ -73,5 +75,5 @@ ENV PATH="/opt/venv/bin:${PATH}" \
     PYTHONUNBUFFERED=1
 WORKDIR /home/spark
 USER 10001:10001
-ENTRYPOINT ["spark-submit"]
+ENTRYPOINT ["/opt/cdc/bin/spark-submit-jobs"]
 CMD ["--help"]

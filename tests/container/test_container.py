@@ -366,6 +366,7 @@ def spark_image(image: str) -> str:
 
 
 @pytest.mark.spark
+@pytest.mark.timeout(900)  # builds the Spark image first (~2-3 min), then two Spark runs
 def test_the_spark_image_rebuilds_the_warehouse_from_what_the_daemon_container_wrote(
     spark_image, image, containers, tmp_path, services, items, slot_name, publication_name, topic_prefix, consume_all
 ):

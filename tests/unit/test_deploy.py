@@ -311,7 +311,7 @@ def test_the_spark_service_submits_a_job_from_spark_with_an_image_built_from_the
     assert (DEPLOY / build["context"]).resolve() == ROOT
     assert build["dockerfile"] == "deploy/spark.Dockerfile"
     image = Dockerfile(DEPLOY / "spark.Dockerfile")
-    assert image.final("ENTRYPOINT") == ['["spark-submit"]']
+    assert image.final("ENTRYPOINT") == ['["/opt/cdc/bin/spark-submit-jobs"]']  # deploy/spark-submit.sh: adds the jars
     jobs = [arg for arg in spark["command"] if str(arg).endswith(".py")]
     assert jobs and all(job.startswith("/opt/cdc/spark/") for job in jobs)
     assert any("spark /opt/cdc/spark" in copy for copy in image.final("COPY"))
