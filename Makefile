@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test unit integration services-up services-down lint clean flink-compat
+.PHONY: install demo test unit integration services-up services-down lint clean flink-compat image spark-image
 
 $(STAMP): pyproject.toml scripts/system-deps.sh spark/jars-pom.xml
 	bash scripts/system-deps.sh
@@ -27,6 +27,15 @@ unit: $(STAMP)
 
 integration: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -ra tests/integration
+
+# The daemon's image (deploy/Dockerfile) with podman: installs podman/runc/debootstrap where missing,
+# builds a cached local Debian base when BASE is not given, wheels on the host. See scripts/image.sh.
+image: $(STAMP)
+	bash scripts/image.sh
+
+# The Spark jobs' image (deploy/spark.Dockerfile), the same way. See scripts/spark-image.sh.
+spark-image: $(STAMP)
+	bash scripts/spark-image.sh
 
 services-up: $(STAMP)
 	$(BIN)/cdc dev up

@@ -8,9 +8,18 @@
 #   docker build -f deploy/spark.Dockerfile -t cdc-spark:local .
 #   docker run --rm --network cdc_default cdc-spark:local --master 'local[2]' /opt/cdc/spark/warehouse.py ...
 #
-# The entry point is spark-submit; arguments are spark-submit's, then the job and its own.
+# The entry point is spark-submit with the jobs' jars (deploy/spark-submit.sh); arguments are
+# spark-submit's, then the job and its own.
+#
+# Without a registry or package index (`make spark-image`, scripts/spark-image.sh with podman):
+#   --build-arg BASE=localhost/cdc-base:bookworm-...  a local Debian base with python3 + venv
+#   --build-arg DEPS=host-deps   the virtualenv from the host's wheels (build/spark-wheels/) and the
+#                                jars from the host's cache (build/spark-cache/), nothing fetched here
 
-FROM python:3.11-slim-bookworm AS build
+ARG BASE=docker.io/library/python:3.11-slim-bookworm
+ARG DEPS=index-deps
+
+FROM ${BASE} AS index-deps
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 # Maven fetches the jars (spark/jars-pom.xml); a JRE runs it. Debian's stable packages are not
 # pinned: their security updates are wanted.
@@ -22,14 +31,24 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
 COPY spark ./spark
-RUN python -m venv /opt/venv \
+RUN python3 -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir ".[spark]"
 ENV CDC_CACHE_DIR=/opt/cdc-cache
 WORKDIR /src/spark
 RUN /opt/venv/bin/python -m cdc_views.jars fetch \
  && rm -rf /root/.m2
 
-FROM python:3.11-slim-bookworm
+# The same /opt/venv and /opt/cdc-cache from what the host built and fetched (scripts/spark-image.sh).
+FROM ${BASE} AS host-deps
+COPY build/spark-cache /opt/cdc-cache
+RUN --mount=type=bind,source=build/spark-wheels,target=/wheels \
+    python3 -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-cache-dir --disable-pip-version-check --no-index --find-links=/wheels \
+        "$(ls /wheels/cdc-*.whl)[spark]"
+
+FROM ${DEPS} AS deps
+
+FROM ${BASE}
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="cdc-spark" \
       org.opencontainers.image.description="Spark jobs rebuilding views from the cdc topics" \
@@ -44,9 +63,10 @@ RUN apt-get update \
  && useradd --system --uid 10001 --gid spark --create-home --home-dir /home/spark --shell /usr/sbin/nologin spark \
  && mkdir -p /data/warehouse \
  && chown spark:spark /data/warehouse
-COPY --from=build /opt/venv /opt/venv
-COPY --from=build /opt/cdc-cache /opt/cdc-cache
+COPY --from=deps /opt/venv /opt/venv
+COPY --from=deps /opt/cdc-cache /opt/cdc-cache
 COPY spark /opt/cdc/spark
+COPY --chmod=755 deploy/spark-submit.sh /opt/cdc/bin/spark-submit-jobs
 ENV PATH="/opt/venv/bin:${PATH}" \
     CDC_CACHE_DIR=/opt/cdc-cache \
     PYTHONPATH=/opt/cdc/spark \
@@ -55,5 +75,5 @@ ENV PATH="/opt/venv/bin:${PATH}" \
     PYTHONUNBUFFERED=1
 WORKDIR /home/spark
 USER 10001:10001
-ENTRYPOINT ["spark-submit"]
+ENTRYPOINT ["/opt/cdc/bin/spark-submit-jobs"]
 CMD ["--help"]
