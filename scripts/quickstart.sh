@@ -44,9 +44,21 @@ images() {
   BASE="$BASE" bash scripts/image.sh
 }
 
+pause_deps() {
+  # A pod's infra container runs catatonit, which Debian packages apart from podman.
+  if ! command -v catatonit >/dev/null 2>&1 && [ ! -x /usr/libexec/podman/catatonit ]; then
+    echo "quickstart: installing catatonit (the pod's pause process)" >&2
+    local sudo=
+    [ "$(id -u)" -eq 0 ] || sudo=sudo
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends catatonit >&2 \
+      || { $sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends catatonit >&2; }
+  fi
+}
+
 play() {  # kube play the pod; MANIFEST=... plays another copy of it (the tests drop its host ports)
   # The passwords reach the pod as a ConfigMap file given to --configmap: a private temporary file,
   # removed as soon as the pod has its environment. Never written into the repository.
+  pause_deps
   local cm
   cm=$(mktemp)
   trap 'rm -f "$cm"' RETURN
