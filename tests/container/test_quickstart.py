@@ -72,7 +72,14 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     manifest["metadata"]["name"] = pod
     for container in manifest["spec"]["containers"]:
         container.pop("ports", None)
+    # podman turns the emptyDir into a named volume: one of this pod's own, removed afterwards.
+    for container in manifest["spec"]["containers"]:
+        for mount in container.get("volumeMounts", []):
+            if mount["name"] == "tmp":
+                mount["name"] = f"{pod}-tmp"
     for volume in manifest["spec"]["volumes"]:
+        if volume["name"] == "tmp":
+            volume["name"] = f"{pod}-tmp"
         if "hostPath" in volume:
             volume["hostPath"]["path"] = str(REPO / volume["hostPath"]["path"])
     copy = tmp_path_factory.mktemp("quickstart") / "pod.yaml"
@@ -97,6 +104,7 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield pod
     finally:
         _run(["bash", "scripts/quickstart.sh", "down"], env=env, timeout=180)
+        _run([*PODMAN, "volume", "rm", "--force", f"{pod}-tmp"])
 
 
 def test_an_insert_into_the_quickstart_postgres_arrives_in_its_kafka_topic(quickstart: str) -> None:
