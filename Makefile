@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test unit integration services-up services-down lint clean flink-compat image spark-image
+.PHONY: install demo test unit integration services-up services-down lint clean flink-compat image spark-image quickstart quickstart-down
 
 $(STAMP): pyproject.toml scripts/system-deps.sh spark/jars-pom.xml
 	bash scripts/system-deps.sh
@@ -36,6 +36,14 @@ image: $(STAMP)
 # The Spark jobs' image (deploy/spark.Dockerfile), the same way. See scripts/spark-image.sh.
 spark-image: $(STAMP)
 	bash scripts/spark-image.sh
+
+# The quickstart stack (Postgres, Kafka, registry, daemon) as one podman pod: deploy/podman/quickstart.yaml.
+# Needs POSTGRES_PASSWORD, CDC_DB_PASSWORD and REGISTRY_DB_PASSWORD in the environment.
+quickstart: $(STAMP)
+	bash scripts/quickstart.sh up
+
+quickstart-down:
+	bash scripts/quickstart.sh down
 
 services-up: $(STAMP)
 	$(BIN)/cdc dev up
