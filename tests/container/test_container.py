@@ -28,7 +28,7 @@ import pytest
 import structlog
 
 from cdc.dev import postgres as dev_postgres
-from tests.integration.connector import write_config
+from tests.support.connector import write_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.container]
 
