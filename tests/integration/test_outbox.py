@@ -90,6 +90,21 @@ def metrics(c: Connector) -> str:
         return resp.read().decode()
 
 
+def _report_missing_counters(consume_all: Any, topic: str, c: Connector, dsn: str) -> None:
+    """On a short read: which (aggregate, version) records are absent, what the database holds, and every
+    warning or error the daemon logged, so that a failure here says where the events went."""
+    seen: dict[str, set[int]] = {}
+    for m in consume_all([topic], timeout=20.0):
+        seen.setdefault(m.key().decode(), set()).add(json.loads(m.value())["n"])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        final = dict(conn.execute("SELECT aggregate, n FROM counters").fetchall())
+    missing = {a: sorted(set(range(1, n + 1)) - seen.get(a, set())) for a, n in final.items()}
+    noisy = [e for e in c.log_events() if e.get("level") in ("warning", "error", "critical")]
+    print("missing (aggregate: versions):", {a: v for a, v in missing.items() if v})
+    print("daemon warnings and errors:", noisy[-40:])
+    print("metrics:", "\n".join(line for line in metrics(c).splitlines() if "outbox" in line or "dead" in line))
+
+
 def test_both_routes_atomic_with_the_transaction_in_commit_order_per_aggregate(
     tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix, consume_all, kafka_admin
 ):
@@ -144,7 +159,11 @@ def test_both_routes_atomic_with_the_transaction_in_commit_order_per_aggregate(
         assert not errors, errors
         wait_confirmed(dsn, slot_name)
         orders = consume_all([f"{topic_prefix}.outbox.order"], timeout=20.0)
-        counters = read_until(consume_all, [f"{topic_prefix}.outbox.counter"], 120)
+        try:
+            counters = read_until(consume_all, [f"{topic_prefix}.outbox.counter"], 120)
+        except AssertionError:
+            _report_missing_counters(consume_all, f"{topic_prefix}.outbox.counter", c, dsn)
+            raise
         scraped = metrics(c)
     finally:
         assert c.stop() == 0
