@@ -53,7 +53,6 @@ from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_conf
 from cdc.sink.record import Record
 
 
-
 def producer_process(bootstrap: str, data: Connection, acks: Connection) -> None:
     """Process B: records in, the acknowledged LSN out (whenever it moves). A thread receives, so that A
     never waits for B to finish a batch before it can hand over the next (up to 64 batches queued)."""

@@ -25,7 +25,6 @@ from tests.support.connector import Connector, write_config
 pytestmark = pytest.mark.integration
 
 
-
 def config(
     tmp_path: Path, services: Any, dsn: str, slot: str, publication: str, prefix: str, tables: list[Any], **extra: Any
 ) -> Path:

@@ -341,7 +341,6 @@ def test_a_stale_reference_fails_with_the_command_that_fixes_it(tmp_path: Path, 
         test_the_committed_configuration_reference_matches_the_model()
 
 
-
 def test_a_json_map_in_the_environment_is_merged_into_the_files_map_as_the_reference_says(
     tmp_path: Path, clean_env: pytest.MonkeyPatch
 ) -> None:

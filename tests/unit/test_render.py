@@ -31,7 +31,6 @@ TYPES = {t.name: t for t in BUILTIN_TYPES.values()}
 PRECISE = TypeOptions("precise", "adaptive", "numeric")
 
 
-
 def typed_json(type_name: str, modifier: int, text: bytes) -> bytes:
     pg_type = TYPES[type_name]
     value = converter_for(pg_type, modifier)(text)

@@ -82,10 +82,6 @@ from cdc.values import UNCHANGED_TOAST
 log = structlog.get_logger(__name__)
 
 
-
-
-
-
 @dataclass(frozen=True, slots=True)
 class _Relation:
     schema: TableSchema

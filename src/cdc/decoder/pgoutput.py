@@ -471,7 +471,6 @@ def _decode_origin(buf: bytes) -> Origin:
     return Origin(Lsn(origin_lsn), name)
 
 
-
 def _decode_truncate(buf: bytes, in_stream: bool) -> Truncate:
     reader = _Reader(buf, "Truncate")
     xid = reader.xid_if(in_stream)

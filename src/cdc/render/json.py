@@ -32,12 +32,10 @@ from cdc.sink.typemap import TypeOptions, numeric_typmod, time_precision
 _JSON_SPECIAL: Final = re.compile(rb'["\\\x00-\x1f]').search  # what orjson escapes in a string
 
 
-
 def _render_text(raw: bytes) -> bytes:
     if raw.isascii() and _JSON_SPECIAL(raw) is None:
         return b'"' + raw + b'"'
     return orjson.dumps(raw.decode())  # UnicodeDecodeError is a ValueError: the typed path names it
-
 
 
 def _render_bool(raw: bytes) -> bytes:
@@ -48,10 +46,8 @@ def _render_bool(raw: bytes) -> bytes:
     raise ValueError(raw)
 
 
-
 def _render_uuid(raw: bytes) -> bytes:
     return b'"' + check_uuid_text(raw) + b'"'
-
 
 
 @functools.lru_cache(maxsize=64)
@@ -64,7 +60,6 @@ def _render_fixed_numeric(scale: int) -> Callable[[bytes], bytes]:
         return b'"' + b64(unscaled(raw), newline=False) + b'"'
 
     return render
-
 
 
 def _direct_renderer(pg_type: PgType, modifier: int, opts: TypeOptions) -> Callable[[bytes], bytes] | None:
@@ -89,7 +84,6 @@ def _direct_renderer(pg_type: PgType, modifier: int, opts: TypeOptions) -> Calla
         assert typmod is not None
         return _render_fixed_numeric(typmod[1])
     return None
-
 
 
 def _object_format(names: Sequence[str]) -> bytes:

@@ -42,8 +42,6 @@ _PRIMITIVES: Final = {
 _INVALID_NAME_CHARS: Final = re.compile(r"[^A-Za-z0-9_]")
 
 
-
-
 def avro_name(name: str) -> str:
     """A Connect schema name as a valid Avro full name (``schema.name.adjustment.mode=avro``)."""
     return ".".join(avro_field_name(part) for part in name.split("."))

@@ -12,7 +12,6 @@ from typing import Any, Final
 import orjson
 
 
-
 Encoder = Callable[[Any], Any]
 """A column value (as ``cdc.values`` defines it, never None) -> what the format writes."""
 

@@ -70,8 +70,6 @@ from cdc.values import UNCHANGED_TOAST
 _log = structlog.get_logger("cdc.sink.serialize")
 
 
-
-
 class TablePlan(Protocol):
     """What the shared event logic needs from a format's plan of one table schema."""
 
