@@ -68,22 +68,23 @@ class Deliver:
     """The end of the chain: the serializer's records of an event, sent in order, and counted."""
 
     def __init__(self, serializer: EventSerializer[Any], delivery: Delivery, stats: Stats) -> None:
-        self._records = serializer.records
-        self._send = delivery.send
-        self._counts = stats.events
+        self.records: Final = serializer.records
+        self.send: Final = delivery.send
+        self.counts: Final = stats.events
 
     def row(self, event: ChangeEvent, table: str) -> None:
-        send = self._send
-        for record in self._records(event):
+        """One row change, serialized, sent and counted (``Chain.row`` does the same inline)."""
+        send = self.send
+        for record in self.records(event):
             send(record, table)
         # Op is a StrEnum: the member is the same key as its code ("c"), without Enum.value's descriptor call
-        self._counts[(table, event.op)] += 1
+        self.counts[(table, event.op)] += 1
 
     def other(self, event: TruncateEvent | MessageEvent) -> None:
         what = describe(event)
-        for record in self._records(event):
-            self._send(record, what)
-        self._counts[(what, "t" if isinstance(event, TruncateEvent) else "m")] += 1
+        for record in self.records(event):
+            self.send(record, what)
+        self.counts[(what, "t" if isinstance(event, TruncateEvent) else "m")] += 1
 
 
 class Chain:
@@ -92,7 +93,10 @@ class Chain:
     def __init__(self, stages: Sequence[Stage], deliver: Deliver) -> None:
         self.stages: Final = tuple(stages)
         self.deliver: Final = deliver
-        self._deliver_row = deliver.row  # bound once: called per row
+        # Deliver.row's work, bound once and done in ``row`` itself: a frame less per row.
+        self._records = deliver.records
+        self._send = deliver.send
+        self._counts = deliver.counts
         self._rows: dict[str, tuple[Process, ...]] = {}
 
     def typed_rows(self, table: str) -> bool:
@@ -114,12 +118,18 @@ class Chain:
         steps = self._rows.get(table)
         if steps is None:
             steps = self.rows_of(table)
-        current: Any = event
-        for process in steps:
-            current = process(current)
-            if current is None:
-                return
-        self._deliver_row(current, table)
+        if steps:
+            current: Any = event
+            for process in steps:
+                current = process(current)
+                if current is None:
+                    return
+            event = current
+        send = self._send
+        for record in self._records(event):
+            send(record, table)
+        # Op is a StrEnum: the member is the same key as its code ("c"), without Enum.value's descriptor call
+        self._counts[(table, event.op)] += 1
 
     def other(self, event: Event) -> None:
         """Begin, commit, truncate or message: through every stage; a truncate or message that is left

@@ -327,7 +327,8 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         return super()._key_payload(plan, row)
 
     def _key(self, plan: _TablePlan, row: AnyRow | None) -> bytes:
-        payload = self._key_payload(plan, row)
+        rendered = encoded(row)  # _key_payload's work inline: this runs once or twice per row
+        payload = rendered.key_data if rendered is not None else super()._key_payload(plan, row)
         if self._schemas:
             return plan.key_prefix + payload + b"}"
         return payload
