@@ -86,9 +86,10 @@ class RowRendering:
     encoding within the row, or is None, and then the column's typed value (the decoder's
     converter) goes through ``typed[i]``; ``null[i]`` is a NULL's encoding (None: a NULL here
     cannot be rendered, the typed path decides). ``row_format`` joins the columns' encodings
-    (``%b`` each, in order). The key columns (``key_index`` are their positions) reuse their
-    rendered encoding where the key's NULL is the row's (direct types encode keys as values); the
-    others go through ``key_typed``, as a key's encoding can differ (keys must be injective).
+    (``%b`` each, in order). The key columns (``key_index`` are their positions) with a direct
+    renderer reuse their rendered encoding (direct types encode keys as values; only a NULL can be
+    written differently, as ``key_null``); the others go through ``key_typed``, as a key's encoding
+    can differ (keys must be injective).
     Renderers raise ValueError on anything they do not cover; the decoder then takes its typed path.
     """
 
@@ -158,6 +159,11 @@ def render_parser(rendering: RowRendering, parsers: Sequence[Callable[[bytes], A
             key_null = rendering.key_null[j]
             if direct is not None and key_null == null:
                 key_parts.append(f"v{i}")  # the same encoding as in the row
+            elif direct is not None and key_null is not None:
+                # A direct type's key encoding is its value encoding; only a NULL differs (a NOT NULL
+                # column's row NULL is its fallback text, the key's is null): no second encoding per row.
+                namespace[f"kn{j}"] = key_null
+                key_parts.append(f"(kn{j} if k{i} is None else v{i})")
             else:
                 namespace[f"kt{j}"] = rendering.key_typed[j]
                 namespace[f"kn{j}"] = key_null
