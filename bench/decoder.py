@@ -51,7 +51,7 @@ from cdc.process import tune_gc
 DB = "cdc_bench_decoder"
 TABLE = "public.bench_rows"
 PUBLICATION = "bench_decoder_pub"
-PG_RECVLOGICAL = postgres.PG_BIN / "pg_recvlogical"
+PG_RECVLOGICAL = postgres.bin_dir() / "pg_recvlogical"
 
 
 def setup_database(admin_dsn: str) -> str:
@@ -163,7 +163,7 @@ def main() -> int:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings and up
 
     if not os.access(PG_RECVLOGICAL, os.X_OK):
-        raise SystemExit(f"{PG_RECVLOGICAL} not found: install postgresql-15 (or set CDC_PG_BIN)")
+        raise SystemExit(f"{PG_RECVLOGICAL} not found: install postgresql-15 (or set CDC_PG=18, or CDC_PG_BIN)")
     admin = args.dsn or postgres.up(dev.default_state_dir(), structlog.get_logger("bench"))
     dsn = setup_database(admin)
     proto, _ = protocol_for(server_version(dsn), streaming=False)

@@ -14,6 +14,7 @@ import structlog
 from psycopg import sql
 
 from cdc.config import Config, TableConfig
+from cdc.decoder.stream import failover_refusal
 from cdc.outbox.config import OutboxTable
 from cdc.event import PgType, TypeKind
 from cdc.event import TableInfo as TableInfo  # re-exported: the catalog builds it (describe_tables)
@@ -46,6 +47,21 @@ def check_server(conn: psycopg.Connection[tuple[object, ...]]) -> None:
             f"role {user} lacks the REPLICATION attribute needed to stream changes. "
             f"Fix: ALTER ROLE {user} REPLICATION; (as a superuser)."
         )
+
+
+def check_slot_failover(conn: psycopg.Connection[tuple[object, ...]], wanted: bool | None) -> None:
+    """``source.slot_failover: true`` on a server that cannot keep a failover slot: refused before anything
+    is created, with the reason."""
+    if not wanted:
+        return
+    version = conn.info.server_version
+    standby = False
+    if version >= 170000:
+        row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        standby = bool(row and row[0])
+    refusal = failover_refusal(wanted, version, standby)
+    if refusal is not None:
+        raise StartupError(refusal)
 
 
 def candidate_tables(conn: psycopg.Connection[tuple[object, ...]]) -> list[tuple[str, str]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
 def _cmd_dev(args: argparse.Namespace) -> int:
     from cdc import dev
 
+    if args.pg:
+        os.environ["CDC_PG"] = args.pg  # read by cdc.dev.postgres
     state = Path(args.state) if args.state else dev.default_state_dir()
     if args.action == "up":
         endpoints = dev.up(state, registry=not args.no_registry)
@@ -170,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.add_argument("--state", help="state folder (default: .cdc-dev in the repository, or $CDC_DEV_STATE)")
     p.add_argument("--no-registry", action="store_true", help="do not start the schema registry")
+    p.add_argument(
+        "--pg",
+        choices=["15", "18"],
+        help="PostgreSQL major version (default: $CDC_PG, else 15); one state folder per version (--state)",
+    )
     p.set_defaults(func=_cmd_dev)
 
     p = sub.add_parser("demo", help="run the end-to-end demo on local services")

@@ -65,6 +65,12 @@ class SourceConfig(_Section):
     password_file: Path | None = Field(default=None, description="file whose first line is the password")
     slot: str = Field(description="logical replication slot name (created if missing)")
     publication: str = Field(description="publication name (created if missing, for exactly the captured tables)")
+    slot_failover: bool | None = Field(
+        default=None,
+        description="make the slot a failover slot (PostgreSQL 17+: standbys with sync_replication_slots keep "
+        "it through a promotion; docs/operations.md, 'Beside a primary with standbys'). Unset: on where the "
+        "server supports it and is a primary; true on PostgreSQL 15/16 is refused at start-up",
+    )
 
     @field_validator("slot", "publication")
     @classmethod

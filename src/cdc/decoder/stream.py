@@ -152,6 +152,26 @@ def _copy_ended(conn: PGconn, res: PGresult | None) -> ReplicationError:
     return error
 
 
+def failover_refusal(wanted: bool | None, server_version: int, standby: bool) -> str | None:
+    """Why ``source.slot_failover: true`` cannot be met on this server, or None (the setting unset or false
+    is never refused: the slot is then a failover slot where the server supports one)."""
+    if not wanted:
+        return None
+    if server_version < 170000:
+        return (
+            f"source.slot_failover is true, but the server is PostgreSQL {server_version // 10000}: failover "
+            "slots (kept on standbys through a promotion) need PostgreSQL 17 or newer. Fix: upgrade the "
+            "server, or set source.slot_failover: false (after a failover the slot is then gone)"
+        )
+    if standby:
+        return (
+            "source.slot_failover is true, but the server is a standby, where a failover slot cannot be "
+            "created. Fix: connect to the primary (a multi-host DSN with target_session_attrs=primary), or "
+            "set source.slot_failover: false"
+        )
+    return None
+
+
 class ReplicationStream:
     """One replication connection: create the slot, stream from it, report positions."""
 
@@ -161,8 +181,12 @@ class ReplicationStream:
         *,
         status_interval: float = 10.0,
         on_keepalive: Callable[[Lsn], None] | None = None,
+        slot_failover: bool | None = None,
     ) -> None:
+        """``slot_failover``: a failover slot (PostgreSQL 17+, kept on standbys that synchronize slots) when
+        True; None: one where the server supports it and this is a primary; False: never."""
         self._conninfo = conninfo
+        self._slot_failover = slot_failover
         self._status_interval = status_interval
         self._on_keepalive = on_keepalive
         self._conn: PGconn | None = None
@@ -216,14 +240,57 @@ class ReplicationStream:
             raise classify_error(message)
         return res
 
+    def _query_value(self, sql: str) -> str | None:
+        res = self._command(sql)
+        if res.ntuples == 0:
+            return None
+        value = res.get_value(0, 0)
+        return None if value is None else value.decode()
+
+    def failover_wanted(self) -> bool:
+        """Whether the slot is to be a failover slot on this server (see ``slot_failover``); refuses a
+        request the server cannot meet."""
+        version = self.server_version
+        if self._slot_failover is False:
+            return False
+        standby = version >= 170000 and self._query_value("SELECT pg_is_in_recovery()") == "t"
+        refusal = failover_refusal(self._slot_failover, version, standby)
+        if refusal is not None:
+            raise ReplicationError(refusal)
+        return version >= 170000 and not standby
+
     def create_slot(self, slot: str, *, export_snapshot: bool = False) -> SlotInfo:
         """CREATE_REPLICATION_SLOT with pgoutput; the snapshot, if exported, lives until the next command."""
         mode = "export" if export_snapshot else "nothing"
-        res = self._command(f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} LOGICAL pgoutput (SNAPSHOT '{mode}')")
+        failover = self.failover_wanted()
+        options = f"SNAPSHOT '{mode}'" + (", FAILOVER true" if failover else "")
+        res = self._command(f"CREATE_REPLICATION_SLOT {_quote_ident(slot)} LOGICAL pgoutput ({options})")
         point = Lsn.parse((res.get_value(0, 1) or b"").decode())
         snap = res.get_value(0, 2)
-        log.info("slot_created", slot=slot, consistent_point=str(point))
+        log.info("slot_created", slot=slot, consistent_point=str(point), failover=failover)
         return SlotInfo(slot, point, snap.decode() if snap else None)
+
+    def ensure_failover(self, slot: str) -> None:
+        """Make an existing slot a failover slot where one is wanted (a slot made before the setting, or by
+        a snapshot's connection): ALTER_REPLICATION_SLOT, while no one streams from it."""
+        if not self.failover_wanted():
+            return
+        current = self._query_value(
+            f"SELECT failover FROM pg_catalog.pg_replication_slots WHERE slot_name = {_quote_literal(slot)}"
+        )
+        if current is None or current == "t":
+            return  # missing: START_REPLICATION names it; already a failover slot
+        try:
+            self._command(f"ALTER_REPLICATION_SLOT {_quote_ident(slot)} (FAILOVER true)")
+        except ConnectionLost:
+            raise
+        except ReplicationError as e:
+            raise ReplicationError(
+                f"slot {slot} is not a failover slot and could not be made one ({e}). Fix: run "
+                f"ALTER_REPLICATION_SLOT {slot} (FAILOVER true) on a replication connection as the slot's role "
+                "(psql \"dbname=<db> replication=database\"), or set source.slot_failover: false"
+            ) from e
+        log.info("slot_failover_enabled", slot=slot)
 
     def start(
         self,
@@ -241,6 +308,7 @@ class ReplicationStream:
         outbox, watermarks); ``options`` are further pgoutput options, as
         ``protocol_for`` returns them (``{"streaming": "on"}``).
         """
+        self.ensure_failover(slot)
         opts = [f"proto_version '{proto_version}'", f"publication_names {_quote_literal(_quote_ident(publication))}"]
         if messages:
             opts.append("messages 'true'")

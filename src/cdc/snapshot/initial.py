@@ -93,11 +93,11 @@ class _Exporter:
     """Holds an exported snapshot until every reader imported it: a slot's replication connection, or
     (initial_only) a plain connection's open transaction."""
 
-    def __init__(self, conninfo: str, slot: str | None) -> None:
+    def __init__(self, conninfo: str, slot: str | None, slot_failover: bool | None = None) -> None:
         self._stream: ReplicationStream | None = None
         self._conn: psycopg.Connection[Any] | None = None
         if slot is not None:
-            self._stream = ReplicationStream(conninfo)
+            self._stream = ReplicationStream(conninfo, slot_failover=slot_failover)
             self._stream.connect()
             info = self._stream.create_slot(slot, export_snapshot=True)
             if info.snapshot_name is None:
@@ -138,6 +138,7 @@ class InitialSnapshot:
         alive: Callable[[], None] | None = None,
         truncate_first: Collection[str] = (),
         with_slot: bool = True,
+        slot_failover: bool | None = None,
         log_format: str = "json",
         log_level: str = "info",
     ) -> None:
@@ -155,6 +156,7 @@ class InitialSnapshot:
         self._alive = alive
         self._truncate_first = set(truncate_first)
         self._with_slot = with_slot
+        self._slot_failover = slot_failover
         self._log_format = log_format
         self._log_level = log_level
         self._context = multiprocessing.get_context("spawn")
@@ -167,7 +169,7 @@ class InitialSnapshot:
         started = time.monotonic()
         self._state.begin_initial()
         log.info("snapshot_starting", slot=self._slot if self._with_slot else None, tables=sorted(self._tables))
-        exporter = _Exporter(self._conninfo, self._slot if self._with_slot else None)
+        exporter = _Exporter(self._conninfo, self._slot if self._with_slot else None, self._slot_failover)
         point, name = exporter.point, exporter.name
         planner: psycopg.Connection[Any] | None = None
         workers: dict[int, _Worker] = {}

@@ -60,6 +60,7 @@ class Snapshots:
         alive: Callable[[], None] | None = None,
         log_format: str = "json",
         log_level: str = "info",
+        slot_failover: bool | None = None,
     ) -> None:
         """``topics_holding_records(table names) -> table names`` says which tables' topics already hold
         records (a new initial snapshot marks those truncated first); None: assume none do.
@@ -68,6 +69,7 @@ class Snapshots:
         self.settings = settings
         self._conninfo = conninfo
         self._slot = slot
+        self._slot_failover = slot_failover  # the slot this creates: ReplicationStream's slot_failover
         self._tables = dict(tables)
         self._output = output
         self._types = dict(types or {})
@@ -124,7 +126,7 @@ class Snapshots:
                     "streaming starts from the snapshot's consistent point."
                 )
         elif plan.create_slot:
-            stream = ReplicationStream(self._conninfo)
+            stream = ReplicationStream(self._conninfo, slot_failover=self._slot_failover)
             stream.connect()
             try:
                 stream.create_slot(self._slot)
@@ -163,6 +165,7 @@ class Snapshots:
             alive=self._alive,
             truncate_first=holding,
             with_slot=with_slot,
+            slot_failover=self._slot_failover,
             log_format=self._log_format,
             log_level=self._log_level,
         )
