@@ -382,3 +382,60 @@ def status(state_dir: Path) -> dict[str, Any]:
         pid, port = current
         return {"running": True, "pid": pid, "port": port, "log": str(log_file(state_dir))}
     return {"running": False, "pid": None, "port": saved if isinstance(saved, int) else None, "log": str(log_file(state_dir))}
+
+
+def standby_of(
+    primary_state: Path,
+    state_dir: Path,
+    log: FilteringBoundLogger,
+    *,
+    physical_slot: str,
+    settings: Mapping[str, str] | None = None,
+) -> str:
+    """A physical standby of the dev server in ``primary_state`` (base backup through ``physical_slot``,
+    which must exist there), started in ``state_dir``; returns its superuser DSN. Its primary_conninfo
+    names a database, which slot synchronization (PostgreSQL 17+) needs."""
+    state_dir = state_dir.resolve()
+    current = _postmaster_pid(primary_state.resolve())
+    if current is None:
+        raise DevServiceError(f"no dev PostgreSQL runs in {primary_state}: start it first")
+    _, primary_port = current
+    user = _run_user(log)
+    root = root_dir(state_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    data = data_dir(state_dir)
+    if not (data / "PG_VERSION").exists():
+        if user is not None:
+            os.chmod(state_dir, 0o755)
+            _proc.ensure_traversable(state_dir, log)
+            _chown_tree(root, user)
+        started = time.monotonic()
+        conninfo = f"host=127.0.0.1 port={primary_port} user={SUPERUSER} dbname=postgres"
+        cmd = [_binary("pg_basebackup"), "-D", str(data), "-R", "-S", physical_slot, "-X", "stream", "-c", "fast"]
+        cmd += ["-d", conninfo]
+        proc = _run_as(cmd, user, root)
+        if proc.returncode != 0:
+            shutil.rmtree(data, ignore_errors=True)
+            raise DevServiceError(f"pg_basebackup failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        log.info("dev.postgres.base_backup", data_dir=str(data), seconds=round(time.monotonic() - started, 1))
+    return up(state_dir, log, {"hot_standby": "on", **(settings or {})})
+
+
+def promote(state_dir: Path, log: FilteringBoundLogger) -> None:
+    """Promote the standby in ``state_dir`` (pg_ctl promote, waiting until it accepts writes)."""
+    state_dir = state_dir.resolve()
+    cmd = [_binary("pg_ctl"), "promote", "-w", "-t", str(int(START_TIMEOUT_S)), "-D", str(data_dir(state_dir))]
+    proc = _run_as(cmd, _run_user(log), root_dir(state_dir), timeout=START_TIMEOUT_S + 30)
+    if proc.returncode != 0:
+        raise DevServiceError(f"pg_ctl promote failed (exit {proc.returncode}): {proc.stdout} {proc.stderr}")
+    log.info("dev.postgres.promoted", state_dir=str(state_dir))
+
+
+def crash(state_dir: Path, log: FilteringBoundLogger) -> None:
+    """SIGKILL the postmaster in ``state_dir`` (its backends exit when they notice), as a crashed host."""
+    current = _postmaster_pid(state_dir.resolve())
+    if current is None:
+        return
+    pid, _ = current
+    os.kill(pid, signal.SIGKILL)
+    log.info("dev.postgres.killed", pid=pid, state_dir=str(state_dir))

@@ -1,0 +1,172 @@
+"""A primary failover with the slot the daemon creates itself: PostgreSQL 18, a physical standby with slot
+synchronization, the primary killed with SIGKILL while a writer runs, the standby promoted. The daemon
+(given both hosts, target_session_attrs=primary) resumes on the new primary from the synchronized slot:
+the topic's replay equals the new primary's table, nothing missing and no second snapshot."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import structlog
+
+from cdc.dev import postgres as dev_postgres
+from tests.support.connector import Connector, write_config
+from tests.support.snapshots import assert_topic_equals_table
+
+pytestmark = pytest.mark.integration
+log = structlog.get_logger("tests.failover")
+PHYSICAL_SLOT = "standby_phys"
+
+
+class Pair:
+    def __init__(self, primary: Path, standby: Path, primary_dsn: str, standby_dsn: str) -> None:
+        self.primary, self.standby = primary, standby
+        self.primary_dsn, self.standby_dsn = primary_dsn, standby_dsn
+
+    def dsn(self, dbname: str) -> str:
+        p = psycopg.conninfo.conninfo_to_dict(self.primary_dsn)
+        s = psycopg.conninfo.conninfo_to_dict(self.standby_dsn)
+        return (
+            f"host={p['host']},{s['host']} port={p['port']},{s['port']} user={p['user']} dbname={dbname} "
+            "target_session_attrs=primary connect_timeout=3"
+        )
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[Pair]:
+    """A PostgreSQL 18 primary and its physical standby, set up as docs/operations.md says."""
+    before = os.environ.get("CDC_PG")
+    os.environ["CDC_PG"] = "18"
+    primary_state, standby_state = tmp_path / "primary", tmp_path / "standby"
+    try:
+        primary_dsn = dev_postgres.up(
+            primary_state, log, {"synchronized_standby_slots": f"'{PHYSICAL_SLOT}'", "wal_sender_timeout": "'5s'"}
+        )
+        with psycopg.connect(primary_dsn, autocommit=True) as conn:
+            conn.execute("SELECT pg_create_physical_replication_slot(%s)", (PHYSICAL_SLOT,))
+            conn.execute("CREATE DATABASE shop")
+        standby_dsn = dev_postgres.standby_of(
+            primary_state,
+            standby_state,
+            log,
+            physical_slot=PHYSICAL_SLOT,
+            settings={"hot_standby_feedback": "on", "sync_replication_slots": "on"},
+        )
+        yield Pair(primary_state, standby_state, primary_dsn, standby_dsn)
+    finally:
+        for state in (standby_state, primary_state):
+            try:
+                dev_postgres.down(state, log)
+            except Exception as exc:  # noqa: BLE001 - a killed primary may be half gone; report, go on
+                log.warning("tests.failover.down_failed", state=str(state), error=str(exc))
+        if before is None:
+            os.environ.pop("CDC_PG", None)
+        else:
+            os.environ["CDC_PG"] = before
+
+
+class Writer(threading.Thread):
+    """Inserts one row per transaction into whichever server is the primary, until stopped."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(daemon=True)
+        self.dsn = dsn
+        self.stop = threading.Event()
+        self.committed = 0
+        self.failures = 0
+
+    def run(self) -> None:
+        n = 0
+        while not self.stop.is_set():
+            try:
+                with psycopg.connect(self.dsn, autocommit=True) as conn:
+                    while not self.stop.is_set():
+                        n += 1
+                        conn.execute("INSERT INTO items VALUES (%s, %s)", (n, f"row {n}"))
+                        self.committed += 1
+                        time.sleep(0.005)
+            except psycopg.OperationalError:
+                self.failures += 1
+                time.sleep(0.2)
+
+
+def standby_slot(standby_dsn: str, slot: str) -> tuple[bool, bool] | None:
+    """(synced, temporary) of the standby's copy of the slot, or None when it has none."""
+    with psycopg.connect(psycopg.conninfo.make_conninfo(standby_dsn, dbname="shop"), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT synced, temporary FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        ).fetchone()
+    return None if row is None else (bool(row[0]), bool(row[1]))
+
+
+@pytest.mark.parametrize("mode", ["at_least_once", "exactly_once"])
+def test_the_daemon_resumes_on_the_promoted_standby_with_its_own_slot(
+    tmp_path, services, pair, slot_name, topic_prefix, consume_all, mode
+):
+    dsn = pair.dsn("shop")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+    delivery: dict[str, Any] = {"mode": mode}
+    if mode == "exactly_once":
+        delivery["offsets_topic"] = f"{topic_prefix}.__offsets"
+    config = write_config(
+        tmp_path / "cdc.yaml",
+        source={"dsn": dsn, "slot": slot_name, "publication": "shop_pub"},
+        tables=["public.items"],
+        kafka={"bootstrap_servers": services.kafka_bootstrap},
+        topic_prefix=topic_prefix,
+        delivery=delivery,
+    )
+    daemon = Connector(config, tmp_path / "cdc.log").start()
+    writer = Writer(dsn)
+    try:
+        daemon.wait_streaming(psycopg.conninfo.make_conninfo(pair.primary_dsn, dbname="shop"), slot_name)
+        writer.start()
+        deadline = time.monotonic() + 90
+        while standby_slot(pair.standby_dsn, slot_name) != (True, False):  # synchronized and persistent
+            assert time.monotonic() < deadline, f"the standby never held a synchronized copy of {slot_name}"
+            time.sleep(0.5)
+        time.sleep(1.0)  # changes flowing through the synchronized slot
+        dev_postgres.crash(pair.primary, log)
+        killed = time.monotonic()
+        dev_postgres.promote(pair.standby, log)
+        promoted_at = writer.committed
+        deadline = time.monotonic() + 60
+        while writer.committed < promoted_at + 200:  # the writer goes on against the new primary
+            assert time.monotonic() < deadline, "the writer never reached the promoted standby"
+            time.sleep(0.1)
+        writer.stop.set()
+        writer.join(10)
+        topic = f"{topic_prefix}.public.items"
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            last = conn.execute("SELECT max(id) FROM items").fetchone()[0]
+        deadline = time.monotonic() + 90
+        first_seen: float | None = None
+        while True:
+            ids = {json.loads(m.key())["id"] for m in consume_all([topic], timeout=30)}
+            if first_seen is None and any(i > promoted_at for i in ids):
+                first_seen = time.monotonic()
+            if last in ids:
+                break
+            assert daemon.proc is not None and daemon.proc.poll() is None, daemon.output()
+            assert time.monotonic() < deadline, f"row {last} never reached {topic}:\n{daemon.output()[-4000:]}"
+            time.sleep(0.5)
+        rows = assert_topic_equals_table(consume_all, topic, dsn, "SELECT id, name FROM items")
+        assert rows > promoted_at
+        events = daemon.log_events()
+        # One start-up snapshot (the first start's, of the empty table) and one slot: none after the failover.
+        assert [e.get("reason") for e in events if e.get("event") == "snapshot_startup"] == ["slot_missing"]
+        assert len([e for e in events if e.get("event") == "slot_created"]) == 1
+        assert not [m for m in consume_all([topic], timeout=30) if m.value() and json.loads(m.value())["op"] == "r"]
+        log.info("tests.failover.measured", mode=mode, seconds_kill_to_new_rows=round((first_seen or 0) - killed, 1))
+    finally:
+        writer.stop.set()
+        assert daemon.stop() == 0, daemon.output()[-4000:]
