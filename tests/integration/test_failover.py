@@ -170,3 +170,52 @@ def test_the_daemon_resumes_on_the_promoted_standby_with_its_own_slot(
     finally:
         writer.stop.set()
         assert daemon.stop() == 0, daemon.output()[-4000:]
+
+
+def test_without_a_failover_slot_the_daemon_stops_and_a_new_snapshot_is_the_operators_decision(
+    tmp_path, services, pair, slot_name, topic_prefix, consume_all
+):
+    dsn = pair.dsn("shop")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+        conn.execute("INSERT INTO items SELECT i, 'row ' || i FROM generate_series(1, 50) i")
+
+    def config(**snapshot: Any) -> Path:
+        return write_config(
+            tmp_path / "cdc.yaml",
+            source={"dsn": dsn, "slot": slot_name, "publication": "shop_pub", "slot_failover": False},
+            tables=["public.items"],
+            kafka={"bootstrap_servers": services.kafka_bootstrap},
+            topic_prefix=topic_prefix,
+            snapshot=snapshot,
+        )
+
+    topic = f"{topic_prefix}.public.items"
+    daemon = Connector(config(), tmp_path / "cdc.log").start()
+    daemon.wait_streaming(psycopg.conninfo.make_conninfo(pair.primary_dsn, dbname="shop"), slot_name)
+    assert_topic_equals_table(consume_all, topic, dsn, "SELECT id, name FROM items")
+    time.sleep(2.0)  # the standby replays the slot's creation: it still holds no copy of it
+    assert standby_slot(pair.standby_dsn, slot_name) is None
+    dev_postgres.crash(pair.primary, log)
+    dev_postgres.promote(pair.standby, log)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO items SELECT i, 'after the failover ' || i FROM generate_series(51, 60) i")
+    code = daemon.wait_exit(120)
+    assert code != 0
+    assert "this server was promoted from a standby that held no synchronized copy" in daemon.output()
+
+    again = Connector(config(), tmp_path / "again.log").start()
+    assert again.wait_exit(90) == 1
+    out = again.output()
+    assert f"slot {slot_name} is gone, but it existed" in out and "snapshot.on_slot_missing: snapshot" in out
+    assert not [e for e in again.log_events() if e.get("event") == "slot_created"]
+
+    fixed = Connector(config(on_slot_missing="snapshot"), tmp_path / "fixed.log").start()
+    try:
+        fixed.wait_streaming(dsn, slot_name)
+        assert [e.get("reason") for e in fixed.log_events() if e.get("event") == "snapshot_startup"] == [
+            "slot_lost_snapshot"
+        ]
+        assert assert_topic_equals_table(consume_all, topic, dsn, "SELECT id, name FROM items") == 60
+    finally:
+        assert fixed.stop() == 0, fixed.output()[-4000:]

@@ -73,3 +73,27 @@ def test_initial_only_copies_without_a_slot_and_does_not_stream() -> None:
 def test_no_data_never_resumes_or_copies_new_tables() -> None:
     p = plan(SnapshotMode.NO_DATA, SlotState.PRESENT, InitialStatus.COPYING, {"public.a": 1})
     assert not p.resume and not p.new_tables and not p.initial
+
+
+@pytest.mark.parametrize("mode", [SnapshotMode.INITIAL, SnapshotMode.NO_DATA])
+def test_a_slot_that_existed_and_is_gone_stops_with_what_may_be_missing(mode: SnapshotMode) -> None:
+    with pytest.raises(StartupError, match=r"slot s is gone, but it existed.*snapshot.on_slot_missing: snapshot"):
+        plan(mode, SlotState.MISSING, InitialStatus.DONE, {"public.a": 1})
+
+
+def test_on_slot_missing_snapshot_copies_again_a_slot_that_existed() -> None:
+    p = decide(
+        SnapshotMode.INITIAL, SlotState.MISSING, InitialStatus.DONE, {"public.a": 1}, TABLES, slot_name="s",
+        on_slot_missing="snapshot",
+    )  # fmt: skip
+    assert p.initial and p.stream and p.reason == "slot_lost_snapshot"
+
+
+def test_when_needed_snapshots_a_slot_that_existed_without_being_asked() -> None:
+    p = plan(SnapshotMode.WHEN_NEEDED, SlotState.MISSING, InitialStatus.DONE, {"public.a": 1})
+    assert p.initial and p.reason == "slot_missing"
+
+
+def test_a_snapshot_stopped_before_its_slot_was_created_starts_over() -> None:
+    p = plan(SnapshotMode.INITIAL, SlotState.MISSING, InitialStatus.PENDING)
+    assert p.initial and p.reason == "slot_missing"

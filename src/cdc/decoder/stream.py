@@ -121,8 +121,10 @@ def classify_error(message: str) -> ReplicationError:
         return SlotBusy(text)
     if "does not exist" in text and "replication slot" in text:
         return SlotGone(
-            f"{text}. The slot was dropped; start again with a new slot (and a new snapshot), "
-            "or recreate it if losing the changes in between is acceptable."
+            f"{text}. The slot was dropped, or this server was promoted from a standby that held no "
+            "synchronized copy of it (source.slot_failover, PostgreSQL 17+): changes since the last confirmed "
+            "position may be missing. Restarting stops again at start-up unless snapshot.on_slot_missing: snapshot "
+            "(a new slot and a new snapshot) is set."
         )
     if (
         "can no longer get changes from replication slot" in text

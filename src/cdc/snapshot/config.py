@@ -34,6 +34,12 @@ class SnapshotConfig(BaseModel):
         "resumes), initial_only (copy, then exit), no_data (never), when_needed (also when the slot is missing "
         "or invalidated), always (at every start)",
     )
+    on_slot_missing: Literal["fail", "snapshot"] = Field(
+        default="fail",
+        description="the slot is gone although it existed (the progress topic remembers it: a failover without "
+        "a synchronized failover slot, or a dropped slot), in modes initial and no_data: fail stops, naming what "
+        "may be missing and the fix; snapshot copies every table again (truncate markers first)",
+    )
     workers: int = Field(default=2, ge=1, le=64, description="processes reading the initial snapshot in parallel")
     chunk_rows: int = Field(default=50_000, ge=100, description="rows per chunk of the initial snapshot (about)")
     incremental_chunk_rows: int = Field(

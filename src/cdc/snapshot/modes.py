@@ -3,13 +3,17 @@
 =================  ===================  =============================  ==========================  ===================
 mode               slot missing         slot there, initial unfinished slot there, done / unknown  slot invalidated
 =================  ===================  =============================  ==========================  ===================
-initial            initial snapshot     stream + DBLog what is left    stream (+ DBLog new tables) error, says the fix
+initial            initial snapshot(*) stream + DBLog what is left    stream (+ DBLog new tables) error, says the fix
 when_needed        initial snapshot     stream + DBLog what is left    stream (+ DBLog new tables) drop it, initial
 always             initial snapshot     drop it, initial snapshot      drop it, initial snapshot   drop it, initial
-no_data            create it, stream    stream (nothing copied)        stream                      error, says the fix
+no_data            create it, stream(*) stream (nothing copied)        stream                      error, says the fix
 initial_only       a snapshot without any slot, then stop (a slot and its records are left alone; an
                    interrupted one starts over)
 =================  ===================  =============================  ==========================  ===================
+
+(*) when the progress topic remembers the slot (it existed and is gone: a failover without a
+synchronized failover slot, or a dropped slot), ``snapshot.on_slot_missing`` decides: ``fail`` (the
+default) stops with what may be missing and the fix; ``snapshot`` copies every table again.
 
 "Unknown": a slot that exists while the progress topic holds nothing for it
 (created before snapshots existed, or by ``no_data``): its tables count as
@@ -64,8 +68,12 @@ def decide(
     tables: Mapping[str, int],
     *,
     slot_name: str = "",
+    on_slot_missing: str = "fail",
 ) -> StartupPlan:
-    """The start-up plan. ``covered`` and ``tables`` map table names to oids (a recreated table is new)."""
+    """The start-up plan. ``covered`` and ``tables`` map table names to oids (a recreated table is new).
+
+    ``on_slot_missing``: what ``initial`` and ``no_data`` do when the slot is missing although the progress
+    topic remembers it (it existed, so changes may have been lost since): ``fail`` or ``snapshot``."""
     if mode is SnapshotMode.INITIAL_ONLY:
         return StartupPlan(without_slot=True, stream=False, reason="initial_only")
     if slot is SlotState.LOST and mode not in (SnapshotMode.WHEN_NEEDED, SnapshotMode.ALWAYS):
@@ -79,6 +87,19 @@ def decide(
     if slot is SlotState.LOST:
         return StartupPlan(drop_slot=True, initial=True, reason="slot_invalidated")
     if slot is SlotState.MISSING:
+        existed = (initial_status is not None and initial_status != InitialStatus.PENDING) or bool(covered)
+        if existed and mode in (SnapshotMode.INITIAL, SnapshotMode.NO_DATA):  # PENDING: before the slot
+            if on_slot_missing != "snapshot":
+                raise StartupError(
+                    f"slot {slot_name} is gone, but it existed: the progress topic records its snapshot. The "
+                    "changes committed between the last position the daemon confirmed on it (the last change "
+                    "in the topics) and now may be missing from the topics; this happens after a failover to "
+                    "a standby that held no synchronized copy of the slot (source.slot_failover, PostgreSQL "
+                    "17+; docs/operations.md 'Beside a primary with standbys'), or when someone dropped the "
+                    "slot. Fix: set snapshot.on_slot_missing: snapshot and restart to copy every table again "
+                    "(consumers see truncate markers first), or restore the slot if you have one"
+                )
+            return StartupPlan(initial=True, reason="slot_lost_snapshot")
         if mode is SnapshotMode.NO_DATA:
             return StartupPlan(create_slot=True, baseline=True, reason="no_data")
         return StartupPlan(initial=True, reason="slot_missing")

@@ -103,6 +103,7 @@ class Snapshots:
             self.state.covered(),
             {name: info.oid for name, info in self._tables.items()},
             slot_name=self._slot,
+            on_slot_missing=self.settings.on_slot_missing,
         )
         log.info(
             "snapshot_startup",
