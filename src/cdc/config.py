@@ -71,6 +71,13 @@ class SourceConfig(_Section):
         "it through a promotion; docs/operations.md, 'Beside a primary with standbys'). Unset: on where the "
         "server supports it and is a primary; true on PostgreSQL 15/16 is refused at start-up",
     )
+    failover_check_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="with several hosts in the DSN: how often the daemon reads whether each standby holds a "
+        "synchronized, persistent copy of the slot (log failover_readiness on a change; metric "
+        "cdc_slot_failover_ready)",
+    )
 
     @field_validator("slot", "publication")
     @classmethod

@@ -41,6 +41,7 @@ class Stats:
     streaming: bool = False
     heartbeat: float = field(default_factory=time.monotonic)  # the main loop touches it every pass
     snapshot_progress: Callable[[], list[Any]] = lambda: []  # cdc.snapshot.progress.SnapshotProgress values
+    standbys: Callable[[], list[Any]] = lambda: []  # cdc.failover.HostSlot values (a multi-host DSN)
 
     def source_lag_ms(self) -> float:
         if not self.last_commit_ts_us:
@@ -76,6 +77,20 @@ class _StatsCollector(Collector):
         for table, n in sorted(s.snapshot_rows.items()):
             snap.add_metric([table], n)
         yield snap
+        ready = GaugeMetricFamily(
+            "cdc_slot_failover_ready", "1 when the standby holds a synchronized, persistent copy of the slot", labels=["host"]
+        )
+        behind = GaugeMetricFamily(
+            "cdc_slot_standby_behind_bytes", "How far the standby's copy of the slot is behind the primary's", labels=["host"]
+        )
+        for standby in s.standbys():
+            if standby.role != "primary":
+                name = f"{standby.host}:{standby.port}"
+                ready.add_metric([name], 1 if standby.ready else 0)
+                if standby.behind_bytes is not None:
+                    behind.add_metric([name], standby.behind_bytes)
+        yield ready
+        yield behind
         yield GaugeMetricFamily("cdc_queue_bytes", "Bytes produced, not yet acknowledged", value=s.inflight_bytes())
         yield GaugeMetricFamily(
             "cdc_inflight_records", "Records produced, not yet acknowledged", value=s.inflight_records()

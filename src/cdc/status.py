@@ -9,6 +9,8 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from cdc.catalog import StartupError, expand_config
 from cdc.config import Config
+from cdc.failover import FailoverWatch
+from cdc.failover import read as failover_read
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import connection_settings, librdkafka_logger
 
@@ -77,6 +79,8 @@ def collect(config: Config) -> dict[str, Any]:
     finally:
         consumer.close()
     out["tables"] = tables
+    if FailoverWatch.wanted(config.source.conninfo()):
+        out["hosts"] = [h.as_dict() for h in failover_read(config.source.conninfo(), config.source.slot)]
     return out
 
 
@@ -90,6 +94,19 @@ def render(status: dict[str, Any]) -> str:
         )
         lines.append(f"  confirmed: {status['confirmed_flush_lsn']}  lag: {status['lag_bytes']} bytes")
         lines.append(f"  retained WAL: {status['retained_wal_bytes']} bytes (restart_lsn {status['restart_lsn']})")
+    for h in status.get("hosts", []):
+        where = f"{h['host']}:{h['port']}"
+        if h["role"] == "standby":
+            state = "ready for failover" if h["ready"] else (
+                "NOT ready: its copy of the slot is temporary (not caught up yet)" if h["synced"] and h["temporary"]
+                else "NOT ready: no synchronized copy of the slot (see docs/operations.md, 'Beside a primary with standbys')"
+            )  # fmt: skip
+            behind = "" if h["behind_bytes"] is None else f", {h['behind_bytes']} bytes behind"
+            lines.append(f"  standby {where}: {state}{behind}")
+        elif h["role"] == "primary":
+            lines.append(f"  primary {where}")
+        else:
+            lines.append(f"  host {where}: unreachable ({h['error']})")
     if "kafka_error" in status:
         lines.append(f"  kafka: {status['kafka_error']}")
     if "tables_error" in status:

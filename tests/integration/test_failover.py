@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -119,7 +121,7 @@ def test_the_daemon_resumes_on_the_promoted_standby_with_its_own_slot(
         delivery["offsets_topic"] = f"{topic_prefix}.__offsets"
     config = write_config(
         tmp_path / "cdc.yaml",
-        source={"dsn": dsn, "slot": slot_name, "publication": "shop_pub"},
+        source={"dsn": dsn, "slot": slot_name, "publication": "shop_pub", "failover_check_s": 0.5},
         tables=["public.items"],
         kafka={"bootstrap_servers": services.kafka_bootstrap},
         topic_prefix=topic_prefix,
@@ -130,10 +132,20 @@ def test_the_daemon_resumes_on_the_promoted_standby_with_its_own_slot(
     try:
         daemon.wait_streaming(psycopg.conninfo.make_conninfo(pair.primary_dsn, dbname="shop"), slot_name)
         writer.start()
+        standby_port = str(psycopg.conninfo.conninfo_to_dict(pair.standby_dsn)["port"])
         deadline = time.monotonic() + 90
-        while standby_slot(pair.standby_dsn, slot_name) != (True, False):  # synchronized and persistent
-            assert time.monotonic() < deadline, f"the standby never held a synchronized copy of {slot_name}"
+        while not [  # the daemon reads the standby's copy of the slot: synchronized and persistent
+            e for e in daemon.log_events()
+            if e.get("event") == "failover_readiness" and e.get("port") == standby_port and e.get("ready")
+        ]:  # fmt: skip
+            assert time.monotonic() < deadline, f"the standby never held a synchronized copy:\n{daemon.output()}"
             time.sleep(0.5)
+        assert standby_slot(pair.standby_dsn, slot_name) == (True, False)
+        status = subprocess.run(
+            [sys.executable, "-m", "cdc.cli", "status", "--config", str(config)], capture_output=True, text=True, timeout=60
+        )
+        assert status.returncode == 0, status.stderr
+        assert f"standby 127.0.0.1:{standby_port}: ready for failover" in status.stdout, status.stdout
         time.sleep(1.0)  # changes flowing through the synchronized slot
         dev_postgres.crash(pair.primary, log)
         killed = time.monotonic()

@@ -15,6 +15,7 @@ from cdc.decoder import pgoutput
 from cdc.decoder.errors import ChangeError
 from cdc.decoder.spool import SpoolError
 from cdc.decoder.stream import ReplicationError
+from cdc.failover import FailoverWatch
 from cdc.instance import InstanceLock
 from cdc.observe import HttpEndpoint, Stats
 from cdc.outbox.route import OutboxError
@@ -60,6 +61,7 @@ class Daemon:
         self.components: Components | None = None  # once wired
         self.snapshots: Snapshots | None = None  # from before the initial snapshot on
         self._lag_conn: psycopg.Connection[tuple[object, ...]] | None = None  # the metrics thread's
+        self._failover: FailoverWatch | None = None  # a multi-host DSN: the standbys' copies of the slot
 
     @property
     def events(self) -> int:
@@ -96,6 +98,11 @@ class Daemon:
                 pipeline.stop()
             reloader = Reloader(components)
             self.stats.slot_lag_bytes = self._slot_lag
+            conninfo = self.config.source.conninfo()
+            if FailoverWatch.wanted(conninfo):
+                watch = self._failover = FailoverWatch(conninfo, self.config.source.slot, self.config.source.failover_check_s)
+                self.stats.standbys = lambda: watch.latest
+                watch.start()
 
             def between_transactions() -> None:
                 if self._reload_path is not None:
@@ -119,6 +126,8 @@ class Daemon:
                 self.pipeline.close()
             if self._lag_conn is not None:
                 self._lag_conn.close()
+            if self._failover is not None:
+                self._failover.stop()
 
     def _keep_snapshots(self, snapshots: Snapshots) -> None:
         self.snapshots = snapshots

@@ -1,0 +1,145 @@
+"""Failover readiness: whether each standby named in the source DSN holds a copy of the slot that survives a
+promotion (PostgreSQL 17+ slot synchronization: ``synced`` and not ``temporary`` in its
+``pg_replication_slots``), and how far its copy is behind the primary's.
+
+``cdc status`` reads it once; the daemon (``FailoverWatch``) every ``interval`` seconds, logging
+``failover_readiness`` when a standby's state changes and keeping the last reading for /metrics.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import structlog
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from cdc.lsn import Lsn
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class HostSlot:
+    """One host of the DSN and what it holds of the slot."""
+
+    host: str
+    port: str
+    role: str  # "primary", "standby" or "unreachable"
+    synced: bool | None = None  # standby: its copy is kept by slot synchronization
+    temporary: bool | None = None  # standby: a copy not yet persisted (dropped at promotion)
+    confirmed_flush_lsn: str | None = None
+    behind_bytes: int | None = None  # standby: the primary's confirmed position minus its copy's
+    error: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        """A promotion of this standby keeps the slot."""
+        return self.role == "standby" and bool(self.synced) and self.temporary is False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "port": self.port,
+            "role": self.role,
+            "ready": self.ready,
+            "synced": self.synced,
+            "temporary": self.temporary,
+            "confirmed_flush_lsn": self.confirmed_flush_lsn,
+            "behind_bytes": self.behind_bytes,
+            "error": self.error,
+        }
+
+
+def hosts(conninfo: str) -> list[tuple[str, str]]:
+    """(host, port) of each host the DSN names, ports paired as libpq pairs them."""
+    params = conninfo_to_dict(conninfo)
+    names = str(params.get("host") or params.get("hostaddr") or "").split(",")
+    ports = str(params.get("port") or "5432").split(",")
+    if len(ports) == 1:
+        ports = ports * len(names)
+    return list(zip(names, ports, strict=False))
+
+
+def read(conninfo: str, slot: str, *, timeout_s: int = 3) -> list[HostSlot]:
+    """Each host's role and copy of ``slot``; a host that does not answer is ``unreachable``."""
+    found: list[HostSlot] = []
+    for host, port in hosts(conninfo):
+        info = make_conninfo(
+            conninfo, host=host, port=port, target_session_attrs="any", connect_timeout=timeout_s,
+            application_name="cdc-failover",
+        )  # fmt: skip
+        try:
+            with psycopg.connect(info, autocommit=True) as conn:
+                standby = bool(conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,))
+                columns = "synced, temporary" if standby and conn.info.server_version >= 170000 else "NULL, temporary"
+                row = conn.execute(
+                    f"SELECT {columns}, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",  # noqa: S608
+                    (slot,),
+                ).fetchone()
+        except psycopg.Error as e:
+            found.append(HostSlot(host, port, "unreachable", error=str(e).strip().splitlines()[0]))
+            continue
+        if not standby:
+            found.append(HostSlot(host, port, "primary", confirmed_flush_lsn=row[2] if row else None))
+        elif row is None:
+            found.append(HostSlot(host, port, "standby", synced=False, temporary=None))
+        else:
+            found.append(HostSlot(host, port, "standby", synced=bool(row[0]), temporary=bool(row[1]), confirmed_flush_lsn=row[2]))
+    primary = next((h.confirmed_flush_lsn for h in found if h.role == "primary" and h.confirmed_flush_lsn), None)
+    if primary is None:
+        return found
+    out = []
+    for h in found:
+        if h.role == "standby" and h.confirmed_flush_lsn:
+            behind = max(0, int(Lsn.parse(primary)) - int(Lsn.parse(h.confirmed_flush_lsn)))
+            h = HostSlot(h.host, h.port, h.role, h.synced, h.temporary, h.confirmed_flush_lsn, behind, h.error)
+        out.append(h)
+    return out
+
+
+class FailoverWatch:
+    """Reads ``read()`` every ``interval_s`` on a thread of its own while the daemon runs (only for a DSN
+    naming more than one host); logs each standby's readiness when it changes."""
+
+    def __init__(self, conninfo: str, slot: str, interval_s: float = 30.0) -> None:
+        self._conninfo = conninfo
+        self._slot = slot
+        self._interval = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last: dict[tuple[str, str], tuple[str, bool]] = {}
+        self.latest: list[HostSlot] = []
+
+    @staticmethod
+    def wanted(conninfo: str) -> bool:
+        return len(hosts(conninfo)) > 1
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="cdc-failover-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def check(self) -> list[HostSlot]:
+        self.latest = current = read(self._conninfo, self._slot)
+        for h in current:
+            state = (h.role, h.ready)
+            if self._last.get((h.host, h.port)) != state:
+                self._last[(h.host, h.port)] = state
+                event = log.info if h.ready or h.role == "primary" else log.warning
+                event("failover_readiness", slot=self._slot, **h.as_dict())
+        return current
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.check()
+            except Exception as e:  # noqa: BLE001 - a reading that failed is reported; the daemon goes on
+                log.warning("failover_readiness_unavailable", slot=self._slot, error=str(e))
+            self._stop.wait(self._interval)
