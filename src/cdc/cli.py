@@ -175,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-registry", action="store_true", help="do not start the schema registry")
     p.add_argument(
         "--pg",
-        choices=["15", "18"],
+        choices=["15", "16", "18"],
         help="PostgreSQL major version (default: $CDC_PG, else 15); one state folder per version (--state)",
     )
     p.set_defaults(func=_cmd_dev)

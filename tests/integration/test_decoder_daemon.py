@@ -355,7 +355,7 @@ def test_a_slot_dropped_while_streaming_stops_the_daemon_with_a_clear_error(
     assert code == 1, daemon.output()
     fatal = [e for e in daemon.log_events() if e.get("event") == "fatal"]
     assert fatal and fatal[-1]["kind"] == "SlotGone", daemon.output()
-    assert "does not exist" in fatal[-1]["error"] and "start again with a new slot" in fatal[-1]["error"]
+    assert "does not exist" in fatal[-1]["error"] and "snapshot.on_slot_missing: snapshot" in fatal[-1]["error"]
 
 
 # --- a large transaction in bounded memory ----------------------------------------------------------------

@@ -26,6 +26,7 @@ from tests.support.type_cases import (
     same,
     resolve,
     hstore_available,
+    server_cases,
 )
 
 pytestmark = pytest.mark.integration
@@ -36,12 +37,16 @@ def test_every_built_in_type_round_trips_from_sql_to_the_event_value(
 ) -> None:
     if not hstore_available(pg_dsn):  # Debian's postgresql-15 ships contrib (hstore, citext); others may not
         pytest.skip("the hstore and citext extensions are not installed on this server (PostgreSQL contrib)")
-    columns = ", ".join(f"c{i} {type_}" for i, (_, type_, _, _) in enumerate(CASES))
-    values = ", ".join(literal for _, _, literal, _ in CASES)
+    cases = server_cases(pg_dsn)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        if conn.info.server_version // 10000 == 15:
+            assert cases == CASES  # the suite's own server (Debian's) holds every case, xml included
+    columns = ", ".join(f"c{i} {type_}" for i, (_, type_, _, _) in enumerate(cases))
+    values = ", ".join(literal for _, _, literal, _ in cases)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(SETUP)
         conn.execute(f"CREATE TABLE everything (id int PRIMARY KEY, {columns})")
-        expected = {f"c{i}": resolve(conn, value) for i, (_, _, _, value) in enumerate(CASES)}
+        expected = {f"c{i}": resolve(conn, value) for i, (_, _, _, value) in enumerate(cases)}
     with DecoderSession(pg_dsn, slot=slot_name, publication=publication_name, tables=["public.everything"]) as reader:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute(f"INSERT INTO everything VALUES (1, {values})")
@@ -53,13 +58,13 @@ def test_every_built_in_type_round_trips_from_sql_to_the_event_value(
     assert inserted.after is not None and updated.after is not None
     wrong = {
         label: (inserted.after[f"c{i}"], expected[f"c{i}"])
-        for i, (label, _, _, _) in enumerate(CASES)
+        for i, (label, _, _, _) in enumerate(cases)
         if not same(inserted.after[f"c{i}"], expected[f"c{i}"])
     }
     assert wrong == {}
     assert all(same(updated.after[name], value) for name, value in expected.items())
     types = {c.name: c.type for c in inserted.table.columns}
-    for i, (label, _, _, _) in enumerate(CASES):
+    for i, (label, _, _, _) in enumerate(cases):
         if label in UNKNOWN_AS_TEXT:
             assert (types[f"c{i}"].name, types[f"c{i}"].kind) == UNKNOWN_AS_TEXT[label]
     assert types["c0"].name == "int2"

@@ -28,7 +28,7 @@ from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.record import Record
 from cdc.sink.records import EventSerializer
 from tests.support.decoder_harness import DecoderSession, changes, mark
-from tests.support.type_cases import CASES, SETUP, hstore_available
+from tests.support.type_cases import CASES, SETUP, hstore_available, server_cases
 
 pytestmark = pytest.mark.integration
 
@@ -140,10 +140,12 @@ def test_rendered_rows_make_the_typed_rows_records_byte_for_byte(
 ) -> None:
     if not hstore_available(pg_dsn):  # Debian's postgresql-15 ships contrib (hstore, citext); others may not
         pytest.skip("the hstore and citext extensions are not installed on this server (PostgreSQL contrib)")
-    every = ", ".join(f"c{i} {type_}" for i, (_, type_, _, _) in enumerate(CASES))
-    every_values = ", ".join(literal for _, _, literal, _ in CASES)
-    edge_columns = ", ".join(f"{name} {type_}" for name, type_, _ in EDGES)
-    names = ", ".join(name for name, _, _ in EDGES)
+    cases = server_cases(pg_dsn)  # the PostgreSQL 16/18 wheels have no libxml: no xml column there
+    edges = EDGES if cases == CASES else [edge for edge in EDGES if edge[1] != "xml"]
+    every = ", ".join(f"c{i} {type_}" for i, (_, type_, _, _) in enumerate(cases))
+    every_values = ", ".join(literal for _, _, literal, _ in cases)
+    edge_columns = ", ".join(f"{name} {type_}" for name, type_, _ in edges)
+    names = ", ".join(name for name, _, _ in edges)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(SETUP)
         conn.execute(f"CREATE TABLE everything (id int PRIMARY KEY, {every})")
@@ -159,7 +161,7 @@ def test_rendered_rows_make_the_typed_rows_records_byte_for_byte(
             conn.execute(f"INSERT INTO everything VALUES (1, {every_values})")
             conn.execute("UPDATE everything SET id = 2")  # a key change: the old key as a 'K' tuple
             for k in range(EDGE_ROWS):
-                values = ", ".join(values[k % len(values)] for _, _, values in EDGES)
+                values = ", ".join(values[k % len(values)] for _, _, values in edges)
                 conn.execute(f"INSERT INTO edges (id, {names}) VALUES ({k}, {values})")
             for k, (column, literal) in enumerate(UNCOVERED):
                 conn.execute(f"INSERT INTO edges (id, {column}) VALUES ({1000 + k}, {literal})")

