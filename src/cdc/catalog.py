@@ -200,12 +200,28 @@ def describe_tables(
                 f"and deletes once published. Fix: add a primary key, or ALTER TABLE {t.qualified} REPLICA IDENTITY FULL;"
             )
             continue
+        partitions = table_partitions(conn, int(str(oid))) if relkind == "p" else frozenset()
         result[t.qualified] = TableInfo(
-            t.schema_name, t.table_name, int(str(oid)), str(replident), key, columns, not_null
+            t.schema_name, t.table_name, int(str(oid)), str(replident), key, columns, not_null, partitions
         )
     if problems:
         raise StartupError(f"cannot capture the configured {section}:\n  " + "\n  ".join(problems))
     return result
+
+
+def table_partitions(conn: psycopg.Connection[tuple[object, ...]], oid: int) -> frozenset[str]:
+    """The partitions of a partitioned table, at any depth (qualified names); empty for another table."""
+    return frozenset(
+        str(r[0])
+        for r in conn.execute(
+            """
+            SELECT n.nspname || '.' || c.relname FROM pg_partition_tree(%s::regclass) t
+              JOIN pg_class c ON c.oid = t.relid JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE t.relid <> %s::regclass
+            """,
+            (oid, oid),
+        )
+    )
 
 
 def describe_outbox_tables(

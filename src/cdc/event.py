@@ -101,6 +101,7 @@ class TableInfo:
     key: tuple[str, ...]  # the event key columns, in table column order
     columns: tuple[str, ...]
     not_null: frozenset[str]
+    partitions: frozenset[str] = frozenset()  # a partitioned table's partitions (qualified), at any depth
 
     @property
     def qualified(self) -> str:

@@ -30,6 +30,7 @@ class Stats:
     delivery_errors: int = 0
     dead_letters: int = 0
     snapshot_rows: Counter[str] = field(default_factory=Counter)
+    uncaptured: Counter[str] = field(default_factory=Counter)  # the decoder's: changes of tables not captured
     outbox_events: Counter[tuple[str, str]] = field(default_factory=Counter)  # (aggregate type, route) -> count
     outbox_dead_letters: Counter[str] = field(default_factory=Counter)  # reason -> count
     inflight_bytes: Callable[[], int] = lambda: 0
@@ -73,6 +74,12 @@ class _StatsCollector(Collector):
         for reason, n in sorted(s.outbox_dead_letters.items()):
             outbox_dead.add_metric([reason], n)
         yield outbox_dead
+        skipped = CounterMetricFamily(
+            "cdc_uncaptured_changes", "Changes of tables in the publication but not in the configuration", labels=["table"]
+        )
+        for table, n in sorted(s.uncaptured.items()):
+            skipped.add_metric([table], n)
+        yield skipped
         snap = CounterMetricFamily("cdc_snapshot_rows", "Rows read by snapshots", labels=["table"])
         for table, n in sorted(s.snapshot_rows.items()):
             snap.add_metric([table], n)

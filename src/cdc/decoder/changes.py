@@ -39,6 +39,7 @@ holds the two paths to the same results.
 from __future__ import annotations
 
 import struct
+from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
@@ -129,9 +130,17 @@ class ChangeDecoder(StreamedTransactions):
         self._renderer = renderer
         self._types: dict[int, PgType] = {**CATALOG_TEXT_TYPES, **BUILTIN_TYPES, **types}
         self._relations: dict[int, _Relation] = {}
-        # Relations announced but not captured: a partition whose changes the publication sends as its
-        # partitioned table's (publish_via_partition_root: pgoutput announces both). Only a change of one is an error.
-        self._uncaptured: dict[int, str] = {}
+        # Relations announced but not captured: a table added to the publication but not (yet) to the
+        # configuration, or a partition whose changes the publication sends as its partitioned table's
+        # (publish_via_partition_root: pgoutput announces both). Kept, so that a table adopted later
+        # (``update_tables``) is decoded from the same message.
+        self._uncaptured: dict[int, pg.Relation] = {}
+        # Changes skipped per uncaptured table (metric cdc_uncaptured_changes_total; the reloader adopts or
+        # reports each table once it appears here).
+        self.uncaptured: Counter[str] = Counter()
+        self._partitions = _partitions_of(tables)
+        self._oids = {name: info.oid for name, info in tables.items() if info.oid}  # what the catalog said
+        self.recreated: set[str] = set()  # tables seen under a new oid (the reloader snapshots them)
         self._xid: int | None = None
         self._commit_lsn = Lsn(0)
         self._commit_ts = 0
@@ -147,6 +156,16 @@ class ChangeDecoder(StreamedTransactions):
         """A reloaded table list; Relation messages that follow use it."""
         self._tables = tables
         self._types.update(types)
+        self._partitions = _partitions_of(tables)
+        self._oids = {name: info.oid for name, info in tables.items() if info.oid}
+        for relation_id, message in list(self._uncaptured.items()):
+            if f"{message.namespace}.{message.name}" in tables:  # adopted: decode it from now on
+                del self._uncaptured[relation_id]
+                self._seq += 1
+                self._relations[relation_id] = self._build_relation(message, self._seq)
+        for relation_id, rel in list(self._relations.items()):
+            if rel.schema.qualified not in tables:  # no longer captured: its changes are skipped and counted
+                del self._relations[relation_id]
 
     def set_renderer(self, renderer: RowRenderer | None) -> None:
         """Ask ``renderer`` again for every known table (what may be rendered changed: a reload)."""
@@ -211,6 +230,11 @@ class ChangeDecoder(StreamedTransactions):
     def handle(self, message: pg.Message, lsn: Lsn) -> Event | None:
         """The event for one message (None for messages that only update state)."""
         match message:
+            case pg.Insert(relation_id=rid) | pg.Update(relation_id=rid) | pg.Delete(relation_id=rid) if (
+                rid in self._uncaptured
+            ):
+                self._skip(rid)
+                return None
             case pg.Insert(relation_id=rid, new=new):
                 rel = self._relation(rid)
                 return self._change(Op.CREATE, rel, None, self._row(rel, new), lsn)
@@ -253,12 +277,24 @@ class ChangeDecoder(StreamedTransactions):
                 return TxCommit(xid, commit_lsn, end_lsn, ts, count)
             case pg.Relation(namespace=ns, name=name) if f"{ns}.{name}" not in self._tables:
                 self._relations.pop(message.relation_id, None)
-                self._uncaptured[message.relation_id] = f"{ns}.{name}"
+                self._uncaptured[message.relation_id] = message
                 return None
             case pg.Relation():
                 self._seq += 1
                 self._uncaptured.pop(message.relation_id, None)
-                self._relations[message.relation_id] = self._build_relation(message, self._seq)
+                rel = self._relations[message.relation_id] = self._build_relation(message, self._seq)
+                qualified = rel.schema.qualified
+                if self._oids.get(qualified, message.relation_id) != message.relation_id:
+                    # The same name, another table: it was dropped and created again while we streamed. Its
+                    # topic still holds the old table's rows (a DROP sends no deletes): a truncate marker
+                    # first; the reloader then snapshots the new table (decoder.recreated).
+                    self._oids[qualified] = message.relation_id
+                    self.recreated.add(qualified)
+                    log.warning("table_recreated", table=qualified, oid=message.relation_id)
+                    self._ordinal += 1
+                    return TruncateEvent(
+                        (rel.schema,), False, False, self._commit_lsn, lsn, self._xid, self._ordinal, self._commit_ts
+                    )
                 return None
             case pg.Type(type_oid=oid, namespace=ns, name=name):
                 if oid not in self._types:
@@ -267,8 +303,14 @@ class ChangeDecoder(StreamedTransactions):
                     log.info("type_announced", type=f"{announced.schema}.{name}", oid=oid, kind=announced.kind.value)
                 return None
             case pg.Truncate(relation_ids=rids, cascade=cascade, restart_identity=restart):
+                for r in rids:
+                    if r in self._uncaptured:
+                        self._skip(r)
+                captured = [r for r in rids if r not in self._uncaptured]
+                if not captured:
+                    return None
                 self._ordinal += 1
-                schemas = tuple(self._relation(r).schema for r in rids)
+                schemas = tuple(self._relation(r).schema for r in captured)
                 return TruncateEvent(
                     schemas, cascade, restart, self._commit_lsn, lsn, self._xid, self._ordinal, self._commit_ts
                 )
@@ -354,11 +396,6 @@ class ChangeDecoder(StreamedTransactions):
         try:
             return self._relations[relation_id]
         except KeyError:
-            if relation_id in self._uncaptured:
-                raise ChangeError(
-                    f"the publication sent changes of {self._uncaptured[relation_id]}, which is not a configured "
-                    "table. Fix: add it to 'tables', or remove it from the publication."
-                ) from None
             raise ChangeError(
                 f"a change for relation {relation_id} arrived before its Relation message (protocol violation)"
             ) from None
@@ -412,6 +449,20 @@ class ChangeDecoder(StreamedTransactions):
         full = self._row(rel, data)
         return {c.name: full[c.name] for c in rel.schema.columns if c.key}
 
+    def _skip(self, relation_id: int) -> None:
+        """A change of a table the publication sends but the configuration does not capture: counted, so
+        the reloader adopts the table (a configured pattern matches it) or reports it once. A partition of
+        a captured table is another matter: its rows belong in that table's topic."""
+        message = self._uncaptured[relation_id]
+        qualified = f"{message.namespace}.{message.name}"
+        if qualified in self._partitions:
+            raise ChangeError(
+                f"the publication sent changes of {qualified} as its own, but it is a partition of a captured "
+                "table, whose topic must carry them: the publication lacks publish_via_partition_root. Fix: "
+                "ALTER PUBLICATION <publication> SET (publish_via_partition_root = true); and restart."
+            )
+        self.uncaptured[qualified] += 1
+
     def _build_relation(self, msg: pg.Relation, seq: int) -> _Relation:
         qualified = f"{msg.namespace}.{msg.name}"
         info = self._tables.get(qualified)
@@ -452,6 +503,10 @@ class ChangeDecoder(StreamedTransactions):
         parsers = [parser_for(c.type) for c in schema.columns]
         rendered = self._renderer.parser(schema, parsers) if self._renderer is not None else None
         return rendered if rendered is not None else _row_parser(names, parsers)
+
+
+def _partitions_of(tables: Mapping[str, TableInfo]) -> frozenset[str]:
+    return frozenset(p for info in tables.values() for p in info.partitions)
 
 
 def _row_parser(names: tuple[str, ...], converters: list[Callable[[bytes], Any]]) -> RowParser:

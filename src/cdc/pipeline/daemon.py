@@ -97,6 +97,7 @@ class Daemon:
             if self._stop:
                 pipeline.stop()
             reloader = Reloader(components)
+            self.stats.uncaptured = components.decoder.uncaptured
             self.stats.slot_lag_bytes = self._slot_lag
             conninfo = self.config.source.conninfo()
             if FailoverWatch.wanted(conninfo):

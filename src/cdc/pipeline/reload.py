@@ -16,10 +16,12 @@ from cdc.catalog import (
     expand_config,
     load_types,
     plan_publication,
+    table_partitions,
 )
-from cdc.config import ConfigError, TableConfig, load_config
+from cdc.config import Config, ConfigError, TableConfig, load_config
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.render.rows import TableRenderer
+from cdc.snapshot.errors import SnapshotRefused
 from cdc.pipeline.wiring import Components, column_policies, log_selection, rendering_of, topic_specs
 
 log = structlog.get_logger("cdc.pipeline")
@@ -33,6 +35,7 @@ class Reloader:
         self._config_path: Path | None = None
         self._requested = False
         self._next_rescan = float("inf")
+        self._reported: set[str] = set()  # uncaptured tables already adopted or reported
         self._schedule_rescan()
 
     def request(self, config_path: Path) -> None:
@@ -41,10 +44,39 @@ class Reloader:
         self._requested = True
 
     def between_transactions(self) -> None:
+        decoder = self._c.decoder
         if self._requested:
             self._reload()
+        elif decoder.recreated:
+            recreated, decoder.recreated = sorted(decoder.recreated), set()
+            self.apply_tables(self._c.capture.declared, "recreated", force=True)
+            log.info("table_recreated_snapshot", tables=recreated)
+        elif decoder.uncaptured.keys() - self._reported:
+            self._adopt_or_report()
         elif time.monotonic() >= self._next_rescan:
             self.apply_tables(self._c.capture.declared, "rescan")
+
+    def _adopt_or_report(self) -> None:
+        """Tables the publication sends that the configuration did not capture when the daemon started: a
+        configured pattern that matches one adopts it at once (topic, publication, snapshot while
+        streaming, as on SIGHUP); any other is reported once, with the fix, and its changes stay skipped
+        and counted (cdc_uncaptured_changes_total)."""
+        decoder = self._c.decoder
+        new = sorted(decoder.uncaptured.keys() - self._reported)
+        self._reported.update(new)
+        if any(t.name is None for t in self._c.capture.declared):
+            self.apply_tables(self._c.capture.declared, "adopt")
+        publication = self._c.capture.config.source.publication
+        for table in new:
+            if table in self._c.capture.tables:
+                continue
+            log.warning(
+                "table_uncaptured",
+                table=table,
+                skipped_changes=decoder.uncaptured[table],
+                fix=f"add {table} to 'tables' (or a pattern that matches it) and send SIGHUP, or remove it from "
+                f"the publication: ALTER PUBLICATION {publication} DROP TABLE {table};",
+            )
 
     def _reload(self) -> None:
         """Pick up a changed table list (and new tables matching its patterns) without a restart; other
@@ -62,13 +94,21 @@ class Reloader:
             log.warning("reload_needs_restart", reason="settings other than 'tables' changed; they apply at restart")
         self.apply_tables(new.tables, "reload")
 
+    def _partitions_changed(self, conn: psycopg.Connection[tuple[object, ...]], candidate: Config) -> bool:
+        """Whether a captured partitioned table gained or lost partitions since it was described."""
+        for info in self._c.capture.tables.values():
+            if info.partitions and table_partitions(conn, info.oid) != info.partitions:
+                return True
+        return False
+
     def _schedule_rescan(self) -> None:
         capture = self._c.capture
         interval = capture.config.table_rescan_interval_s
         patterns = any(t.name is None for t in capture.declared)
-        self._next_rescan = time.monotonic() + interval if interval and patterns else float("inf")
+        partitioned = any(info.partitions for info in capture.tables.values())  # partitions attached, detached
+        self._next_rescan = time.monotonic() + interval if interval and (patterns or partitioned) else float("inf")
 
-    def apply_tables(self, declared: list[TableConfig], reason: str) -> None:
+    def apply_tables(self, declared: list[TableConfig], reason: str, *, force: bool = False) -> None:
         """Capture the tables ``declared`` selects now (patterns expanded against the catalog): new ones get
         their topics, join the publication and are snapshotted while streaming; removed ones stop."""
         c = self._c
@@ -89,7 +129,7 @@ class Reloader:
                 return
             capture.declared = declared
             self._schedule_rescan()
-            if candidate.tables == cfg.tables:
+            if candidate.tables == cfg.tables and not force and not self._partitions_changed(conn, candidate):
                 if reason == "reload":
                     log.info("reload_no_table_change")
                 return
@@ -117,6 +157,26 @@ class Reloader:
             apply_publication(conn, publication)
             c.decoder.update_tables({**tables, **capture.outbox_tables}, types)
             snapshotted = c.snapshots.tables_changed(tables, types)
+            for name in sorted(set(tables) & set(old_tables)):
+                attached = sorted(tables[name].partitions - old_tables[name].partitions)
+                detached = sorted(old_tables[name].partitions - tables[name].partitions)
+                if detached:
+                    log.warning(
+                        "partition_detached",
+                        table=name,
+                        partitions=detached,
+                        effect="their rows stay in the topic (a detach sends no deletes); request a snapshot of the "
+                        "table after truncating its topic if consumers must drop them",
+                    )
+                if attached and name not in snapshotted:
+                    # An attached partition brings rows the stream never carried (ATTACH sends no inserts).
+                    log.info("partition_attached", table=name, partitions=attached)
+                    try:
+                        c.snapshots.request(name)
+                    except SnapshotRefused as e:
+                        log.error("snapshot_refused", table=name, error=str(e))
+                        continue
+                    snapshotted.append(name)
         log.info(
             "reload_tables",
             reason=reason,
