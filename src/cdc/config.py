@@ -496,11 +496,6 @@ class Config(BaseSettings):
             raise ValueError("format avro needs a schema_registry section with its url")
         if self.masking.salt is None and any("hash" in t.mask.values() for t in self.tables):
             raise ValueError("a 'hash' mask needs masking.salt (set CDC_MASKING__SALT)")
-        if self.outbox.on_error == "dead_letter" and not self.limits.dead_letter_topic:
-            raise ValueError(
-                "outbox.on_error: dead_letter needs limits.dead_letter_topic (where malformed events go); "
-                "set it, or use on_error: fail"
-            )
         captured = {t.name for t in self.tables if t.name is not None}
         both = sorted(captured & {t.name for t in self.outbox.tables})
         if both:
@@ -509,6 +504,14 @@ class Config(BaseSettings):
                 "outbox.tables (set produce_change_topic: true there for its change topic)"
             )
         return self
+
+    @property
+    def outbox_dead_letter_topic(self) -> str:
+        """Where malformed outbox events go: outbox.dead_letter_topic, else limits.dead_letter_topic, else
+        ``<topic_prefix>.outbox.dead_letter``."""
+        if self.outbox.dead_letter_topic is not None:
+            return self.outbox.dead_letter_topic.replace("{topic_prefix}", self.topic_prefix)
+        return self.limits.dead_letter_topic or f"{self.topic_prefix}.outbox.dead_letter"
 
     @classmethod
     def settings_customise_sources(

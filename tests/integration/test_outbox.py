@@ -243,12 +243,60 @@ def test_malformed_events_go_to_the_dead_letter_topic_and_the_stream_goes_on(
     assert 'cdc_outbox_dead_letters_total{reason="missing_aggregate_id"} 2.0' in scraped
 
 
+def test_by_default_a_poison_row_is_set_aside_under_the_prefix_and_capture_goes_on(
+    tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix, consume_all
+):
+    """The issue's case: one malformed row in one application's outbox must not stop the database's capture,
+    at once or at any restart. Defaults only: no on_error, no dead-letter topic, no topic template."""
+    dsn = schema(pg_dsn)
+    cfg = write_config(
+        tmp_path / "cdc.yaml",
+        source={"dsn": dsn, "slot": slot_name, "publication": publication_name},
+        tables=["public.orders"],
+        kafka={"bootstrap_servers": services.kafka_bootstrap},
+        topic_prefix=topic_prefix,
+        outbox={"tables": ["public.outbox"]},
+    )
+    c = Connector(cfg, tmp_path / "l").start()
+    try:
+        c.wait_streaming(dsn, slot_name)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            with conn.transaction():
+                conn.execute("INSERT INTO orders VALUES (1, 9.90)")
+                conn.execute("INSERT INTO outbox VALUES (gen_random_uuid(), 'order', '', 'T', '{}')")  # poison: empty id
+                conn.execute("INSERT INTO outbox VALUES (gen_random_uuid(), 'order', '1', 'Placed', '{\"n\": 1}')")
+            conn.execute("INSERT INTO orders VALUES (2, 1.00)")
+        dead = read_until(consume_all, [f"{topic_prefix}.outbox.dead_letter"], 1)
+        good = read_until(consume_all, [f"{topic_prefix}.outbox.event.order"], 1)
+        orders = read_until(consume_all, [f"{topic_prefix}.public.orders"], 2)
+        scraped = metrics(c)
+    finally:
+        assert c.stop() == 0
+    assert len(dead) == 1 and dict(dead[0].headers())["cdc.dead_letter.reason"] == b"missing_aggregate_id"
+    assert json.loads(dead[0].value())["from"] == "public.outbox"
+    assert [(m.key(), json.loads(m.value())) for m in good] == [(b"1", {"n": 1})]
+    assert sorted(json.loads(m.key())["id"] for m in orders) == [1, 2]
+    [logged] = [e for e in c.log_events() if e.get("event") == "outbox_dead_lettered"]
+    assert logged["source"] == "public.outbox" and logged["reason"] == "missing_aggregate_id" and "key" in logged
+    assert 'cdc_outbox_dead_letters_total{reason="missing_aggregate_id"} 1.0' in scraped
+    # Restarted: the poison row does not stop it again, and is not set aside twice.
+    c = Connector(cfg, tmp_path / "l2").start()
+    try:
+        c.wait_streaming(dsn, slot_name)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO orders VALUES (3, 3.00)")
+        read_until(consume_all, [f"{topic_prefix}.public.orders"], 3)
+    finally:
+        assert c.stop() == 0
+    assert len(consume_all([f"{topic_prefix}.outbox.dead_letter"], timeout=10.0)) == 1
+
+
 @pytest.mark.parametrize("route", ["table", "message"])
 def test_a_malformed_event_with_on_error_fail_stops_the_pipeline_naming_it(
     tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix, consume_all, route
 ):
     dsn = schema(pg_dsn)
-    cfg = make_config(tmp_path, services, dsn, slot_name, publication_name, topic_prefix)
+    cfg = make_config(tmp_path, services, dsn, slot_name, publication_name, topic_prefix, outbox={"on_error": "fail"})
     c = Connector(cfg, tmp_path / "l").start()
     try:
         c.wait_streaming(dsn, slot_name)
@@ -271,7 +319,7 @@ def test_a_malformed_event_with_on_error_fail_stops_the_pipeline_naming_it(
         assert "outbox public.outbox at LSN" in error and "missing_aggregate_id" in error
     else:
         assert f"outbox message {PREFIX}" in error and "message_not_json_object" in error
-    assert "outbox.on_error: dead_letter" in error  # the fix
+    assert "outbox.on_error: dead_letter (the default)" in error  # the fix
     with psycopg.connect(dsn, autocommit=True) as conn:
         confirmed = conn.execute(
             "SELECT confirmed_flush_lsn <= %s FROM pg_replication_slots WHERE slot_name = %s", (before, slot_name)

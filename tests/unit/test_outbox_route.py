@@ -49,8 +49,9 @@ def test_an_outbox_section_with_defaults_loads(tmp_path):
         "id": "id", "aggregate_type": "aggregatetype", "aggregate_id": "aggregateid", "type": "type",
         "payload": "payload",
     }  # fmt: skip
-    assert c.outbox.topic_for("order", "shop") == "outbox.event.order"
-    assert c.outbox.on_error == "fail" and c.outbox.enabled
+    assert c.outbox.topic_for("order", "shop") == "shop.outbox.event.order"  # two daemons' events never share a topic
+    assert c.outbox.on_error == "dead_letter" and c.outbox.enabled  # one poison row must not stop the database's capture
+    assert c.outbox_dead_letter_topic == f"{c.topic_prefix}.outbox.dead_letter"
 
 
 def test_no_outbox_section_means_the_outbox_is_off(tmp_path):
@@ -68,7 +69,6 @@ def test_no_outbox_section_means_the_outbox_is_off(tmp_path):
         ("outbox:\n  aggregate_types: []\n", r"outbox\.aggregate_types: .*empty list"),
         ("outbox:\n  aggregate_types: ['bad type']\n", r"outbox\.aggregate_types: .*bad type"),
         ("outbox:\n  on_error: drop\n", r"outbox\.on_error: Input should be 'fail' or 'dead_letter'"),
-        ("outbox:\n  on_error: dead_letter\n", r"outbox\.on_error: dead_letter needs limits\.dead_letter_topic"),
         ("outbox:\n  tables: [public.customers]\n", r"public\.customers is also under 'tables'"),
         ("outbox:\n  tables: [public.o, public.o]\n", r"outbox: .*tables: listed more than once: public\.o"),
         ("outbox:\n  tables: [{name: o, columns: {payload: type}}]\n", r"outbox\.tables\.0\.columns: .*two roles: type"),
@@ -214,7 +214,7 @@ def test_an_aggregate_type_outside_the_allowed_list_is_malformed():
     r = router(aggregate_types=["customer"])
     bad = r.from_row(r.tables["public.outbox"], row_event())
     assert isinstance(bad, Malformed) and bad.reason == "aggregate_type_not_allowed"
-    assert r.startup_topics() == ["outbox.event.customer"]
+    assert r.startup_topics() == ["shop.outbox.event.customer"]
 
 
 def message(content: bytes | str, transactional: bool = True, prefix: str = "app.events") -> MessageEvent:
@@ -230,7 +230,7 @@ def test_a_transactional_message_routes_like_a_row():
     ev = r.from_message(message(content))
     assert isinstance(ev, OutboxEvent)
     rec = r.record(ev)
-    assert (rec.topic, rec.key, rec.value) == ("outbox.event.order", b"42", b'{"total":9.9}')
+    assert (rec.topic, rec.key, rec.value) == ("shop.outbox.event.order", b"42", b'{"total":9.9}')
     headers = dict(rec.headers)
     assert headers["id"] == b"e-1" and headers["tenant"] == b"acme" and headers["cdc.commit_lsn"] == b"%d" % 0x900
 
@@ -280,7 +280,7 @@ def test_avro_values_are_registered_records_with_the_payload_as_a_json_string():
     assert isinstance(ev, OutboxEvent)
     rec = r.record(ev)
     schema_id, body = decode_wire(rec.value or b"")
-    assert schema_id == 7 and list(registry.subjects) == ["outbox.event.order-value"]
+    assert schema_id == 7 and list(registry.subjects) == ["shop.outbox.event.order-value"]
     import io
 
     datum = fastavro.schemaless_reader(io.BytesIO(body), fastavro.parse_schema(avro_event_schema(())), None)

@@ -202,9 +202,6 @@ def _sample(entry: Entry, current: Any) -> tuple[str, Any]:
         ]
     if entry.path == "outbox.tables":
         return json.dumps([{"name": "public.events"}]), ["public.events"]
-    if entry.path == "outbox.on_error":
-        # dead_letter needs limits.dead_letter_topic, which the base file lacks: the error names this key.
-        return "dead_letter", ConfigError
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         child = next(
             e for e in reference_entries() if e.attributes[:-1] == entry.attributes and not e.section and e.env

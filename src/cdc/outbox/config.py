@@ -143,9 +143,10 @@ class OutboxConfig(_Section):
         "(and optionally id and headers). Unset: off",
     )
     topic: str = Field(
-        default="outbox.event.{aggregate_type}",
+        default="{topic_prefix}.outbox.event.{aggregate_type}",
         description="topic of an event; placeholders {aggregate_type} and {topic_prefix}. The default is "
-        "Debezium's outbox event router convention",
+        "Debezium's outbox event router convention (outbox.event.<type>) under the prefix, so two daemons on one "
+        "cluster do not share a topic; set outbox.event.{aggregate_type} for Debezium's exact names",
     )
     aggregate_types: list[str] | None = Field(
         default=None,
@@ -153,10 +154,16 @@ class OutboxConfig(_Section):
         "malformed event. Unset: any type whose topic name is valid; its topic is created on first sight",
     )
     on_error: Literal["fail", "dead_letter"] = Field(
-        default="fail",
+        default="dead_letter",
         description="a malformed event (missing aggregate id, payload not JSON, type not allowed, a "
-        "non-transactional message): fail stops the pipeline with an error naming it; dead_letter sends it to "
-        "limits.dead_letter_topic (counted and logged) and goes on",
+        "non-transactional message): dead_letter sends it to outbox.dead_letter_topic (counted in "
+        "cdc_outbox_dead_letters_total, logged with table, key and reason) and capture goes on; fail stops the "
+        "pipeline with an error naming it (and stops again at every restart until the row is dealt with)",
+    )
+    dead_letter_topic: str | None = Field(
+        default=None,
+        description="where malformed outbox events go (on_error: dead_letter); placeholder {topic_prefix}. "
+        "Unset: limits.dead_letter_topic if set, else <topic_prefix>.outbox.dead_letter",
     )
     partitions: int | None = Field(default=None, ge=1, description="partitions of outbox topics (default: kafka.partitions)")
     replication_factor: int | None = Field(default=None, ge=1, description="default: kafka.replication_factor")

@@ -81,12 +81,12 @@ class OutboxStage(Stage):
             self._delivery.send(record, f"outbox {found.source}")
             self._stats.outbox_events[(found.aggregate_type, found.route)] += 1
             return
-        dead_letter_topic = self._config.limits.dead_letter_topic
-        if self._config.outbox.on_error == "fail" or dead_letter_topic is None:
+        dead_letter_topic = self._config.outbox_dead_letter_topic
+        if self._config.outbox.on_error == "fail":
             raise OutboxError(
                 f"{found.describe()} ({found.reason}); content {_clip(found.content)}. Nothing from this "
                 "transaction on is confirmed, so a restart meets it again. Fix: set outbox.on_error: dead_letter "
-                "(with limits.dead_letter_topic) to set such events aside and go on"
+                "(the default) to set such events aside and go on"
                 + ("; or allow the type in outbox.aggregate_types" if found.reason == "aggregate_type_not_allowed" else "")
             )
         self._delivery.send(self.router.dead_letter(found, dead_letter_topic), f"outbox {found.source}")
@@ -94,6 +94,7 @@ class OutboxStage(Stage):
         log.error(
             "outbox_dead_lettered",
             source=found.source,
+            key=found.key.decode("utf-8", "replace"),
             reason=found.reason,
             detail=found.detail,
             lsn=str(found.lsn),

@@ -421,11 +421,12 @@ def topic_specs(
         specs.append(TopicSpec(transaction_topic(cfg.topic_prefix), 1, cfg.kafka.replication_factor, compacted=False))
     if cfg.heartbeat.interval_ms:
         specs.append(TopicSpec(heartbeat_topic(cfg.topic_prefix), 1, cfg.kafka.replication_factor))
-    if cfg.limits.dead_letter_topic:
+    dead_letters = {cfg.limits.dead_letter_topic} - {None}
+    if cfg.outbox.enabled and cfg.outbox.on_error == "dead_letter":
+        dead_letters.add(cfg.outbox_dead_letter_topic)
+    for topic in sorted(t for t in dead_letters if t):
         # Every dead letter is kept: compaction would keep only the last one of each key.
-        specs.append(
-            TopicSpec(cfg.limits.dead_letter_topic, 1, cfg.kafka.replication_factor, {"retention.ms": "-1"}, compacted=False)
-        )
+        specs.append(TopicSpec(topic, 1, cfg.kafka.replication_factor, {"retention.ms": "-1"}, compacted=False))
     return specs
 
 
