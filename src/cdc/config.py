@@ -368,6 +368,38 @@ class HeartbeatConfig(_Section):
     )
 
 
+class MessagesConfig(_Section):
+    include: list[str] | None = Field(
+        default=None,
+        description="logical decoding messages (pg_logical_emit_message) published on <topic_prefix>.message: only "
+        "those whose prefix fully matches one of these regular expressions (Debezium's message.prefix.include.list). "
+        "Unset: every prefix but the excluded ones. This daemon's own watermark, heartbeat action_query and outbox "
+        "prefixes are never published",
+    )
+    exclude: list[str] = Field(
+        default_factory=list,
+        description="prefixes (regular expressions, full match) never published (Debezium's "
+        "message.prefix.exclude.list); not together with include. Other daemons' heartbeat and outbox prefixes "
+        "belong here",
+    )
+
+    @field_validator("include", "exclude")
+    @classmethod
+    def _regexes(cls, v: list[str] | None) -> list[str] | None:
+        for pattern in v or ():
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"{pattern!r} is not a regular expression: {e}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _one_list(self) -> MessagesConfig:
+        if self.include is not None and self.exclude:
+            raise ValueError("set include or exclude, not both (as Debezium's message.prefix lists)")
+        return self
+
+
 class MaskingConfig(_Section):
     fixed_value: str = Field(default="****", description="what a 'fixed' mask publishes")
     salt: SecretStr | None = Field(
@@ -458,6 +490,7 @@ class Config(BaseSettings):
     decoder: DecoderConfig = Field(default_factory=DecoderConfig)
     masking: MaskingConfig = Field(default_factory=MaskingConfig)
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
+    messages: MessagesConfig = Field(default_factory=MessagesConfig)
     outbox: OutboxConfig = Field(
         default_factory=OutboxConfig, description="application events through the log (cdc.outbox)"
     )

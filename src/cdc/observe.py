@@ -31,6 +31,7 @@ class Stats:
     dead_letters: int = 0
     snapshot_rows: Counter[str] = field(default_factory=Counter)
     uncaptured: Counter[str] = field(default_factory=Counter)  # the decoder's: changes of tables not captured
+    messages_left_out: Counter[str] = field(default_factory=Counter)  # logical messages not published, by prefix
     outbox_events: Counter[tuple[str, str]] = field(default_factory=Counter)  # (aggregate type, route) -> count
     outbox_dead_letters: Counter[str] = field(default_factory=Counter)  # reason -> count
     inflight_bytes: Callable[[], int] = lambda: 0
@@ -80,6 +81,12 @@ class _StatsCollector(Collector):
         for table, n in sorted(s.uncaptured.items()):
             skipped.add_metric([table], n)
         yield skipped
+        left_out = CounterMetricFamily(
+            "cdc_messages_left_out", "Logical messages not published (messages.include/exclude, own prefixes)", labels=["prefix"]
+        )
+        for prefix, n in sorted(s.messages_left_out.items()):
+            left_out.add_metric([prefix], n)
+        yield left_out
         snap = CounterMetricFamily("cdc_snapshot_rows", "Rows read by snapshots", labels=["table"])
         for table, n in sorted(s.snapshot_rows.items()):
             snap.add_metric([table], n)

@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka.admin import NewTopic
 
 from tests.support.connector import Connector, write_config
+from tests.support.http import get, http_port, metric
 
 pytestmark = pytest.mark.integration
 
@@ -278,3 +279,33 @@ def test_logical_messages_transactional_or_not_reach_the_message_topic(
     contents = {json.loads(m.key())["prefix"]: base64.b64decode(json.loads(m.value())["message"]["content"]) for m in msgs}
     assert contents == {"app.tx": b"inside", "app.now": b"outside"}
     assert all(json.loads(m.value())["op"] == "m" for m in msgs)
+
+
+@pytest.mark.parametrize("lists", [{"exclude": [r"other\..*"]}, {"include": [r"app\..*"]}])
+def test_logical_messages_are_published_only_for_the_prefixes_configured_and_never_the_own_heartbeat(
+    tmp_path, services, people, slot_name, publication_name, topic_prefix, consume_all, lists
+):
+    cfg = config(
+        tmp_path, services, people, slot_name, publication_name, topic_prefix,
+        messages=lists,
+        heartbeat={"interval_ms": 200, "action_query": "SELECT pg_logical_emit_message(false, 'hb', now()::text)"},
+        http={"port": 0, "host": "127.0.0.1"},
+    )  # fmt: skip
+    c = Connector(cfg, tmp_path / "l").start()
+    try:
+        c.wait_streaming(people, slot_name)
+        with psycopg.connect(people, autocommit=True) as conn:
+            conn.execute("SELECT pg_logical_emit_message(true, 'other.outbox', 'another daemon''s')")
+            conn.execute("SELECT pg_logical_emit_message(false, 'app.now', 'outside')")
+            conn.execute("SELECT pg_logical_emit_message(true, 'app.tx', 'inside')")
+            conn.execute("INSERT INTO people (id) VALUES (1)")
+        read_until(consume_all, f"{topic_prefix}.public.people", 1)
+        time.sleep(1.0)  # heartbeats came and went meanwhile
+        msgs = consume_all([f"{topic_prefix}.message"], timeout=30)
+        scraped = get(http_port(c), "/metrics")[1]
+    finally:
+        assert c.stop() == 0
+    assert sorted(json.loads(m.key())["prefix"] for m in msgs) == ["app.now", "app.tx"]
+    assert metric(scraped, "cdc_messages_left_out_total", prefix="hb") >= 1  # type: ignore[operator]
+    if "exclude" in lists:
+        assert metric(scraped, "cdc_messages_left_out_total", prefix="other.outbox") == 1

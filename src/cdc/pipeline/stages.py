@@ -24,6 +24,7 @@ Stages hold their own state; the chain holds none but its per-table cache, which
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -163,6 +164,58 @@ class SnapshotStage(Stage):
         if rows:  # a high watermark: the chunk's rows, inside its transaction
             self._send_rows(rows)
         return None if is_watermark(event) else event
+
+
+_EMIT_PREFIX = re.compile(r"pg_logical_emit_message\s*\(\s*(?:true|false)\s*,\s*'((?:[^']|'')*)'", re.IGNORECASE)
+
+
+def emitted_prefix(query: str | None) -> str | None:
+    """The prefix a heartbeat action query emits its messages with, when it calls pg_logical_emit_message
+    with a literal prefix."""
+    found = _EMIT_PREFIX.search(query or "")
+    return found.group(1).replace("''", "'") if found else None
+
+
+class MessageFilter(Stage):
+    """Logical messages published only for the prefixes the configuration includes (``messages.include`` /
+    ``exclude``, Debezium's message.prefix lists); the daemon's own heartbeat prefix never. Left-out
+    messages are counted per prefix. Watermarks never reach it (the snapshot stage consumes them), nor
+    transactional messages of this daemon's outbox prefix (the outbox stage routes them); a
+    non-transactional one of that prefix passes on, to be refused by the outbox route."""
+
+    def __init__(self, include: Sequence[str] | None, exclude: Sequence[str], own: Sequence[str], outbox: str | None, stats: Stats) -> None:
+        self._include = [re.compile(p) for p in include] if include is not None else None
+        self._exclude = [re.compile(p) for p in exclude]
+        self._own = frozenset(own)
+        self._outbox = outbox
+        self._left_out = stats.messages_left_out
+        self._decided: dict[str, bool] = {}
+
+    def sees_rows(self, table: str) -> bool:
+        return False
+
+    def published(self, prefix: str) -> bool:
+        decided = self._decided.get(prefix)
+        if decided is None:
+            if prefix == self._outbox:
+                decided = True
+            elif prefix in self._own:
+                decided = False
+            elif self._include is not None:
+                decided = any(p.fullmatch(prefix) for p in self._include)
+            else:
+                decided = not any(p.fullmatch(prefix) for p in self._exclude)
+            if len(self._decided) < 10_000:
+                self._decided[prefix] = decided
+        return decided
+
+    def process(self, event: Event) -> Event | None:
+        if type(event) is MessageEvent:
+            prefix = event.prefix
+            if not self.published(prefix):
+                self._left_out[prefix] += 1
+                return None
+        return event
 
 
 class ColumnPolicyStage(Stage):

@@ -49,7 +49,16 @@ from cdc.instance import InstanceLock
 from cdc.observe import Stats
 from cdc.outbox.route import OutboxRouter
 from cdc.pipeline.routing import OutboxStage, StandaloneMessages
-from cdc.pipeline.stages import Chain, ColumnPolicyStage, Deliver, SnapshotStage, Stage, TransactionMetadataStage
+from cdc.pipeline.stages import (
+    Chain,
+    ColumnPolicyStage,
+    Deliver,
+    MessageFilter,
+    SnapshotStage,
+    Stage,
+    TransactionMetadataStage,
+    emitted_prefix,
+)
 from cdc.selection import Selection, entry_for
 from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.delivery import AtLeastOnce, DeadLetters, Delivery, ExactlyOnce, read_position
@@ -231,6 +240,9 @@ def make_chain(
     if outbox is not None:
         stages.append(outbox)
     stages.append(SnapshotStage(snapshots, send_rows))
+    own = [p for p in (emitted_prefix(cfg.heartbeat.action_query),) if p is not None]
+    outbox_prefix = cfg.outbox.message_prefix if router is not None else None
+    stages.append(MessageFilter(cfg.messages.include, cfg.messages.exclude, own, outbox_prefix, stats))
     stages.append(StandaloneMessages(delivery, deliver, stats, outbox))
     stages.append(ColumnPolicyStage(capture.policies))
     if cfg.transaction_metadata:
