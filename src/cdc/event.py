@@ -126,6 +126,19 @@ AnyRow = Row | KeyedRow
 
 
 @dataclass(frozen=True, slots=True)
+class TransactionBlock:
+    """Debezium's ``transaction`` member of a change event (``transaction_metadata: true``): the transaction's
+    id as in its BEGIN and END records, the event's place in it, and its place among the same table's."""
+
+    id: str
+    total_order: int
+    data_collection_order: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "total_order": self.total_order, "data_collection_order": self.data_collection_order}
+
+
+@dataclass(frozen=True, slots=True)
 class ChangeEvent:
     """One row change (c, u, d) or snapshot read (r).
 
@@ -146,6 +159,7 @@ class ChangeEvent:
     commit_ts_us: int  # commit time, microseconds since the Unix epoch
     snapshot: bool = False
     unchanged: frozenset[str] = field(default_factory=frozenset)
+    transaction: TransactionBlock | None = None  # set by the transaction metadata stage, when it is on
 
     def key(self) -> Row:
         """The event key: key columns from ``after``, or from ``before`` for a delete."""
@@ -168,7 +182,7 @@ def _change_event_factory() -> Callable[..., ChangeEvent]:
     new = object.__new__
     slots = [ChangeEvent.__dict__[name].__set__ for name in ChangeEvent.__slots__]
     assert list(ChangeEvent.__slots__) == [f.name for f in fields(ChangeEvent)], "fields and slots must agree"
-    s_op, s_table, s_before, s_after, s_commit_lsn, s_lsn, s_xid, s_ordinal, s_ts, s_snapshot, s_unchanged = slots
+    s_op, s_table, s_before, s_after, s_commit_lsn, s_lsn, s_xid, s_ordinal, s_ts, s_snapshot, s_unchanged, s_tx = slots
 
     def change_event(
         op: Op,
@@ -195,13 +209,15 @@ def _change_event_factory() -> Callable[..., ChangeEvent]:
         s_ts(event, commit_ts_us)
         s_snapshot(event, snapshot)
         s_unchanged(event, unchanged)
+        s_tx(event, None)
         return event
 
     return change_event
 
 
 change_event: Final = _change_event_factory()
-"""The per-row way to build a ``ChangeEvent``: all eleven fields, positionally, no defaults."""
+"""The per-row way to build a ``ChangeEvent``: the first eleven fields, positionally, no defaults (the
+transaction block is None; the transaction metadata stage sets it on a copy)."""
 
 
 @dataclass(frozen=True, slots=True)

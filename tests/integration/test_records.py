@@ -14,6 +14,7 @@ from confluent_kafka.admin import NewTopic
 
 from tests.support.connector import Connector, write_config
 from tests.support.http import get, http_port, metric
+from tests.support.registry import Consumer
 
 pytestmark = pytest.mark.integration
 
@@ -309,3 +310,60 @@ def test_logical_messages_are_published_only_for_the_prefixes_configured_and_nev
     assert metric(scraped, "cdc_messages_left_out_total", prefix="hb") >= 1  # type: ignore[operator]
     if "exclude" in lists:
         assert metric(scraped, "cdc_messages_left_out_total", prefix="other.outbox") == 1
+
+
+@pytest.mark.parametrize("fmt", ["json", "json_schemas", "avro"])
+def test_with_transaction_metadata_every_change_event_carries_debeziums_transaction_block(
+    tmp_path, services, people, slot_name, publication_name, topic_prefix, consume_all, fmt
+):
+    with psycopg.connect(people, autocommit=True) as conn:
+        conn.execute("CREATE TABLE pets (id int PRIMARY KEY, name text)")
+    extra: dict[str, Any] = {"format": "avro", "schema_registry": {"url": services.schema_registry_url}} if fmt == "avro" else {}
+    if fmt == "json_schemas":
+        extra["json"] = {"schemas_enable": True}
+    cfg = config(
+        tmp_path, services, people, slot_name, publication_name, topic_prefix,
+        tables=["public.people", "public.pets"], transaction_metadata=True, **extra,
+    )  # fmt: skip
+    c = Connector(cfg, tmp_path / "l").start()
+    try:
+        c.wait_streaming(people, slot_name)
+        with psycopg.connect(people, autocommit=True) as conn:
+            with conn.transaction():
+                conn.execute("INSERT INTO people (id) VALUES (1), (2)")
+                conn.execute("INSERT INTO pets VALUES (1, 'rex')")
+                conn.execute("UPDATE people SET id = id WHERE id = 2")
+        people_msgs = read_until(consume_all, f"{topic_prefix}.public.people", 3)
+        pets_msgs = read_until(consume_all, f"{topic_prefix}.public.pets", 1)
+        tx = read_until(consume_all, f"{topic_prefix}.transaction", 2)
+    finally:
+        assert c.stop() == 0
+    if fmt == "avro":
+        consumer = Consumer(services.schema_registry_url)
+        decode = consumer.decode
+    else:
+        def decode(data: bytes) -> Any:
+            value = json.loads(data)
+            return value["payload"] if fmt == "json_schemas" else value
+    begin = decode(tx[0].value())
+    blocks = [decode(m.value())["transaction"] for m in people_msgs] + [decode(pets_msgs[0].value())["transaction"]]
+    assert blocks == [
+        {"id": begin["id"], "total_order": 1, "data_collection_order": 1},
+        {"id": begin["id"], "total_order": 2, "data_collection_order": 2},
+        {"id": begin["id"], "total_order": 4, "data_collection_order": 3},
+        {"id": begin["id"], "total_order": 3, "data_collection_order": 1},
+    ]
+
+
+def test_without_transaction_metadata_the_transaction_block_is_null(
+    tmp_path, services, people, slot_name, publication_name, topic_prefix, consume_all
+):
+    c = Connector(config(tmp_path, services, people, slot_name, publication_name, topic_prefix), tmp_path / "l").start()
+    try:
+        c.wait_streaming(people, slot_name)
+        with psycopg.connect(people, autocommit=True) as conn:
+            conn.execute("INSERT INTO people (id) VALUES (1)")
+        [msg] = read_until(consume_all, f"{topic_prefix}.public.people", 1)
+    finally:
+        assert c.stop() == 0
+    assert json.loads(msg.value())["transaction"] is None

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 import re
+from dataclasses import replace
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -251,8 +252,9 @@ class TransactionMetadataStage(Stage):
 
     def process(self, event: Event) -> Event | None:
         kind = type(event)
-        if kind is ChangeEvent:
-            self._count(event.table.qualified)  # type: ignore[union-attr]
+        if isinstance(event, ChangeEvent):
+            # Debezium's transaction block in the event itself: consumers regroup transactions with it.
+            return replace(event, transaction=self._count(event.table.qualified))
         elif kind is TxBegin:
             self._send(self._metadata.begin(event), "transaction metadata")  # type: ignore[arg-type]
         elif kind is TxCommit:

@@ -56,7 +56,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
-from cdc.event import AnyRow, MessageEvent, TableSchema
+from cdc.event import AnyRow, MessageEvent, TableSchema, TransactionBlock
 from cdc.render.rows import RowRendering, encoded
 from cdc.render.avro import avro_row_rendering
 from cdc.sink.avro_schema import avro_field_name, avro_name, avro_schema
@@ -141,7 +141,7 @@ class _AvroPlan:
     value: _Writer
     # (before, after, source, op, now_ns) -> the change event's record, field writers called in a row
     # instead of through a dict and the generic record writer; None: the generic path only
-    envelope: Callable[[Any, Any, Any, str, int], bytes] | None = None
+    envelope: Callable[[Any, Any, Any, str, int, TransactionBlock | None], bytes] | None = None
     truncate_key: ConnectSchema | None = None  # the truncate markers' key: the Key's fields, optional
     truncate_datum: dict[str, None] | None = None  # ... all null
 
@@ -407,11 +407,12 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         source: dict[str, Any],
         op: str,
         now_ns: int,
+        transaction: TransactionBlock | None = None,
     ) -> bytes:
         fast = plan.envelope
         if fast is not None:
             try:
-                return fast(before, after, source, op, now_ns)
+                return fast(before, after, source, op, now_ns, transaction)
             except COMPILED_ERRORS:
                 pass  # the generic path below names what does not fit (through fastavro)
         record = plan.value_record
@@ -420,7 +421,7 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             "before": None if before is None else (record, before),
             "after": None if after is None else (record, after),
             "source": source,
-            "transaction": None,
+            "transaction": None if transaction is None else transaction.as_dict(),
             "op": op,
             "ts_ms": now_ns // 1_000_000,
             "ts_us": now_ns // 1000,
@@ -471,7 +472,9 @@ _RENDERED: Final = object()  # the datum of a row the decoder rendered: there is
 _ENVELOPE_FIELDS: Final = ("before", "after", "source", "transaction", "op", "ts_ms", "ts_us", "ts_ns")
 
 
-def _envelope_writer(writer: _Writer, name: str) -> Callable[[Any, Any, Any, str, int], bytes] | None:
+def _envelope_writer(
+    writer: _Writer, name: str
+) -> Callable[[Any, Any, Any, str, int, TransactionBlock | None], bytes] | None:
     """The change event envelope's writer, its eight fields' compiled writers called in schema order; None
     when the schema was not compiled or its envelope has other fields. The bytes are the generic writer's
     (tests/unit/test_avro_write.py compares them); the caller falls back to it when this raises."""
@@ -481,18 +484,18 @@ def _envelope_writer(writer: _Writer, name: str) -> Callable[[Any, Any, Any, str
     before_w, after_w, source_w, transaction_w, op_w, ms_w, us_w, ns_w = fields.values()
     prefix = writer.prefix
     try:
-        no_transaction = transaction_w(None)  # the envelope's transaction block is always null here
+        no_transaction = transaction_w(None)  # the envelope's transaction block, unless metadata is on
     except COMPILED_ERRORS:
         return None
 
-    def write(before: Any, after: Any, source: Any, op: str, now_ns: int) -> bytes:
+    def write(before: Any, after: Any, source: Any, op: str, now_ns: int, transaction: TransactionBlock | None = None) -> bytes:
         return b"".join(
             (
                 prefix,
                 before_w(before),
                 after_w(after),
                 source.data if type(source) is Encoded else source_w(source),
-                no_transaction,
+                no_transaction if transaction is None else transaction_w(transaction.as_dict()),
                 op_w(op),
                 ms_w(now_ns // 1_000_000),
                 us_w(now_ns // 1000),

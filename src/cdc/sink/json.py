@@ -17,7 +17,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
-from cdc.event import AnyRow, MessageEvent, Op, TableSchema
+from cdc.event import AnyRow, MessageEvent, Op, TableSchema, TransactionBlock
 from cdc.render.json import json_row_rendering
 from cdc.render.rows import RowRendering, encoded
 from cdc.sink.connect import (
@@ -75,6 +75,11 @@ _ENVELOPE_TEMPLATES: Final[dict[str, bytes]] = {
     + op.value.encode()
     + b'","ts_ms":%d,"ts_us":%d,"ts_ns":%d}'
     for op in Op
+}
+
+# The same with the transaction block (transaction_metadata: true) as a fifth part, before the times.
+_TX_ENVELOPE_TEMPLATES: Final[dict[str, bytes]] = {
+    op: template.replace(b'"transaction":null', b'"transaction":%b') for op, template in _ENVELOPE_TEMPLATES.items()
 }
 
 
@@ -272,30 +277,42 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         source: Any,
         op: str,
         now_ns: int,
+        transaction: TransactionBlock | None = None,
     ) -> bytes:
         # Rows the decoder rendered and the spliced source block are JSON text already (bytes): the
         # envelope is then one formatting of a template, the bytes orjson would write for the dict below.
-        template = _ENVELOPE_TEMPLATES.get(op)
+        template = _ENVELOPE_TEMPLATES.get(op) if transaction is None else _TX_ENVELOPE_TEMPLATES.get(op)
         if (
             template is not None
             and type(source) is bytes
             and (before is None or type(before) is bytes)
             and (after is None or type(after) is bytes)
         ):
-            body = template % (
-                b"null" if before is None else before,
-                b"null" if after is None else after,
-                source,
-                now_ns // 1_000_000,
-                now_ns // 1000,
-                now_ns,
-            )
+            if transaction is None:
+                body = template % (
+                    b"null" if before is None else before,
+                    b"null" if after is None else after,
+                    source,
+                    now_ns // 1_000_000,
+                    now_ns // 1000,
+                    now_ns,
+                )
+            else:
+                body = template % (
+                    b"null" if before is None else before,
+                    b"null" if after is None else after,
+                    source,
+                    orjson.dumps(transaction.as_dict()),
+                    now_ns // 1_000_000,
+                    now_ns // 1000,
+                    now_ns,
+                )
             return plan.value_prefix + body + b"}" if self._schemas else body
         payload = {
             "before": _fragment(before),
             "after": _fragment(after),
             "source": _fragment(source),
-            "transaction": None,
+            "transaction": None if transaction is None else transaction.as_dict(),
             "op": op,
             "ts_ms": now_ns // 1_000_000,
             "ts_us": now_ns // 1000,

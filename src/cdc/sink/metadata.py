@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from typing import Any, Final, Protocol
 
-from cdc.event import TxBegin, TxCommit
+from cdc.event import TransactionBlock, TxBegin, TxCommit
 from cdc.sink.record import Record
 from cdc.sink.connect import ConnectSchema
 
@@ -77,6 +77,8 @@ class TransactionMetadata:
         self.topic = transaction_topic(prefix)
         self._fmt = fmt
         self._counts: Counter[str] = Counter()
+        self._total = 0
+        self._tid = ""
 
     @staticmethod
     def _id(xid: int, commit_lsn: int) -> str:
@@ -87,12 +89,17 @@ class TransactionMetadata:
 
     def begin(self, tx: TxBegin) -> Record:
         self._counts.clear()
-        tid = self._id(tx.xid, tx.commit_lsn)
+        self._total = 0
+        tid = self._tid = self._id(tx.xid, tx.commit_lsn)
         value = {"status": "BEGIN", "id": tid, "event_count": None, "data_collections": None, "ts_ms": tx.commit_ts_us // 1000}
         return self._record(tid, value)
 
-    def count(self, table: str) -> None:
-        self._counts[table] += 1
+    def count(self, table: str) -> TransactionBlock:
+        """One more event of ``table`` in the open transaction: its ``transaction`` block."""
+        counts = self._counts
+        counts[table] += 1
+        self._total += 1
+        return TransactionBlock(self._tid, self._total, counts[table])
 
     def end(self, tx: TxCommit) -> Record:
         tid = self._id(tx.xid, tx.commit_lsn)

@@ -44,6 +44,7 @@ import structlog
 
 from cdc.event import (
     AnyRow,
+    TransactionBlock,
     ChangeEvent,
     Column,
     MessageEvent,
@@ -246,11 +247,11 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         if op is Op.CREATE or op is Op.READ:
             after = self._row(plan, event.after, "after")
             key = self._key(plan, event.after)
-            return [Record(topic, key, self._envelope(plan, None, after, source, _OPS[op], now), headers)]
+            return [Record(topic, key, self._envelope(plan, None, after, source, _OPS[op], now, event.transaction), headers)]
         if op is Op.DELETE:
             before = self._row(plan, event.before, "before")
             key = self._key(plan, event.before)
-            value = self._envelope(plan, before, None, source, "d", now)
+            value = self._envelope(plan, before, None, source, "d", now, event.transaction)
             return [Record(topic, key, value, headers), Record(topic, key, None, headers)]
         if op is Op.UPDATE:
             old_row = self._row(plan, event.before, "before") if event.before is not None else None
@@ -264,11 +265,11 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
                     delete_headers = (*headers, (NEW_KEY_HEADER, new_payload))
                     create_headers = (*headers, (OLD_KEY_HEADER, old_payload))
                     return [
-                        Record(topic, old_key, self._envelope(plan, old_row, None, source, "d", now), delete_headers),
+                        Record(topic, old_key, self._envelope(plan, old_row, None, source, "d", now, event.transaction), delete_headers),
                         Record(topic, old_key, None, delete_headers),
-                        Record(topic, key, self._envelope(plan, None, new_row, source, "c", now), create_headers),
+                        Record(topic, key, self._envelope(plan, None, new_row, source, "c", now, event.transaction), create_headers),
                     ]
-            return [Record(topic, key, self._envelope(plan, old_row, new_row, source, "u", now), headers)]
+            return [Record(topic, key, self._envelope(plan, old_row, new_row, source, "u", now, event.transaction), headers)]
         raise SerializationError(f"a ChangeEvent cannot have op {op.value!r} (truncates and messages have their own events)")
 
     def _truncate(self, event: TruncateEvent) -> list[Record]:
@@ -398,6 +399,7 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         source: dict[str, Any],
         op: str,
         now_ns: int,
+        transaction: TransactionBlock | None = None,
     ) -> bytes:
         """The record value: Debezium's envelope."""
 
