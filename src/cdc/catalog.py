@@ -147,6 +147,14 @@ def describe_tables(
                 f"{t.qualified} from 'tables'; {captured_ancestors[0]}'s topic carries its rows."
             )
             continue
+        if ancestors:
+            root = list(ancestors)[-1]  # type: ignore[call-overload]  # pg_partition_ancestors: nearest first
+            problems.append(
+                f"table {t.qualified} is a partition of {root}: a partition's changes are published as its "
+                f"partitioned table's, and partitions come and go. Fix: capture {root} instead of {t.qualified} in "
+                f"'{section}' (one topic for all its partitions' rows)."
+            )
+            continue
         if relkind not in ("r", "p"):
             problems.append(f"{t.qualified} is not an ordinary table (relkind {relkind}): only tables can be captured")
             continue
@@ -306,7 +314,8 @@ def plan_publication(
             raise StartupError(
                 f"publication {name} does not exist and role {user} cannot create it: it does not own "
                 f"{', '.join(not_owned)}. Fix: have the owner run CREATE PUBLICATION {name} FOR TABLE "
-                f"{', '.join(wanted)}; (least privilege), or grant {user} the owning role."
+                f"{', '.join(wanted)} WITH (publish_via_partition_root = true); (least privilege; the owner needs "
+                f"CREATE on the database), or grant {user} the owning role."
             )
         return PublicationPlan(name, wanted, None)
     all_tables, owner_ok, owner, via_root = row
@@ -315,14 +324,7 @@ def plan_publication(
             f"publication {name} is FOR ALL TABLES, but this connector publishes exactly the configured tables. "
             f"Fix: DROP PUBLICATION {name}; (it is recreated), or configure another publication name."
         )
-    current = tuple(
-        sorted(
-            f"{r[0]}.{r[1]}"
-            for r in conn.execute(
-                "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (name,)
-            ).fetchall()
-        )
-    )
+    current = publication_members(conn, name)
     if current != wanted and not owner_ok:
         missing = sorted(set(wanted) - set(current))
         extra = sorted(set(current) - set(wanted))
@@ -349,6 +351,26 @@ def plan_publication(
             f"ALTER PUBLICATION {name} SET (publish_via_partition_root = true);"
         )
     return PublicationPlan(name, wanted, current, set_via_root)
+
+
+def publication_members(conn: psycopg.Connection[tuple[object, ...]], name: str) -> tuple[str, ...]:
+    """The tables a publication was given (``pg_publication_rel``), sorted: a partitioned table as itself.
+    (``pg_publication_tables`` lists a partitioned table's partitions instead unless the publication
+    has publish_via_partition_root, so the fix it led to, ADD TABLE of a member, failed.)"""
+    return tuple(
+        sorted(
+            f"{r[0]}.{r[1]}"
+            for r in conn.execute(
+                """
+                SELECT n.nspname, c.relname FROM pg_publication_rel pr
+                  JOIN pg_publication p ON p.oid = pr.prpubid
+                  JOIN pg_class c ON c.oid = pr.prrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE p.pubname = %s
+                """,
+                (name,),
+            ).fetchall()
+        )
+    )
 
 
 def apply_publication(conn: psycopg.Connection[tuple[object, ...]], plan: PublicationPlan) -> None:

@@ -23,7 +23,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    """The file, then (unless --offline) every check ``cdc run`` makes before it creates anything, with
+    the same messages: 0 valid, 1 a problem in the database or the services, 2 a bad file."""
+    from cdc.catalog import StartupError
     from cdc.config import ConfigError, load_config
+    from cdc.pipeline.checks import connect_source, service_problems, source_checks
 
     try:
         config = load_config(args.file)
@@ -32,41 +36,34 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         return 2
     patterns = [t for t in config.tables if t.name is None]
     print(
-        f"{args.file}: valid ({len(config.tables)} tables, {len(patterns)} of them patterns, "
+        f"{args.file}: the file is valid ({len(config.tables)} tables, {len(patterns)} of them patterns, "
         f"topic prefix {config.topic_prefix})"
     )
-    if not patterns:
-        return 0
     if args.offline:
-        print("  patterns: syntax valid; not expanded (--offline)")
+        print("  --offline: the database, Kafka and the schema registry were not checked")
         return 0
-    return _expand_patterns(config)
-
-
-def _expand_patterns(config: Any) -> int:
-    """What each pattern entry selects in the source database now; 1 when they cannot be expanded."""
-    import psycopg  # noqa: PLC0415
-
-    from cdc.catalog import StartupError, resolve_tables  # noqa: PLC0415
-    from cdc.config import ConfigError  # noqa: PLC0415
-
     try:
-        conn = psycopg.connect(
-            config.source.conninfo(application_name="cdc-validate"), autocommit=True, connect_timeout=5
-        )
-    except (psycopg.OperationalError, ConfigError) as e:
-        print(f"  patterns: syntax valid; not expanded: cannot connect to Postgres ({str(e).strip()})")
-        return 0
-    with conn:
-        try:
-            selection = resolve_tables(conn, config.tables, exclude=[config.snapshot.signal_table])
-        except StartupError as e:
-            print(str(e), file=sys.stderr)
-            return 1
-    for selector, names in selection.expanded.items():
+        with connect_source(config, "cdc-validate") as conn:
+            checked = source_checks(conn, config)
+    except (StartupError, ConfigError) as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    for selector, names in checked.selection.expanded.items():
         print(f"  {selector} -> {', '.join(names) or '(nothing yet: allow_empty)'}")
-    for selector, names in selection.named_over_pattern.items():
+    for selector, names in checked.selection.named_over_pattern.items():
         print(f"  {selector} also matches {', '.join(names)}: named in 'tables', so those entries' settings apply")
+    problems = service_problems(checked.config)
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if problems:
+        return 1
+    publication = checked.publication
+    shape = "to be created" if publication.current is None else "in shape" if publication.in_place else "to be altered"
+    print(
+        f"  database: {len(checked.tables)} tables ready to capture, publication {publication.name} {shape}, "
+        f"slot {config.source.slot} {checked.slot_state.value}"
+    )
+    print(f"  kafka: {config.kafka.bootstrap_servers} reachable" + (", schema registry reachable" if config.format == "avro" else ""))
     return 0
 
 
@@ -146,10 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "validate",
-        help="check a configuration file and explain every error; show what table patterns select in the database",
+        help="check a configuration file, then everything `cdc run` checks before it creates anything (tables, keys, "
+        "replica identity, privileges, publication, Kafka, registry), with the same messages",
     )
     p.add_argument("file")
-    p.add_argument("--offline", action="store_true", help="do not connect to Postgres to expand table patterns")
+    p.add_argument("--offline", action="store_true", help="check the file only: connect to nothing")
     p.set_defaults(func=_cmd_validate)
 
     p = sub.add_parser(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +170,98 @@ def test_a_pre_created_publication_the_role_may_not_alter_is_named_with_the_fix_
             drop_slots(conn, conn.info.dbname)  # waits out the stopped daemon's walsender
             conn.execute(f"DROP OWNED BY {role}")
             conn.execute(f"DROP ROLE {role}")
+
+
+# --------------------------------------------------------------------------- cdc validate = cdc run's checks
+
+VALIDATE_CASES = {
+    "misspelt table": {"tables": ["public.custmers"]},
+    "no primary key and no key": {"tables": ["public.nokey"]},
+    "key column that does not exist": {"tables": [{"name": "public.customers", "key": ["customer_no"]}]},
+    "partition named instead of its table": {"tables": ["public.shipments_2025"]},
+    "unreachable broker": {"kafka": {"bootstrap_servers": "127.0.0.1:1"}},
+}
+
+
+@pytest.mark.parametrize("case", sorted(VALIDATE_CASES))
+def test_validate_refuses_what_run_refuses_with_the_same_message(
+    tmp_path, base, pg_dsn, slot_name, publication_name, topic_prefix, kafka_admin, case
+):
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE shipments (id int, day date, PRIMARY KEY (id, day)) PARTITION BY RANGE (day)")
+        conn.execute("CREATE TABLE shipments_2025 PARTITION OF shipments FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')")
+    config = base(**VALIDATE_CASES[case])
+    validate = subprocess.run(
+        [sys.executable, "-m", "cdc.cli", "validate", str(config)], capture_output=True, text=True, timeout=120
+    )
+    assert validate.returncode == 1, validate.stdout + validate.stderr
+    nothing_created(pg_dsn, slot_name, publication_name, None, topic_prefix)
+    code, _ = run_once(tmp_path, config)
+    assert code == 1
+    [fatal] = [e["error"] for e in Connector(config, tmp_path / "cdc.log").log_events() if e.get("event") == "fatal"]
+    assert fatal.strip() in validate.stderr, f"cdc run said:\n{fatal}\ncdc validate said:\n{validate.stderr}"
+    nothing_created(pg_dsn, slot_name, publication_name, None, topic_prefix)
+
+
+def test_validate_passes_a_good_configuration_and_offline_checks_only_the_file(tmp_path, base, pg_dsn, slot_name):
+    config = base()
+    good = subprocess.run([sys.executable, "-m", "cdc.cli", "validate", str(config)], capture_output=True, text=True, timeout=120)
+    assert good.returncode == 0, good.stderr
+    assert "1 tables ready to capture" in good.stdout and "reachable" in good.stdout
+    offline = base(source={"dsn": "host=127.0.0.1 port=1 dbname=x", "slot": slot_name, "publication": "p"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "cdc.cli", "validate", "--offline", str(offline)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and "were not checked" in proc.stdout, proc.stderr
+
+
+# --------------------------------------------------------------------------- every printed fix works
+
+
+def printed_fixes(out: str) -> list[str]:
+    """The SQL statements a start-up error tells the owner to run, as printed."""
+    return re.findall(r"((?:CREATE|ALTER) PUBLICATION [^;]+;)", out)
+
+
+@pytest.mark.parametrize("situation", ["missing publication", "publication without via root", "publication missing a table"])
+def test_every_printed_fix_runs_as_printed_and_the_daemon_then_streams(
+    tmp_path, services, pg_dsn, least_role, slot_name, publication_name, topic_prefix, consume_all, situation
+):
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE shipments (id int, day date, PRIMARY KEY (id, day)) PARTITION BY RANGE (day)")
+        conn.execute("CREATE TABLE shipments_2025 PARTITION OF shipments FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')")
+        conn.execute("CREATE TABLE customers (id int PRIMARY KEY, name text)")
+        if situation == "publication without via root":
+            conn.execute(f"CREATE PUBLICATION {publication_name} FOR TABLE shipments, customers")
+        elif situation == "publication missing a table":
+            conn.execute(f"CREATE PUBLICATION {publication_name} FOR TABLE shipments WITH (publish_via_partition_root = true)")
+    role_dsn = least_role(["public.shipments", "public.shipments_2025", "public.customers"])
+    config = write_config(
+        tmp_path / "cdc.yaml",
+        source={"dsn": role_dsn, "slot": slot_name, "publication": publication_name},
+        tables=["public.shipments", "public.customers"],
+        kafka={"bootstrap_servers": services.kafka_bootstrap},
+        topic_prefix=topic_prefix,
+    )
+    code, out = run_once(tmp_path, config)
+    assert code == 1
+    fixes = printed_fixes(out)
+    assert fixes, out
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # as the owner, exactly as printed
+        for statement in fixes:
+            conn.execute(statement.encode().decode("unicode_escape") if "\\" in statement else statement)
+    c = Connector(config, tmp_path / "fixed.log").start()
+    try:
+        c.wait_streaming(pg_dsn, slot_name)
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO shipments VALUES (1, '2025-03-01')")
+            conn.execute("INSERT INTO customers VALUES (1, 'ada')")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            got = consume_all([f"{topic_prefix}.public.shipments", f"{topic_prefix}.public.customers"], timeout=30)
+            if len(got) >= 2:
+                break
+            time.sleep(0.5)
+        assert sorted(m.topic() for m in got) == [f"{topic_prefix}.public.customers", f"{topic_prefix}.public.shipments"]
+    finally:
+        assert c.stop() == 0, c.output()[-4000:]

@@ -21,23 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import structlog
 
 from cdc.catalog import (
-    StartupError,
     TableInfo,
     apply_publication,
-    check_server,
-    check_slot_failover,
     column_type_oids,
-    describe_outbox_tables,
-    describe_tables,
-    expand_config,
     load_types,
-    plan_publication,
 )
-from cdc.columns import ColumnPolicy, ColumnPolicyError, policies
+from cdc.columns import ColumnPolicy
 from cdc.config import Config, TableConfig
 from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.spool import Spool
@@ -48,6 +40,7 @@ from cdc.render.rows import RowRendering, TableRenderer
 from cdc.instance import InstanceLock
 from cdc.observe import Stats
 from cdc.outbox.route import OutboxRouter
+from cdc.pipeline.checks import column_policies, connect_source, source_checks
 from cdc.pipeline.routing import OutboxStage, StandaloneMessages
 from cdc.pipeline.stages import (
     Chain,
@@ -67,7 +60,7 @@ from cdc.sink.metadata import TransactionMetadata, heartbeat_topic, transaction_
 from cdc.sink.registry import RegistryClient
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.records import EventSerializer
-from cdc.snapshot.modes import StartupPlan, inspect_slot
+from cdc.snapshot.modes import StartupPlan
 from cdc.snapshot.output import ConfiguredOutput
 from cdc.snapshot.service import Snapshots
 from cdc.snapshot.state import KafkaStore, topics_holding_records
@@ -137,25 +130,16 @@ def wire(
 
     ``on_snapshots`` gets the snapshot service as soon as it exists, before it copies anything: what it
     did is there to see even when the copy fails."""
-    try:
-        conn = psycopg.connect(config.source.conninfo(application_name="cdc-setup"), autocommit=True)
-    except psycopg.OperationalError as e:
-        raise StartupError(
-            f"cannot connect to Postgres ({config.source.dsn}): {str(e).strip()}. Fix: {connect_fix(str(e))}"
-        ) from None
+    conn = connect_source(config, "cdc-setup")
     declared = config.tables
     with conn:
-        check_server(conn)
-        check_slot_failover(conn, config.source.slot_failover)
-        lock.acquire()
-        cfg, selection = expand_config(conn, config)
-        log_selection(selection)
-        tables = describe_tables(conn, cfg.tables)
-        boxes = describe_outbox_tables(conn, cfg.outbox.tables)
+        checked = source_checks(conn, config, before_selection=lock.acquire)
+        cfg, tables, boxes, publication, slot_state = (
+            checked.config, checked.tables, checked.boxes, checked.publication, checked.slot_state
+        )
+        log_selection(checked.selection)
         capture = Capture(cfg, declared, tables, boxes, {}, {})
-        capture.policies.update(column_policies(cfg, tables))
-        publication = plan_publication(conn, cfg.source.publication, [*tables.keys(), *boxes.keys()])
-        slot_state = inspect_slot(conn, cfg.source.slot)
+        capture.policies.update(checked.policies)
         oids = column_type_oids(conn, [t.oid for t in (*tables.values(), *boxes.values())])
         types = load_types(conn, [o for o in oids if o not in BUILTIN_TYPES])
 
@@ -368,25 +352,6 @@ def make_delivery(cfg: Config) -> Delivery:
     )
 
 
-def column_policies(cfg: Config, tables: dict[str, TableInfo]) -> dict[str, ColumnPolicy]:
-    salt = cfg.masking.salt.get_secret_value() if cfg.masking.salt is not None else None
-    result = policies(cfg.tables, cfg.masking.fixed_value, salt)
-    problems = []
-    for name, policy in result.items():
-        info = tables[name]
-        try:
-            policy.check(info.columns)
-        except ColumnPolicyError as e:
-            problems.append(str(e))
-        table = next(t for t in cfg.tables if t.name == name)
-        hidden = set(info.key) & (set(table.exclude_columns) | set(table.mask))
-        if hidden:
-            problems.append(f"tables[{name}]: key columns cannot be excluded or masked: {', '.join(sorted(hidden))}")
-    if problems:
-        raise StartupError("column settings do not fit the tables:\n  " + "\n  ".join(problems))
-    return result
-
-
 def outbox_topic_spec(cfg: Config, topic: str) -> TopicSpec:
     return TopicSpec(
         topic,
@@ -440,16 +405,6 @@ def topic_specs(
         # Every dead letter is kept: compaction would keep only the last one of each key.
         specs.append(TopicSpec(topic, 1, cfg.kafka.replication_factor, {"retention.ms": "-1"}, compacted=False))
     return specs
-
-
-def connect_fix(error: str) -> str:
-    if any(word in error for word in ("SSL", "certificate", "sslmode", "server does not support SSL")):
-        return (
-            "check the TLS settings in source.dsn: sslrootcert must name the CA that signed the server's "
-            "certificate (sslmode=verify-full also checks the host name against it), sslcert/sslkey a client "
-            "certificate if the server asks for one; and that the server runs with ssl=on."
-        )
-    return "check source.dsn, the password (CDC_SOURCE__PASSWORD or source.password_file) and pg_hba.conf."
 
 
 def log_selection(selection: Selection) -> None:
