@@ -6,6 +6,8 @@ half-made behind: no publication, no slot, no topic.
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -351,6 +353,29 @@ def plan_publication(
             f"ALTER PUBLICATION {name} SET (publish_via_partition_root = true);"
         )
     return PublicationPlan(name, wanted, current, set_via_root)
+
+
+def publication_shape(
+    conn: psycopg.Connection[tuple[object, ...]], name: str, tables: dict[str, TableInfo]
+) -> dict[str, TableInfo]:
+    """``tables`` with what the existing publication ``name`` publishes of each: its row filter and column
+    list (PostgreSQL 15+; earlier servers have neither)."""
+    if conn.info.server_version < 150000:
+        return tables
+    shaped = dict(tables)
+    for schema, table, row_filter, columns in conn.execute(
+        "SELECT schemaname, tablename, rowfilter, attnames FROM pg_publication_tables WHERE pubname = %s", (name,)
+    ).fetchall():
+        info = shaped.get(f"{schema}.{table}")
+        if info is None:
+            continue
+        published = tuple(str(c) for c in columns or ())  # type: ignore[attr-defined]
+        shaped[info.qualified] = dataclasses.replace(
+            info,
+            row_filter=str(row_filter) if row_filter is not None else None,
+            published_columns=published if published and set(published) != set(info.columns) else None,
+        )
+    return shaped
 
 
 def publication_members(conn: psycopg.Connection[tuple[object, ...]], name: str) -> tuple[str, ...]:

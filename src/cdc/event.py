@@ -102,6 +102,10 @@ class TableInfo:
     columns: tuple[str, ...]
     not_null: frozenset[str]
     partitions: frozenset[str] = frozenset()  # a partitioned table's partitions (qualified), at any depth
+    # What the publication publishes of it (PostgreSQL 15+): its row filter, and its column list when the
+    # list leaves columns out. Snapshots copy exactly that, so that they agree with the stream.
+    row_filter: str | None = None
+    published_columns: tuple[str, ...] | None = None
 
     @property
     def qualified(self) -> str:

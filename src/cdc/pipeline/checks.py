@@ -18,6 +18,7 @@ from cdc.catalog import (
     describe_tables,
     expand_config,
     plan_publication,
+    publication_shape,
 )
 from cdc.columns import ColumnPolicy, ColumnPolicyError, policies
 from cdc.config import Config
@@ -66,6 +67,8 @@ def source_checks(
     boxes = describe_outbox_tables(conn, cfg.outbox.tables)
     found = column_policies(cfg, tables)
     publication = plan_publication(conn, cfg.source.publication, [*tables.keys(), *boxes.keys()])
+    if publication.current is not None:  # an existing publication may filter rows or columns: snapshots follow
+        tables = publication_shape(conn, cfg.source.publication, tables)
     slot_state = inspect_slot(conn, cfg.source.slot)
     return SourceCheck(cfg, selection, tables, boxes, found, publication, slot_state)
 

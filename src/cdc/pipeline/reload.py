@@ -16,6 +16,7 @@ from cdc.catalog import (
     expand_config,
     load_types,
     plan_publication,
+    publication_shape,
     table_partitions,
 )
 from cdc.config import Config, ConfigError, TableConfig, load_config
@@ -141,6 +142,8 @@ class Reloader:
                     conn, cfg.source.publication, [*tables.keys(), *capture.outbox_tables.keys()]
                 )
                 policies = column_policies(candidate, tables)
+                if publication.current is not None:
+                    tables = publication_shape(conn, cfg.source.publication, tables)
             except StartupError as e:
                 log.error("reload_rejected", reason=reason, error=str(e))
                 return

@@ -89,6 +89,7 @@ class SnapshotTable:
     chunk_key: tuple[str, ...]  # () when the table has no usable key
     chunk_key_types: tuple[str, ...]  # format_type() of each, to cast bounds with
     partitioned: bool
+    row_filter: str | None = None  # the publication's WHERE for the table: a snapshot copies what it publishes
 
     @property
     def keyed(self) -> bool:
@@ -203,6 +204,8 @@ def describe_table(conn: Connection, info: TableInfo, types: Mapping[int, PgType
         """,
         (info.oid,),
     ).fetchall()
+    if info.published_columns is not None:  # the publication's column list: the stream sends only these
+        attrs = [a for a in attrs if a[0] in info.published_columns]
     known: dict[int, PgType] = {**BUILTIN_TYPES, **(types or {})}
     missing = {int(a[1]) for a in attrs if int(a[1]) not in known}
     if missing:
@@ -227,6 +230,7 @@ def describe_table(conn: Connection, info: TableInfo, types: Mapping[int, PgType
         chunk_key=key,
         chunk_key_types=tuple(sql_types[k] for k in key),
         partitioned=partitioned,
+        row_filter=info.row_filter,
     )
 
 
@@ -376,7 +380,16 @@ def key_predicate(table: SnapshotTable, keys: KeyRange) -> sql.Composable:
 
 
 def chunk_where(table: SnapshotTable, chunk: Chunk) -> sql.Composable:
-    """The rows of ``chunk``: a key range, a range of heap pages, or the whole table."""
+    """The rows of ``chunk`` the publication publishes: a key range, a range of heap pages, or the whole
+    table, AND the publication's row filter."""
+    where = _chunk_range(table, chunk)
+    if table.row_filter is None:
+        return where
+    # The server's own deparsed expression (pg_publication_tables.rowfilter), over this table's columns.
+    return sql.SQL("({}) AND ({})").format(where, sql.SQL(table.row_filter))
+
+
+def _chunk_range(table: SnapshotTable, chunk: Chunk) -> sql.Composable:
     if chunk.keys is not None:
         return key_predicate(table, chunk.keys)
     if chunk.pages is not None:
