@@ -433,6 +433,26 @@ class IncrementalReader:
                 continue
             self._handle_signal(str(signal_id), str(kind), data)
 
+    def ignore_existing_signals(self) -> int:
+        """The slot is being created: the rows already in the signal table are older than its snapshot and
+        not for it. Recorded as handled, so that a daemon started later does not act on old signals."""
+        schema, _, name = self._settings.signal_table.partition(".")
+        try:
+            with psycopg.connect(self._conninfo, autocommit=True) as conn:
+                row = conn.execute("SELECT to_regclass(%s)", (sql.Identifier(schema, name).as_string(conn),)).fetchone()
+                if row is None or row[0] is None:
+                    return 0
+                ids = [str(r[0]) for r in conn.execute(sql.SQL("SELECT id::text FROM {}").format(sql.Identifier(schema, name)))]
+        except psycopg.Error as e:
+            log.warning("snapshot_signal_table_unreadable", table=self._settings.signal_table, error=str(e).strip())
+            return 0
+        for signal_id in ids:
+            self._state.handle_signal(signal_id, "before_slot", "in the signal table before this slot was created")
+        if ids:
+            self._state.flush()
+            log.info("snapshot_signals_before_slot", count=len(ids), table=self._settings.signal_table)
+        return len(ids)
+
     def _handle_signal(self, signal_id: str, kind: str, data: str | None) -> None:
         if kind != "execute-snapshot":
             self._reject(signal_id, f"signal type {kind!r} is not supported (only 'execute-snapshot')")
@@ -446,6 +466,13 @@ class IncrementalReader:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             self._reject(signal_id, f"malformed execute-snapshot data ({e}): expected "
                                     '{"data-collections": ["schema.table", ...], "type": "incremental"}')  # fmt: skip
+            return
+        target = payload.get("connector")
+        if target is not None and target != self._slot:
+            # Another connector's: handled here means "seen", so it is not read again.
+            self._state.handle_signal(signal_id, "ignored", f"for connector {target}")
+            self._state.flush()
+            log.info("snapshot_signal_ignored", signal=signal_id, connector=target, slot=self._slot)
             return
         if snapshot_type != "incremental":
             self._reject(signal_id, f"snapshot type {snapshot_type!r} is not supported (only 'incremental')")

@@ -114,6 +114,8 @@ class Snapshots:
             resume=plan.resume,
             new_tables=list(plan.new_tables),
         )
+        if plan.initial or plan.create_slot:  # a new slot: signals already written are not for it
+            self.reader.ignore_existing_signals()
         if plan.drop_slot:
             self._drop_slot()
         if plan.initial or plan.without_slot:

@@ -8,7 +8,10 @@ work unchanged::
         ('any-unique-id', 'execute-snapshot', '{"data-collections": ["public.orders"], "type": "incremental"}');
 
 The daemon reads the table every ``snapshot.signal_poll_s`` and handles each id
-once per slot (``cdc.snapshot.reader``); the table needs no publication.
+once per slot (``cdc.snapshot.reader``); the table needs no publication. A signal may
+name the connector it is for (``"connector": "<slot>"`` in its data, as ``cdc snapshot``
+writes it): another connector's daemon leaves it alone. Rows already in the table when a
+daemon creates its slot are not for it (they are older than its snapshot) and are ignored.
 """
 
 from __future__ import annotations
@@ -25,24 +28,51 @@ from psycopg import sql
 
 from cdc.snapshot.config import SnapshotConfig
 
-__all__ = ["add_cli", "ensure_signal_table", "send_snapshot_signal"]
+__all__ = ["SignalTableError", "add_cli", "ensure_signal_table", "send_snapshot_signal", "signal_table_statements"]
+
+LAYOUT = "(id varchar(64) PRIMARY KEY, type varchar(32) NOT NULL, data varchar(2048))"
 
 
-def ensure_signal_table(conn: psycopg.Connection[Any], signal_table: str) -> None:
-    schema, _, name = signal_table.partition(".")
-    conn.execute(
-        sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} (id varchar(64) PRIMARY KEY, type varchar(32) NOT NULL, data varchar(2048))"
-        ).format(sql.Identifier(schema, name))
+class SignalTableError(Exception):
+    """The signal table is missing and this role may not create it: the message holds the owner's statements."""
+
+
+def signal_table_statements(signal_table: str, role: str) -> str:
+    """What a role that may create tables runs once, so that ``role`` can request snapshots."""
+    return (
+        f"CREATE TABLE {signal_table} {LAYOUT}; GRANT SELECT, INSERT ON {signal_table} TO {role};"
     )
 
 
-def send_snapshot_signal(conn: psycopg.Connection[Any], signal_table: str, tables: Sequence[str]) -> str:
-    """Insert an ``execute-snapshot`` signal for these tables (creating the table if needed); returns its id."""
+def ensure_signal_table(conn: psycopg.Connection[Any], signal_table: str) -> None:
+    """Create the signal table when it is missing (only then: creating needs CREATE on the schema, which the
+    least-privilege role has not); SignalTableError with the owner's statements when this role may not."""
+    schema, _, name = signal_table.partition(".")
+    ident = sql.Identifier(schema, name)
+    row = conn.execute("SELECT to_regclass(%s)", (ident.as_string(conn),)).fetchone()
+    if row is not None and row[0] is not None:
+        return
+    try:
+        conn.execute(sql.SQL("CREATE TABLE {} " + LAYOUT).format(ident))
+    except psycopg.errors.InsufficientPrivilege as e:
+        raise SignalTableError(
+            f"the signal table {signal_table} does not exist and role {conn.info.user} may not create it "
+            f"({e.diag.message_primary}). Fix, as the schema's owner: {signal_table_statements(signal_table, conn.info.user)}"
+        ) from None
+
+
+def send_snapshot_signal(
+    conn: psycopg.Connection[Any], signal_table: str, tables: Sequence[str], *, connector: str | None = None
+) -> str:
+    """Insert an ``execute-snapshot`` signal for these tables (creating the table if it is missing and this
+    role may); ``connector``: the slot of the only connector that acts on it. Returns its id."""
     ensure_signal_table(conn, signal_table)
     schema, _, name = signal_table.partition(".")
     signal_id = uuid.uuid4().hex
-    data = orjson.dumps({"data-collections": list(tables), "type": "incremental"}).decode()
+    body: dict[str, Any] = {"data-collections": list(tables), "type": "incremental"}
+    if connector is not None:
+        body["connector"] = connector
+    data = orjson.dumps(body).decode()
     conn.execute(
         sql.SQL("INSERT INTO {} (id, type, data) VALUES (%s, 'execute-snapshot', %s)").format(
             sql.Identifier(schema, name)
@@ -81,7 +111,10 @@ def _cmd_snapshot(args: argparse.Namespace) -> int:
     settings = snapshot_settings(config)
     try:
         with psycopg.connect(config.source.conninfo(application_name="cdc-snapshot-signal"), autocommit=True) as conn:
-            signal_id = send_snapshot_signal(conn, settings.signal_table, names)
+            signal_id = send_snapshot_signal(conn, settings.signal_table, names, connector=config.source.slot)
+    except SignalTableError as e:
+        print(str(e), file=sys.stderr)
+        return 1
     except psycopg.Error as e:
         print(f"cannot write the snapshot signal into {settings.signal_table}: {str(e).strip()}", file=sys.stderr)
         return 1
