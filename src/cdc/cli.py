@@ -78,7 +78,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return 2
     st = status.collect(config)
     print(json.dumps(st, default=str) if args.json else status.render(st))
-    return 0
+    return 0 if status.healthy(st) else 1
 
 
 def _cmd_config_reference(args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ class Stats:
     last_commit_ts_us: int = 0
     last_processed_us: int = 0
     streaming: bool = False
+    starting: bool = True  # start-up checks and the initial snapshot run; False once the components are wired
     heartbeat: float = field(default_factory=time.monotonic)  # the main loop touches it every pass
     snapshot_progress: Callable[[], list[Any]] = lambda: []  # cdc.snapshot.progress.SnapshotProgress values
     standbys: Callable[[], list[Any]] = lambda: []  # cdc.failover.HostSlot values (a multi-host DSN)
@@ -88,7 +89,12 @@ class _StatsCollector(Collector):
             left_out.add_metric([prefix], n)
         yield left_out
         snap = CounterMetricFamily("cdc_snapshot_rows", "Rows read by snapshots", labels=["table"])
-        for table, n in sorted(s.snapshot_rows.items()):
+        copied = Counter(s.snapshot_rows)  # while streaming (DBLog chunks released at their watermark)
+        for p in s.snapshot_progress():
+            if p.kind == "initial":  # its worker processes count in the progress tracker
+                for t in p.tables:
+                    copied[t.table] += t.rows_done
+        for table, n in sorted(copied.items()):
             snap.add_metric([table], n)
         yield snap
         ready = GaugeMetricFamily(
@@ -150,9 +156,11 @@ class HttpEndpoint:
                     self._reply(200, generate_latest(registry), "text/plain; version=0.0.4")
                 elif self.path == "/healthz":
                     stalled = time.monotonic() - stats.heartbeat > stall_after_s
-                    self._reply(503 if stalled else 200, b"stalled\n" if stalled else b"ok\n")
+                    body = b"stalled\n" if stalled else b"starting\n" if stats.starting else b"ok\n"
+                    self._reply(503 if stalled else 200, body)
                 elif self.path == "/readyz":
-                    self._reply(200 if stats.streaming else 503, b"ready\n" if stats.streaming else b"not ready\n")
+                    ready = stats.streaming and not stats.starting
+                    self._reply(200 if ready else 503, b"ready\n" if ready else b"starting\n" if stats.starting else b"not ready\n")
                 else:
                     self._reply(404, b"not found\n")
 

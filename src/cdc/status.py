@@ -56,6 +56,7 @@ def collect(config: Config) -> dict[str, Any]:
             ).fetchone()
             tables[t.qualified] = {
                 "topic": naming.topic_name(t.schema_name, t.table_name),
+                "exists": est is not None,
                 "estimated_rows": est[0] if est else None,
             }
     consumer = Consumer(
@@ -113,7 +114,16 @@ def render(status: dict[str, Any]) -> str:
         lines.append(f"  tables: {status['tables_error']}")
     lines.append("tables:")
     for name, info in status["tables"].items():
-        lines.append(
-            f"  {name:<32} topic {info['topic']:<40} records {info.get('records')}  rows ~{info['estimated_rows']}"
-        )
+        if not info.get("exists", True):
+            lines.append(f"  {name:<32} MISSING: no such table in the database (create it, or remove it from 'tables')")
+            continue
+        records = "no topic yet" if info.get("records") is None else f"records {info['records']}"
+        lines.append(f"  {name:<32} topic {info['topic']:<40} {records}  rows ~{info['estimated_rows']}")
     return "\n".join(lines)
+
+
+def healthy(status: dict[str, Any]) -> bool:
+    """``cdc status`` exits 1 unless this holds: every configured table exists and could be listed, and
+    Kafka answered."""
+    tables_ok = all(info.get("exists", True) for info in status["tables"].values())
+    return tables_ok and "tables_error" not in status and "kafka_error" not in status

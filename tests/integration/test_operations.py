@@ -187,3 +187,80 @@ def test_secrets_never_appear_in_logs_errors_or_status(tmp_path, services, shop,
     for text in outputs:
         assert text.strip()
         assert SECRET not in text
+
+
+# --------------------------------------------------------------------------- the smaller things a new user met
+
+
+def test_initial_snapshot_rows_and_a_key_change_are_counted_as_debezium_writes_them(
+    tmp_path, services, shop, slot_name, publication_name, topic_prefix
+):
+    with psycopg.connect(shop, autocommit=True) as conn:
+        conn.execute("INSERT INTO customers SELECT i, 'c' || i FROM generate_series(1, 7) i")
+    cfg = make_config(tmp_path, services, shop, slot_name, publication_name, topic_prefix, ["public.customers"])
+    c = Connector(cfg, tmp_path / "cdc.log").start()
+    try:
+        port = http_port(c)
+        c.wait_streaming(shop, slot_name)
+        with psycopg.connect(shop, autocommit=True) as conn:
+            conn.execute("UPDATE customers SET id = 100 WHERE id = 1")  # a primary-key change
+            conn.execute("UPDATE customers SET name = 'z' WHERE id = 2")  # an ordinary update
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            _, text = get(port, "/metrics")
+            if metric(text, "cdc_events_total", table="public.customers", op="u") == 1:
+                break
+            time.sleep(0.3)
+    finally:
+        assert c.stop() == 0
+    assert metric(text, "cdc_snapshot_rows_total", table="public.customers") == 7  # the initial snapshot's rows
+    assert metric(text, "cdc_events_total", table="public.customers", op="d") == 1  # the key change: its delete
+    assert metric(text, "cdc_events_total", table="public.customers", op="c") == 1  # and its create
+    assert metric(text, "cdc_events_total", table="public.customers", op="u") == 1  # the ordinary update only
+
+
+def test_during_start_up_checks_healthz_says_starting_and_readyz_is_not_ready(
+    tmp_path, services, shop, slot_name, publication_name, topic_prefix
+):
+    cfg = write_config(
+        tmp_path / "cdc.yaml",
+        source={"dsn": shop, "slot": slot_name, "publication": publication_name},
+        tables=["public.customers"],
+        kafka={"bootstrap_servers": "127.0.0.1:1"},  # the broker check waits 15 s, then fails the start
+        topic_prefix=topic_prefix,
+    )
+    c = Connector(cfg, tmp_path / "cdc.log").start()
+    port = http_port(c)
+    assert get(port, "/healthz") == (200, "starting\n")
+    assert get(port, "/readyz") == (503, "starting\n")
+    assert c.wait_exit(60) == 1
+    assert get_refused(port)  # a failed start ends the process, and the port with it
+
+
+def test_status_names_a_missing_table_and_exits_1(tmp_path, services, shop, slot_name, publication_name, topic_prefix):
+    cfg = make_config(tmp_path, services, shop, slot_name, publication_name, topic_prefix, ["public.customers", "public.gone"])
+    status = subprocess.run(
+        [sys.executable, "-m", "cdc.cli", "status", "--config", str(cfg)], capture_output=True, text=True, timeout=60
+    )
+    assert status.returncode == 1, status.stdout
+    assert "public.gone" in status.stdout and "MISSING: no such table" in status.stdout
+    assert "None" not in status.stdout
+
+
+def test_a_reload_that_needs_a_restart_names_the_keys(tmp_path, services, shop, slot_name, publication_name, topic_prefix):
+    cfg = make_config(tmp_path, services, shop, slot_name, publication_name, topic_prefix, ["public.customers"])
+    c = Connector(cfg, tmp_path / "cdc.log").start()
+    try:
+        c.wait_streaming(shop, slot_name)
+        text = cfg.read_text().replace("status_interval_s: 1.0", "status_interval_s: 2.0")
+        cfg.write_text(text + "limits:\n  max_inflight_bytes: 2000000\n")
+        assert c.proc is not None
+        c.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while not [e for e in c.log_events() if e.get("event") == "reload_needs_restart"]:
+            assert time.monotonic() < deadline, c.output()
+            time.sleep(0.2)
+    finally:
+        assert c.stop() == 0
+    [warning] = [e for e in c.log_events() if e.get("event") == "reload_needs_restart"]
+    assert warning["keys"] == ["limits.max_inflight_bytes", "status_interval_s"]

@@ -90,6 +90,7 @@ class Daemon:
                 self.config, self.stats, self._lock, lambda: self._stop, on_snapshots=self._keep_snapshots
             )
             self.config = components.capture.config
+            self.stats.starting = False
             if not components.snapshot_plan.stream:
                 log.info("snapshot_only_done", mode=self.config.snapshot.mode)  # initial_only
                 return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 from pathlib import Path
 
 import psycopg
@@ -27,6 +28,16 @@ from cdc.pipeline.checks import column_policies
 from cdc.pipeline.wiring import Components, log_selection, rendering_of, topic_specs
 
 log = structlog.get_logger("cdc.pipeline")
+
+
+def changed_keys(old: Any, new: Any, path: str = "") -> list[str]:
+    """The dotted keys whose values differ between two configurations (as ``model_dump`` gives them)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for key in sorted(set(old) | set(new), key=str):
+            out += changed_keys(old.get(key), new.get(key), f"{path}.{key}" if path else str(key))
+        return out
+    return [] if old == new else [path]
 
 
 class Reloader:
@@ -92,8 +103,13 @@ class Reloader:
             return
         capture = self._c.capture
         declared = capture.declared
-        if new.model_copy(update={"tables": declared}) != capture.config.model_copy(update={"tables": declared}):
-            log.warning("reload_needs_restart", reason="settings other than 'tables' changed; they apply at restart")
+        changed = changed_keys(capture.config.model_dump(exclude={"tables"}), new.model_dump(exclude={"tables"}))
+        if changed:
+            log.warning(
+                "reload_needs_restart",
+                keys=changed,
+                reason="settings other than 'tables' changed; they apply at restart",
+            )
         self.apply_tables(new.tables, "reload")
 
     def _partitions_changed(self, conn: psycopg.Connection[tuple[object, ...]], candidate: Config) -> bool:

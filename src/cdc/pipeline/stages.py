@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from cdc.columns import ColumnPolicy
-from cdc.event import ChangeEvent, Event, MessageEvent, TruncateEvent, TxBegin, TxCommit
+from cdc.event import ChangeEvent, Event, MessageEvent, Op, TruncateEvent, TxBegin, TxCommit
 from cdc.observe import Stats
 from cdc.sink.delivery import Delivery
 from cdc.sink.metadata import TransactionMetadata
@@ -66,6 +66,19 @@ def describe(event: ChangeEvent | TruncateEvent | MessageEvent) -> str:
     return f"message {event.prefix}"
 
 
+_UPDATE: Final = Op.UPDATE
+
+
+def count(counts: Any, table: str, op: Op, records: int) -> None:
+    """One row change in ``cdc_events_total``: an update that changed the key is what its records are, a
+    delete and a create (three records: the delete, its tombstone, the create)."""
+    if op is _UPDATE and records == 3:
+        counts[(table, Op.DELETE)] += 1
+        counts[(table, Op.CREATE)] += 1
+    else:
+        counts[(table, op)] += 1
+
+
 class Deliver:
     """The end of the chain: the serializer's records of an event, sent in order, and counted."""
 
@@ -77,10 +90,10 @@ class Deliver:
     def row(self, event: ChangeEvent, table: str) -> None:
         """One row change, serialized, sent and counted (``Chain.row`` does the same inline)."""
         send = self.send
-        for record in self.records(event):
+        records = self.records(event)
+        for record in records:
             send(record, table)
-        # Op is a StrEnum: the member is the same key as its code ("c"), without Enum.value's descriptor call
-        self.counts[(table, event.op)] += 1
+        count(self.counts, table, event.op, len(records))
 
     def other(self, event: TruncateEvent | MessageEvent) -> None:
         what = describe(event)
@@ -128,10 +141,15 @@ class Chain:
                     return
             event = current
         send = self._send
-        for record in self._records(event):
+        records = self._records(event)
+        for record in records:
             send(record, table)
-        # Op is a StrEnum: the member is the same key as its code ("c"), without Enum.value's descriptor call
-        self._counts[(table, event.op)] += 1
+        op = event.op
+        if op is _UPDATE and len(records) == 3:  # a key change: Debezium's delete, tombstone and create
+            count(self._counts, table, op, 3)
+        else:
+            # Op is a StrEnum: the member is the same key as its code ("c"), without Enum.value's descriptor call
+            self._counts[(table, op)] += 1
 
     def other(self, event: Event) -> None:
         """Begin, commit, truncate or message: through every stage; a truncate or message that is left
