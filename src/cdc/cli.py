@@ -48,6 +48,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     except (StartupError, ConfigError) as e:
         print(str(e), file=sys.stderr)
         return 1
+    if config.spark.views or config.spark.indexes:
+        from cdc.declared import DeclarationError, check_declarations
+
+        try:
+            check_declarations(config.spark, {name: info.columns for name, info in checked.tables.items()})
+        except DeclarationError as e:
+            print(str(e), file=sys.stderr)
+            return 1
     for selector, names in checked.selection.expanded.items():
         print(f"  {selector} -> {', '.join(names) or '(nothing yet: allow_empty)'}")
     for selector, names in checked.selection.named_over_pattern.items():

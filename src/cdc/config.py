@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from cdc.declared import SparkSection
 from cdc.outbox.config import OutboxConfig
 from cdc.sink.registry import RegistrySettings
 from cdc.snapshot.config import SnapshotConfig
@@ -491,6 +492,7 @@ class Config(BaseSettings):
     masking: MaskingConfig = Field(default_factory=MaskingConfig)
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     messages: MessagesConfig = Field(default_factory=MessagesConfig)
+    spark: SparkSection = Field(default_factory=SparkSection)  # declared views and indexes (cdc.declared)
     outbox: OutboxConfig = Field(
         default_factory=OutboxConfig, description="application events through the log (cdc.outbox)"
     )

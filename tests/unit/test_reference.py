@@ -202,6 +202,14 @@ def _sample(entry: Entry, current: Any) -> tuple[str, Any]:
         ]
     if entry.path == "outbox.tables":
         return json.dumps([{"name": "public.events"}]), ["public.events"]
+    if entry.path in ("spark", "spark.views"):
+        view = {"name": "from_env", "sql": "SELECT id FROM public_orders", "key": ["id"]}
+        if entry.path == "spark":
+            return json.dumps({"views": [view]}), {"__child__": (("spark", "views"), ["from_env"])}
+        return json.dumps([view]), ["from_env"]
+    if entry.path == "spark.indexes":
+        index = {"name": "from_env", "sql": "SELECT id, t FROM public_orders", "id": "id", "text": {"t": 1.0}}
+        return json.dumps([index]), ["from_env"]
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         child = next(
             e for e in reference_entries() if e.attributes[:-1] == entry.attributes and not e.section and e.env
@@ -269,6 +277,8 @@ def test_every_documented_environment_variable_overrides_its_key(
         got = got.get_secret_value()
     if entry.path in ("tables", "outbox.tables"):
         got = [t.name for t in got]
+    if entry.path.startswith("spark"):
+        got = [d.name for d in got]
     assert got == expected, f"{entry.env}={value} did not reach {entry.path}"
 
 

@@ -1,0 +1,121 @@
+"""The views and search indexes a user declares for the Spark jobs (the ``spark`` section of cdc.yaml), and
+their static check.
+
+Each rebuilt table is queried under a stable name: ``<schema>_<table>`` (``public.orders`` is
+``public_orders``). A view is Spark SQL over those names with its key columns; an index is Spark SQL
+giving its documents, the id column, the text fields (tokenized, each with a boost), stored fields and
+facets. ``check_declarations`` parses every query (sqlglot, Spark dialect) and resolves its tables and
+columns against the captured tables' columns, so that ``cdc validate`` refuses a view that does not
+parse, names an unknown table or column, or lacks its key, naming the view; the jobs check the same
+with Spark's own analyzer before they read any data.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DeclaredView(_Model):
+    name: str = Field(description="the view's name: a Delta table at <warehouse>/views/<name>")
+    sql: str = Field(description="Spark SQL over the rebuilt tables, each named <schema>_<table> (public.orders: public_orders)")
+    key: list[str] = Field(min_length=1, description="the view's key columns (one row per key)")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.fullmatch(v):
+            raise ValueError("must be a lower-case identifier (letters, digits, _), as it names a directory")
+        return v
+
+
+class DeclaredIndex(_Model):
+    name: str = Field(description="the index's name: a tantivy index at <warehouse>/search/<name>; cdc search --index NAME")
+    sql: str = Field(description="Spark SQL giving one row per document, over the tables named <schema>_<table>")
+    id: str = Field(description="the column that identifies a document")
+    text: dict[str, float] = Field(
+        min_length=1, description="the searched fields: column -> boost (1.0: plain); tokenized and stored"
+    )
+    stored: list[str] = Field(default_factory=list, description="further columns returned with each hit, not searched")
+    facets: list[str] = Field(default_factory=list, description="columns matched exactly (query field:value)")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.fullmatch(v):
+            raise ValueError("must be a lower-case identifier (letters, digits, _), as it names a directory")
+        return v
+
+    @property
+    def columns(self) -> list[str]:
+        return [self.id, *self.text, *self.stored, *self.facets]
+
+
+class SparkSection(_Model):
+    views: list[DeclaredView] = Field(default_factory=list, description="derived views the Spark jobs materialize")
+    indexes: list[DeclaredIndex] = Field(default_factory=list, description="search indexes the Spark jobs build")
+
+    @model_validator(mode="after")
+    def _unique(self) -> SparkSection:
+        for kind, names in (("views", [v.name for v in self.views]), ("indexes", [i.name for i in self.indexes])):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"{kind}: {', '.join(dupes)} declared more than once")
+        return self
+
+
+def sql_name(qualified: str) -> str:
+    """The name a rebuilt table has in the declared queries: ``public.orders`` -> ``public_orders``."""
+    schema, _, table = qualified.partition(".")
+    return f"{schema}_{table}"
+
+
+class DeclarationError(ValueError):
+    """A declared view or index that cannot be built; the message names it and what is wrong."""
+
+
+def check_declarations(section: SparkSection, columns: Mapping[str, Sequence[str]]) -> None:
+    """Parse and resolve every declared query against ``columns`` (qualified table -> its columns);
+    DeclarationError naming every view or index that does not parse, names an unknown table or column,
+    or lacks its key (id, fields) columns."""
+    import sqlglot  # noqa: PLC0415 - only validation needs the parser
+    from sqlglot.errors import OptimizeError, ParseError  # noqa: PLC0415
+    from sqlglot.optimizer.qualify import qualify  # noqa: PLC0415
+
+    schema: dict[str, object] = {sql_name(t): {c: "string" for c in cols} for t, cols in columns.items()}
+    known = ", ".join(sorted(schema)) or "none"
+    problems: list[str] = []
+    declared: list[tuple[str, str, list[str]]] = [(f"view {v.name}", v.sql, v.key) for v in section.views]
+    declared += [(f"index {i.name}", i.sql, i.columns) for i in section.indexes]
+    for what, query, needed in declared:
+        try:
+            tree = sqlglot.parse_one(query, read="spark")
+        except ParseError as e:
+            problems.append(f"{what}: its SQL does not parse ({str(e).splitlines()[0]})")
+            continue
+        if not isinstance(tree, sqlglot.exp.Query):
+            problems.append(f"{what}: its SQL is not a query (SELECT ...)")
+            continue
+        tables = sorted({t.name for t in tree.find_all(sqlglot.exp.Table)} - {cte.alias for cte in tree.find_all(sqlglot.exp.CTE)})
+        unknown = [t for t in tables if t not in schema]
+        if unknown:
+            problems.append(f"{what}: unknown table(s) {', '.join(unknown)} (the captured tables are: {known})")
+            continue
+        try:
+            qualify(tree, schema=schema, dialect="spark", validate_qualify_columns=True)
+        except OptimizeError as e:
+            problems.append(f"{what}: {str(e).splitlines()[0]}")
+            continue
+        missing = [c for c in needed if c not in tree.named_selects]
+        if missing and "*" not in tree.named_selects:
+            problems.append(f"{what}: its query does not give the column(s) {', '.join(missing)} it declares")
+    if problems:
+        raise DeclarationError("the declared Spark views and indexes cannot be built:\n  " + "\n  ".join(problems))
