@@ -62,6 +62,7 @@ def _config_defaults(path: str | None) -> dict[str, Any]:
         "time_precision": values.time_precision,
         "interval_handling": values.interval_handling,
         "schemas_enable": cfg.json_format.schemas_enable if cfg.format == "json" else False,
+        "declared": cfg.spark,
     }
 
 
@@ -98,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     query = sub.add_parser("search", help="query the search index")
     query.add_argument("--warehouse", required=True, type=Path)
     query.add_argument("--limit", type=int, default=10)
+    query.add_argument("--index", help="a declared index (spark.indexes); default: the demo's search index")
+    query.add_argument("--fields", help="comma-separated fields to show of each hit (default: all stored)")
     query.add_argument("query")
     sub.add_parser("jars", help="fetch the job jars into the cache")
     return parser
@@ -142,6 +145,7 @@ def _job_config(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
         encoding=_encoding(settings),
         on_bad_record=args.on_bad_record,
         registry=settings.get("registry"),
+        **({"declared": settings["declared"]} if settings.get("declared") is not None else {}),
     )
 
 
@@ -205,7 +209,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     shapes = read_shapes(settings["dsn"], settings["tables"], settings.get("keys"))
-    report = verify(settings["dsn"], args.warehouse, shapes, spark=_session(args, "cdc-verify"), encoding=_encoding(settings))
+    report = verify(
+        settings["dsn"], args.warehouse, shapes, spark=_session(args, "cdc-verify"), encoding=_encoding(settings),
+        declared_section=settings.get("declared"),
+    )  # fmt: skip
     print(report.render())
     return 0 if report.ok else 1
 
@@ -214,8 +221,15 @@ def _cmd_search(args: argparse.Namespace) -> int:
     from cdc_views.jobs import search_path  # noqa: PLC0415
     from cdc_views.search import search  # noqa: PLC0415
 
-    for hit in search(search_path(args.warehouse), args.query, args.limit):
-        print(json.dumps(hit, ensure_ascii=False))
+    if args.index:  # a declared index (spark.indexes in cdc.yaml)
+        from cdc_views import declared  # noqa: PLC0415
+
+        fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
+        hits = declared.search(declared.index_path(args.warehouse, args.index), args.query, args.limit, fields)
+    else:
+        hits = search(search_path(args.warehouse), args.query, args.limit)
+    for hit in hits:
+        print(json.dumps(hit, ensure_ascii=False, default=str))
     return 0
 
 
@@ -239,7 +253,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from cdc_views.search import SearchIndexMissing  # noqa: PLC0415
         from cdc_views.tables import CatalogError  # noqa: PLC0415
 
-        if isinstance(exc, ReadError | CatalogError | SearchIndexMissing):
+        from cdc.declared import DeclarationError  # noqa: PLC0415
+
+        if isinstance(exc, ReadError | CatalogError | SearchIndexMissing | DeclarationError | LookupError):
             print(f"error: {exc}", file=sys.stderr)
             return 1
         raise

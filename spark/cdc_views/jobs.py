@@ -36,9 +36,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.types import StructField, StructType
 
+from cdc.declared import SparkSection
+from cdc.sink.registry import RegistryClient, RegistrySettings
+from cdc_views import declared
 from cdc_views import search as search_index
 from cdc_views import views
-from cdc.sink.registry import RegistryClient, RegistrySettings
 from cdc_views.reader import (
     META,
     Changes,
@@ -55,8 +57,8 @@ from cdc_views.warehouse import ensure_table, merge_rows, table_path, table_sche
 
 log = structlog.get_logger("cdc_views.jobs")
 
-View = Literal["warehouse", "orders", "search"]
-ALL_VIEWS: tuple[View, ...] = ("warehouse", "orders", "search")
+View = Literal["warehouse", "orders", "search", "declared"]
+ALL_VIEWS: tuple[View, ...] = ("warehouse", "orders", "search", "declared")
 FULL_REFRESH_ABOVE = 20_000  # touched entities in one micro-batch above which a view is recomputed whole
 
 
@@ -69,6 +71,7 @@ class JobConfig:
     encoding: Encoding = field(default_factory=Encoding)
     on_bad_record: OnBadRecord = "fail"
     registry: RegistrySettings | None = None  # format avro: where the writer and reader schemas are
+    declared: SparkSection = field(default_factory=SparkSection)  # the user's views and indexes (spark: in cdc.yaml)
 
     def registry_client(self) -> RegistryClient | None:
         return RegistryClient.from_settings(self.registry) if self.registry is not None else None
@@ -166,9 +169,16 @@ def rebuild(spark: SparkSession, cfg: JobConfig, wanted: Sequence[View] = ALL_VI
     started = time.monotonic()
     summary: dict[str, object] = {}
     wants_shop = ("orders" in wanted or "search" in wanted) and views.has_shop_tables(cfg.tables)
-    names = list(cfg.tables) if "warehouse" in wanted else [n for n in views.SHOP_TABLES if wants_shop]
+    wants_declared = "declared" in wanted and bool(cfg.declared.views or cfg.declared.indexes)
+    if wants_declared:  # Spark's analyzer over the tables' schemas: a bad declaration stops us before any read
+        declared.check(spark, cfg.declared, _empty_frames(spark, cfg))
+    everything = "warehouse" in wanted or wants_declared
+    names = list(cfg.tables) if everything else [n for n in views.SHOP_TABLES if wants_shop]
     if not names:
-        raise ValueError(f"nothing to build: views {list(wanted)} need the tables {list(views.SHOP_TABLES)}")
+        raise ValueError(
+            f"nothing to build: views {list(wanted)} need the tables {list(views.SHOP_TABLES)}, or declared "
+            "views and indexes (spark.views / spark.indexes in cdc.yaml)"
+        )
     topics = {n: cfg.topic(n) for n in names}
     log.info("rebuild.started", views=list(wanted), topics=list(topics.values()), warehouse=str(cfg.warehouse))
     reduced, avro = reduce_topics(spark, cfg.source, list(topics.values()), cfg.encoding, cfg.registry_client())
@@ -196,12 +206,70 @@ def rebuild(spark: SparkSession, cfg: JobConfig, wanted: Sequence[View] = ALL_VI
                 summary["search documents"] = search_index.build(
                     (r.asDict() for r in docs.toLocalIterator()), search_path(cfg.warehouse)
                 )
+        if wants_declared:
+            summary.update(build_declared(spark, cfg, {n: _source_rows(changes[n]) for n in names}))
     finally:
         reduced.unpersist()
         for change in changes.values():
             change.unpersist()
     summary["seconds"] = round(time.monotonic() - started, 2)
     log.info("rebuild.finished", **{k.replace(" ", "_"): v for k, v in summary.items()})
+    return summary
+
+
+# --------------------------------------------------------------------------- declared views and indexes
+
+
+def _empty_frames(spark: SparkSession, cfg: JobConfig) -> dict[str, DataFrame]:
+    """Every table as an empty frame of its warehouse schema: enough for Spark to analyze a query."""
+    frames = {}
+    for name, table in cfg.tables.items():
+        df = spark.createDataFrame([], table_schema(table, cfg.encoding))
+        frames[name] = df.select(*[c for c in df.columns if c not in META])
+    return frames
+
+
+def _warehouse_frames(spark: SparkSession, cfg: JobConfig) -> dict[str, DataFrame]:
+    """Every table as the warehouse holds it now (empty for a table not written yet)."""
+    frames = _empty_frames(spark, cfg)
+    for name, table in cfg.tables.items():
+        path = table_path(cfg.warehouse, table)
+        if DeltaTable.isDeltaTable(spark, str(path)):
+            df = spark.read.format("delta").load(str(path))
+            frames[name] = df.select(*[c for c in df.columns if c not in META])
+    return frames
+
+
+def _unique_keys(name: str, rows: DataFrame, key: Sequence[str]) -> None:
+    dupes = rows.groupBy(*key).count().where(F.col("count") > 1).limit(3).collect()
+    if dupes:
+        shown = "; ".join(", ".join(f"{k}={r[k]!r}" for k in key) for r in dupes)
+        raise declared.DeclarationError(
+            f"view {name}: its key ({', '.join(key)}) is not unique: several rows for {shown}. Fix: declare the "
+            "columns that identify a row of the query as its key, or aggregate the query to one row per key"
+        )
+
+
+def build_declared(
+    spark: SparkSession, cfg: JobConfig, frames: Mapping[str, DataFrame], *, mode: str = "rebuild"
+) -> dict[str, object]:
+    """Every declared view MERGEd into its Delta table (whole: only changed rows are rewritten) and every
+    declared index built again, from ``frames`` (the tables' live rows)."""
+    declared.register(frames)
+    summary: dict[str, object] = {}
+    for view in cfg.declared.views:
+        rows = spark.sql(view.sql)
+        _unique_keys(view.name, rows, view.key)
+        written = merge_view(spark, declared.view_path(cfg.warehouse, view.name), rows, view.key)
+        log.info("view_written", view=view.name, changed_keys=written, mode="full", job=mode,
+                 reason="the whole view is recomputed; only rows whose content changed are rewritten")  # fmt: skip
+        summary[f"view {view.name}"] = written
+    for index in cfg.declared.indexes:
+        rows = spark.sql(index.sql)
+        count = declared.build_index(index, (r.asDict(recursive=True) for r in rows.toLocalIterator()),
+                                     declared.index_path(cfg.warehouse, index.name))  # fmt: skip
+        log.info("index_written", index=index.name, documents=count, mode="full", job=mode)
+        summary[f"index {index.name}"] = count
     return summary
 
 
@@ -315,6 +383,9 @@ def micro_batch_writer(
     topics = cfg.topics
     by_topic = {t: n for n, t in topics.items()}
     shop = views.has_shop_tables(cfg.tables) and ("orders" in wanted or "search" in wanted)
+    wants_declared = "declared" in wanted and bool(cfg.declared.views or cfg.declared.indexes)
+    if wants_declared:  # before the stream starts: a bad declaration reads nothing
+        declared.check(spark, cfg.declared, _empty_frames(spark, cfg))
     registry = cfg.registry_client()  # one client: schemas by id are fetched once for all micro-batches
 
     def write(batch: DataFrame, batch_id: int) -> None:
@@ -335,6 +406,8 @@ def micro_batch_writer(
                        for n, c in changes.items()}  # fmt: skip
             if shop and (touched.orders or touched.products or touched.customers):
                 _refresh_views(spark, cfg, touched, wanted)
+            if wants_declared and changes:
+                build_declared(spark, cfg, _warehouse_frames(spark, cfg), mode=f"batch {batch_id}")
             log.info("stream.batch_written", batch=batch_id, changed_keys=written, touched_orders=len(touched.orders),
                      touched_products=len(touched.products), seconds=round(time.monotonic() - started, 2))  # fmt: skip
         finally:

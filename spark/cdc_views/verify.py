@@ -29,8 +29,10 @@ import structlog
 from psycopg import sql
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
+from cdc.declared import SparkSection
+from cdc_views import declared
 from cdc_views import search as search_index
 from cdc_views import views
 from cdc_views.decode import spark_type
@@ -252,6 +254,7 @@ def verify(
     *,
     spark: SparkSession | None = None,
     encoding: Encoding | None = None,
+    declared_section: SparkSection | None = None,
 ) -> VerifyReport:
     """Every warehouse table of ``tables``, and the derived views when they exist, against ``dsn``."""
     from cdc_views.session import build_session  # noqa: PLC0415 - a session only when none is given
@@ -276,4 +279,39 @@ def verify(
             checks.append(compare_frames(f"view {views.ORDERS_VIEW}", expected, actual, views.ORDERS_VIEW_KEY, value_columns))
         if search_index.exists(search_path(warehouse)):
             checks.append(_check_search(session, search_path(warehouse), frames))
+    if declared_section is not None and (declared_section.views or declared_section.indexes):
+        checks += _check_declared(session, warehouse, declared_section, frames)
     return VerifyReport(checks)
+
+
+def _check_declared(
+    spark: SparkSession, warehouse: Path, section: SparkSection, frames: Mapping[str, DataFrame]
+) -> list[ViewCheck]:
+    """Each declared view and index against the same SQL over the database's current rows."""
+    declared.register(frames)
+    checks: list[ViewCheck] = []
+    for view in section.views:
+        path = declared.view_path(warehouse, view.name)
+        if not (path / "_delta_log").exists():
+            checks.append(ViewCheck(f"view {view.name}", 0, 0, 0, error=f"no view at {path}: run the rebuild"))
+            continue
+        expected = spark.sql(view.sql)
+        value_columns = [c for c in expected.columns if c not in view.key]
+        check = compare_frames(f"view {view.name}", expected, read_view(spark, path), view.key, value_columns)
+        log.info("verify.checked", view=check.name, ok=check.ok, differences=check.difference_count)
+        checks.append(check)
+    for index in section.indexes:
+        path = declared.index_path(warehouse, index.name)
+        try:
+            indexed = declared.documents(path)
+        except LookupError as exc:
+            checks.append(ViewCheck(f"index {index.name}", 0, 0, 0, error=str(exc)))
+            continue
+        wanted = declared.expected_documents(index, (r.asDict(recursive=True) for r in spark.sql(index.sql).toLocalIterator()))
+        fields = list(wanted[0]) if wanted else list(indexed[0]) if indexed else ["_id"]
+        schema = StructType([StructField(f, StringType(), True) for f in fields])
+        frames_of = [spark.createDataFrame([tuple(d.get(f, "") for f in fields) for d in docs], schema) for docs in (wanted, indexed)]
+        check = compare_frames(f"index {index.name}", frames_of[0], frames_of[1], ("_id",), fields[1:])
+        log.info("verify.checked", view=check.name, ok=check.ok, differences=check.difference_count)
+        checks.append(check)
+    return checks

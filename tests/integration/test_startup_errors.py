@@ -265,3 +265,27 @@ def test_every_printed_fix_runs_as_printed_and_the_daemon_then_streams(
         assert sorted(m.topic() for m in got) == [f"{topic_prefix}.public.customers", f"{topic_prefix}.public.shipments"]
     finally:
         assert c.stop() == 0, c.output()[-4000:]
+
+
+def test_validate_refuses_declared_spark_views_that_cannot_be_built_naming_each(tmp_path, base):
+    config = base(
+        spark={
+            "views": [
+                {"name": "ok", "sql": "SELECT id, name FROM public_customers", "key": ["id"]},
+                {"name": "typo", "sql": "SELECT id, nmae FROM public_customers", "key": ["id"]},
+                {"name": "nokey", "sql": "SELECT id FROM public_customers", "key": ["customer_id"]},
+                {"name": "unknown", "sql": "SELECT * FROM public_orders", "key": ["id"]},
+                {"name": "broken", "sql": "SELECT id FROM (", "key": ["id"]},
+            ],
+            "indexes": [{"name": "people", "sql": "SELECT id, name FROM public_customers", "id": "id", "text": {"nme": 1.0}}],
+        }
+    )
+    proc = subprocess.run([sys.executable, "-m", "cdc.cli", "validate", str(config)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout
+    err = proc.stderr
+    assert "view typo: Column 'nmae' could not be resolved" in err
+    assert "view nokey: its query does not give the column(s) customer_id" in err
+    assert "view unknown: unknown table(s) public_orders (the captured tables are: public_customers)" in err
+    assert "view broken: its SQL does not parse" in err
+    assert "index people: its query does not give the column(s) nme" in err
+    assert "view ok" not in err

@@ -1,0 +1,193 @@
+"""Views and search indexes declared in cdc.yaml (``spark:``), on a schema that is not the demo's (a
+library: authors, books with numeric prices and text[] tags, loans with a composite key), in JSON and
+Avro: rebuilt from offset 0 and verified equal to the same SQL over the database; the continuous job
+keeps them equal through inserts, updates, deletes, a key change and a truncate; a bad declaration stops
+the job before it reads anything, naming the view."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from cdc import dev
+from cdc.declared import DeclarationError, DeclaredIndex, DeclaredView, SparkSection
+from tests.integration.test_spark import (  # the session's SparkSession and the module helpers
+    Shop,
+    _delete_topics,
+    spark,  # noqa: F401 - the session-wide SparkSession fixture
+)
+from tests.support.connector import Connector, write_config
+
+from cdc_views import declared, jobs  # noqa: E402 - test_spark put spark/ on sys.path
+from cdc_views.reader import KafkaSource  # noqa: E402
+from cdc_views.tables import Encoding, read_shapes  # noqa: E402
+from cdc_views.verify import verify  # noqa: E402
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.spark,
+    pytest.mark.timeout(900),
+    pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::DeprecationWarning"),
+]
+
+TABLES = ["public.authors", "public.books", "public.loans"]
+SCHEMA = """
+CREATE TABLE authors (id int PRIMARY KEY, name text NOT NULL);
+CREATE TABLE books (isbn text PRIMARY KEY, author_id int, title text NOT NULL, price numeric(12,2),
+                    tags text[] NOT NULL DEFAULT '{}', format text NOT NULL DEFAULT 'paper');
+CREATE TABLE loans (isbn text NOT NULL, member int NOT NULL, days int NOT NULL, PRIMARY KEY (isbn, member));
+"""
+WORKLOAD = [
+    "INSERT INTO authors SELECT i, 'Author ' || i FROM generate_series(1, 12) i",
+    "INSERT INTO books SELECT 'isbn-' || i, 1 + i % 12, 'Book number ' || i, i * 3.25, ARRAY['t' || (i % 4)], "
+    "CASE WHEN i % 3 = 0 THEN 'ebook' ELSE 'paper' END FROM generate_series(1, 40) i",
+    "UPDATE books SET title = 'Structure and Interpretation of Computer Programs' WHERE isbn = 'isbn-7'",
+    "INSERT INTO loans SELECT 'isbn-' || (1 + i % 40), i % 9, i FROM generate_series(1, 60) i ON CONFLICT DO NOTHING",
+    "DELETE FROM loans WHERE days % 7 = 0",
+]
+MORE = [
+    "INSERT INTO authors VALUES (13, 'Ada Lovelace')",
+    "INSERT INTO books VALUES ('isbn-99', 13, 'Notes on the Analytical Engine', 12.50, '{history}', 'ebook')",
+    "UPDATE authors SET name = 'Grace Hopper' WHERE id = 2",
+    "UPDATE books SET price = price + 0.01 WHERE author_id = 3",
+    "DELETE FROM books WHERE isbn = 'isbn-12'",
+    "UPDATE books SET isbn = 'isbn-4000' WHERE isbn = 'isbn-4'",  # a key change
+    "TRUNCATE loans",
+    "INSERT INTO loans VALUES ('isbn-99', 1, 3), ('isbn-5', 2, 14)",
+]
+SECTION = SparkSection(
+    views=[
+        DeclaredView(
+            name="author_stats",
+            sql="""SELECT a.id AS author_id, a.name, count(b.isbn) AS books, coalesce(sum(b.price), 0) AS stock_value
+                     FROM public_authors a LEFT JOIN public_books b ON b.author_id = a.id GROUP BY a.id, a.name""",
+            key=["author_id"],
+        ),
+        DeclaredView(
+            name="loans_by_book",
+            sql="""SELECT l.isbn, l.member, l.days, b.title
+                     FROM public_loans l LEFT JOIN public_books b ON b.isbn = l.isbn""",
+            key=["isbn", "member"],
+        ),
+    ],
+    indexes=[
+        DeclaredIndex(
+            name="books",
+            sql="""SELECT b.isbn, b.title, a.name AS author, b.tags, b.format, CAST(b.price AS string) AS price
+                     FROM public_books b LEFT JOIN public_authors a ON a.id = b.author_id""",
+            id="isbn",
+            text={"title": 2.0, "author": 1.0},
+            stored=["price", "tags"],
+            facets=["format"],
+        )
+    ],
+)
+
+
+@dataclass
+class Library(Shop):
+    registry: str | None = None
+
+    def job(self, warehouse: Path, **overrides: Any) -> jobs.JobConfig:
+        fmt = "avro" if self.registry else "json"
+        extra: dict[str, Any] = {"encoding": Encoding(format=fmt), "declared": SECTION}
+        if self.registry:
+            from cdc.sink.registry import RegistrySettings  # noqa: PLC0415
+
+            extra["registry"] = RegistrySettings(url=self.registry)
+        extra.update(overrides)
+        return jobs.JobConfig(KafkaSource(self.bootstrap), self.topic_prefix, read_shapes(self.dsn, TABLES), warehouse, **extra)
+
+
+@pytest.fixture(scope="module", params=["json", "avro"])
+def library(request: pytest.FixtureRequest, services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Library]:
+    fmt = request.param
+    name = f"lib_{fmt}_{secrets.token_hex(3)}"
+    with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = psycopg.conninfo.make_conninfo(services.postgres_dsn, dbname=name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA)  # type: ignore[arg-type]
+    work = tmp_path_factory.mktemp("library")
+    extra: dict[str, Any] = {}
+    if fmt == "avro":
+        extra = {"format": "avro", "schema_registry": {"url": services.schema_registry_url}}
+    config = write_config(
+        work / "cdc.yaml",
+        source={"dsn": dsn, "slot": name, "publication": name},
+        tables=TABLES,
+        kafka={"bootstrap_servers": services.kafka_bootstrap, "partitions": 2},
+        topic_prefix=name,
+        status_interval_s=1.0,
+        **extra,
+    )
+    connector = Connector(config, work / "cdc.log").start()
+    try:
+        connector.wait_streaming(dsn, name)
+        library = Library(dsn, name, services.kafka_bootstrap, name, services.schema_registry_url if fmt == "avro" else None)
+        library.run(WORKLOAD)
+        yield library
+    finally:
+        connector.stop()
+        with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (name,))
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        _delete_topics(services.kafka_bootstrap, name)
+
+
+def _verified(spark: Any, library: Library, cfg: jobs.JobConfig) -> None:
+    report = verify(library.dsn, cfg.warehouse, cfg.tables, spark=spark, encoding=cfg.encoding, declared_section=SECTION)
+    assert report.ok, report.render()
+    names = [c.name for c in report.checks]
+    assert names == [f"table {t}" for t in TABLES] + ["view author_stats", "view loans_by_book", "index books"]
+
+
+def test_declared_views_and_index_rebuilt_from_offset_0_then_kept_by_the_continuous_job(
+    spark: Any, library: Library, tmp_path: Path
+) -> None:
+    rebuilt = library.job(tmp_path / "rebuilt")
+    summary = jobs.rebuild(spark, rebuilt)
+    assert summary["view author_stats"] == 12 and summary["index books"] == 40
+    _verified(spark, library, rebuilt)
+    hits = declared.search(declared.index_path(rebuilt.warehouse, "books"), "Interpretation")
+    assert [h["id"] for h in hits] == ["isbn-7"]
+    assert {h["id"] for h in declared.search(declared.index_path(rebuilt.warehouse, "books"), "format:ebook", limit=100)} == {
+        f"isbn-{i}" for i in range(3, 41, 3)
+    }
+
+    streamed = library.job(tmp_path / "streamed")
+    jobs.start_continuous(spark, streamed, available_now=True).awaitTermination(300)
+    _verified(spark, library, streamed)
+    library.run(MORE)
+    query = jobs.start_continuous(spark, streamed, available_now=True)
+    query.awaitTermination(300)
+    assert query.exception() is None
+    _verified(spark, library, streamed)
+    assert declared.search(declared.index_path(streamed.warehouse, "books"), "Lovelace")[0]["id"] == "isbn-99"
+
+
+def test_a_bad_declaration_stops_the_job_before_it_reads_anything_naming_the_view(
+    spark: Any, library: Library, tmp_path: Path
+) -> None:
+    bad = SparkSection(
+        views=[
+            DeclaredView(name="typo", sql="SELECT id, nmae FROM public_authors", key=["id"]),
+            DeclaredView(name="nokey", sql="SELECT id FROM public_authors", key=["author_id"]),
+            DeclaredView(name="unknown", sql="SELECT * FROM public_members", key=["id"]),
+        ]
+    )
+    cfg = library.job(tmp_path / "wh", declared=bad)
+    cfg = jobs.JobConfig(KafkaSource(library.bootstrap), "no_such_prefix", cfg.tables, cfg.warehouse, cfg.encoding, declared=bad)
+    with pytest.raises(DeclarationError) as refused:  # no topic exists under this prefix: nothing was read
+        jobs.rebuild(spark, cfg)
+    message = str(refused.value)
+    assert "view typo:" in message and "nmae" in message
+    assert "view nokey: its query does not give the column(s) author_id" in message
+    assert "view unknown:" in message and "public_members" in message
