@@ -247,13 +247,90 @@ class AvroSchemas:
         schemas = self.topics.get(topic)
         if schemas is None or schemas.reader is None:
             return None
-        reader = json.dumps(_pruned(schemas.reader, {"after": None}))
+        pruned = _pruned(schemas.reader, {"after": None})
+        reader = json.dumps(pruned)
         vid = schema_id(value)
         row: Column = F.lit(None)
         for sid in sorted(self.value_ids & set(self.writers)):
-            decoded = from_avro(body(value), json.dumps(self.writers[sid]), {**_OPTIONS, "avroSchema": reader})
-            row = F.when(vid == sid, decoded["after"]).otherwise(row)
+            writer = self.writers[sid]
+            changed = _decimals_changed(pruned, writer)
+            if not changed:
+                decoded = from_avro(body(value), json.dumps(writer), {**_OPTIONS, "avroSchema": reader})
+                row = F.when(vid == sid, decoded["after"]).otherwise(row)
+                continue
+            # Avro does not resolve a decimal's scale: bytes written at scale 2 read at scale 3 are ten
+            # times too small. Read those columns at the writer's precision and scale, then cast each to
+            # the reader's (exact when the scale grows; rounded half up, as PostgreSQL rounded the table,
+            # when it shrinks).
+            own = json.dumps(_with_decimals(pruned, changed))
+            decoded = from_avro(body(value), json.dumps(writer), {**_OPTIONS, "avroSchema": own})["after"]
+            fields = [
+                (decoded[name].cast(DecimalType(*changed[name][1])) if name in changed else decoded[name]).alias(name)
+                for name in _after_fields(pruned)
+            ]
+            log.info("avro.decimal_scale_resolved", topic=topic, writer_id=sid,
+                     columns={n: {"writer": w, "reader": r} for n, (w, r) in changed.items()})  # fmt: skip
+            row = F.when(vid == sid, F.when(decoded.isNotNull(), F.struct(*fields))).otherwise(row)
         return row
+
+
+def _after_record(envelope: dict[str, Any]) -> dict[str, Any] | None:
+    """The record schema of an envelope's ``after`` field (its union's record branch), inlined."""
+    names = named_types(envelope)
+    for f in envelope.get("fields", ()):
+        if f["name"] != "after":
+            continue
+        branches = f["type"] if isinstance(f["type"], list) else [f["type"]]
+        for branch in branches:
+            branch = _inline(branch, names, envelope.get("namespace", ""))
+            if isinstance(branch, dict) and branch.get("type") == "record":
+                return branch
+    return None
+
+
+def _after_fields(envelope: dict[str, Any]) -> list[str]:
+    record = _after_record(envelope)
+    return [f["name"] for f in record["fields"]] if record else []
+
+
+def _decimal_of(node: Any) -> tuple[int, int] | None:
+    """(precision, scale) of a decimal type, or of the decimal branch of a nullable union."""
+    for branch in node if isinstance(node, list) else [node]:
+        if isinstance(branch, dict) and branch.get("logicalType") == "decimal":
+            return int(branch.get("precision", 0)), int(branch.get("scale", 0))
+    return None
+
+
+def _decimals_changed(reader: dict[str, Any], writer: dict[str, Any]) -> dict[str, tuple[tuple[int, int], tuple[int, int]]]:
+    """The ``after`` columns that are decimals in both schemas with another precision or scale:
+    name -> ((writer precision, scale), (reader precision, scale))."""
+    r, w = _after_record(reader), _after_record(writer)
+    if r is None or w is None:
+        return {}
+    written = {f["name"]: _decimal_of(f["type"]) for f in w["fields"]}
+    out = {}
+    for f in r["fields"]:
+        mine, theirs = _decimal_of(f["type"]), written.get(f["name"])
+        if mine is not None and theirs is not None and mine != theirs:
+            out[f["name"]] = (theirs, mine)
+    return out
+
+
+def _with_decimals(envelope: dict[str, Any], changed: Mapping[str, tuple[tuple[int, int], tuple[int, int]]]) -> dict[str, Any]:
+    """``envelope`` (pruned to ``after``) with the ``changed`` columns' decimals at the writer's precision and scale."""
+    out = copy.deepcopy(envelope)
+    record = _after_record(out)
+    assert record is not None
+    for f in out["fields"]:
+        if f["name"] == "after":
+            f["type"] = ["null", record] if isinstance(f["type"], list) else record
+    for f in record["fields"]:
+        if f["name"] in changed:
+            (precision, scale), _ = changed[f["name"]]
+            for branch in f["type"] if isinstance(f["type"], list) else [f["type"]]:
+                if isinstance(branch, dict) and branch.get("logicalType") == "decimal":
+                    branch["precision"], branch["scale"] = precision, scale
+    return out
 
 
 def _unknown(what: str, sid: Column, url: str) -> Column:

@@ -84,8 +84,9 @@ def row_schema(columns: tuple[ColumnShape, ...]) -> StructType:
     return StructType([StructField(c.name, StringType(), True) for c in columns])
 
 
-def decode(raw: Column, column: ColumnShape, encoding: Encoding) -> Column:
-    """The typed value of ``raw`` (the column's JSON text, null for JSON null)."""
+def decode(raw: Column, column: ColumnShape, encoding: Encoding, *, scale: Column | None = None) -> Column:
+    """The typed value of ``raw`` (the column's JSON text, null for JSON null); ``scale``: a Decimal's scale
+    as the record itself states it (JSON with schemas), else the column's from the catalog."""
     kind = column.kind
     if kind is Kind.ARRAY:
         assert column.element is not None
@@ -97,7 +98,7 @@ def decode(raw: Column, column: ColumnShape, encoding: Encoding) -> Column:
     if kind is Kind.BOOL:
         return raw.cast(BooleanType())
     if kind is Kind.DECIMAL:
-        return _decimal(raw, column, encoding)
+        return _decimal(raw, column, encoding, scale)
     if kind is Kind.DECIMAL_TEXT:
         return _decimal_text(raw, encoding)
     if kind is Kind.BYTES:
@@ -174,7 +175,7 @@ def _plain_text(sign: Column, digits: Column, scale: Column) -> Column:
     return F.concat(sign, _let(F.struct(digits.alias("d"), scale.alias("s")), text))
 
 
-def _decimal(raw: Column, column: ColumnShape, encoding: Encoding) -> Column:
+def _decimal(raw: Column, column: ColumnShape, encoding: Encoding, scale: Column | None = None) -> Column:
     assert column.precision is not None and column.scale is not None
     target = DecimalType(column.precision, column.scale)
     if encoding.decimal_handling == "double":
@@ -182,7 +183,11 @@ def _decimal(raw: Column, column: ColumnShape, encoding: Encoding) -> Column:
     if encoding.decimal_handling == "string":
         return raw.cast(target)
     sign, digits = unscaled_decimal_text(raw)
-    return F.when(_is_base64(raw), _scientific(sign, digits, column.scale).cast(target))
+    if scale is None:
+        return F.when(_is_base64(raw), _scientific(sign, digits, column.scale).cast(target))
+    # The record's own scale (rounded half up to the column's, as PostgreSQL rounded the table, when it shrank)
+    exponent = F.coalesce(scale, F.lit(column.scale)).cast(StringType())
+    return F.when(_is_base64(raw), F.concat(sign, digits, F.lit("E-"), exponent).cast(target))
 
 
 def _decimal_text(raw: Column, encoding: Encoding) -> Column:

@@ -52,7 +52,7 @@ from confluent_kafka.admin import AdminClient
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import LongType, StringType, StructField, StructType
+from pyspark.sql.types import ArrayType, IntegerType, LongType, MapType, StringType, StructField, StructType
 
 from cdc.sink.wire import COMMIT_LSN_HEADER, LEGACY_TRUNCATE_KEY_FIELD, LSN_HEADER
 from cdc_views.decode import decode, failed, row_schema
@@ -226,6 +226,7 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
             F.col("value").alias("after"),
             "lsn_header", "commit_header",
             F.when(F.col("value").isNotNull(), avro.value_problem(vid, F.col("env"))).alias("value_problem"),
+            F.lit(None).cast(_SCALES).alias("after_scales"),  # Avro: the writer schema says (cdc_views.avro)
         )  # fmt: skip
     else:
         key = F.col("key").cast(StringType())
@@ -245,6 +246,7 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
             parsed.alias("env"),
             lsn_header.alias("lsn_header"),
             commit_header.alias("commit_header"),
+            (_after_scales(value) if encoding.schemas_enable else F.lit(None).cast(_SCALES)).alias("after_scales"),
         )  # fmt: skip
         df = parsed_df.select(
             "topic", "partition", "offset", "key_text",
@@ -255,6 +257,7 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
             F.col("env.after").alias("after"),
             "lsn_header", "commit_header",
             F.lit(None).cast(StringType()).alias("value_problem"),
+            "after_scales",
         )  # fmt: skip
     op = F.col("env.op")
     record, reason = _classify(op, check_after=encoding.format != "avro")
@@ -271,6 +274,30 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
         F.coalesce(F.col("commit_header"), lsn).alias("commit_lsn"),
         F.col("env.source.ts_ms").alias("ts_ms"),
         F.col("after"),
+        F.col("after_scales"),
+    )
+
+
+_SCALES = MapType(StringType(), IntegerType())
+_SCHEMA_FIELDS = ArrayType(
+    StructType([
+        StructField("field", StringType()),
+        StructField("fields", ArrayType(StructType([
+            StructField("field", StringType()), StructField("parameters", MapType(StringType(), StringType())),
+        ]))),
+    ])
+)  # fmt: skip
+
+
+def _after_scales(value: Column) -> Column:
+    """JSON with schemas: each ``after`` column's Decimal scale as this record's own schema block states it
+    (``parameters.scale``). A record written before ``ALTER COLUMN ... TYPE numeric(p, s)`` carries its
+    old scale: read at today's scale from the catalog it would be off by a power of ten."""
+    fields = F.from_json(F.get_json_object(value, "$.schema.fields"), _SCHEMA_FIELDS)
+    after = F.element_at(F.filter(fields, lambda f: f["field"] == "after"), 1)["fields"]
+    with_scale = F.filter(after, lambda c: c["parameters"].getItem("scale").isNotNull())
+    return F.map_from_entries(
+        F.transform(with_scale, lambda c: F.struct(c["field"], c["parameters"].getItem("scale").cast(IntegerType())))
     )
 
 
@@ -365,7 +392,8 @@ def decode_rows(
         parsed = reduced.withColumn("_row", F.from_json(F.col("after"), row_schema(table.columns)))
         for column in table.columns:
             raw = F.col("_row").getField(column.name)
-            value = decode(raw, column, encoding)
+            scale = F.element_at(F.col("after_scales"), F.lit(column.name)) if encoding.schemas_enable else None
+            value = decode(raw, column, encoding, scale=scale)
             typed.append(value.alias(column.name))
             failures.append((failed(raw, value, column), column.name))
         missing = "'after' is not a JSON object"

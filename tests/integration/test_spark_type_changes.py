@@ -1,0 +1,111 @@
+"""Exact after type changes: numeric precision and scale both ways, int to bigint, a longer varchar, an
+added and a dropped column, while the connector runs, in Avro (each record read with its writer schema)
+and JSON with schemas (each Decimal read at the scale its record's own schema block states). Before,
+records written before ALTER COLUMN ... TYPE numeric(14,3) were read at the new scale: 57.95 became
+0.5795 or 5.795 and verify found thousands of differences."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from cdc import dev
+from tests.integration.test_spark import (
+    Shop,
+    _delete_topics,
+    spark,  # noqa: F401 - the session-wide SparkSession fixture
+)
+from tests.support.connector import Connector, write_config
+
+from cdc_views import jobs  # noqa: E402 - test_spark put spark/ on sys.path
+from cdc_views.reader import KafkaSource  # noqa: E402
+from cdc_views.tables import Encoding, read_shapes  # noqa: E402
+from cdc_views.verify import verify  # noqa: E402
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.spark,
+    pytest.mark.timeout(900),
+    pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::DeprecationWarning"),
+]
+
+TABLES = ["public.orders"]
+STEPS = [
+    "CREATE TABLE orders (id int PRIMARY KEY, total numeric(12,2), qty int, code varchar(10), note text)",
+    "INSERT INTO orders SELECT i, i * 5.79 + 0.16, i, 'c' || i, 'n' FROM generate_series(1, 30) i",
+    "ALTER TABLE orders ALTER COLUMN total TYPE numeric(14,3)",
+    "UPDATE orders SET total = total + 0.001 WHERE id % 3 = 0",
+    "INSERT INTO orders SELECT i, i * 1.234, i, 'c' || i, 'n' FROM generate_series(31, 40) i",
+    "ALTER TABLE orders ALTER COLUMN total TYPE numeric(16,4)",
+    "UPDATE orders SET total = total + 0.0001 WHERE id % 5 = 0",
+    "ALTER TABLE orders ALTER COLUMN qty TYPE bigint",
+    "UPDATE orders SET qty = 5000000000 WHERE id = 2",
+    "ALTER TABLE orders ALTER COLUMN code TYPE varchar(20)",
+    "UPDATE orders SET code = 'a longer code 1' WHERE id = 4",
+    "ALTER TABLE orders ADD COLUMN extra int",
+    "UPDATE orders SET extra = 1 WHERE id = 6",
+    "ALTER TABLE orders DROP COLUMN note",
+    "ALTER TABLE orders ALTER COLUMN total TYPE numeric(12,2)",  # the scale shrinks: the table is rounded
+    "INSERT INTO orders VALUES (41, 41.41, 41, 'c41', 41)",
+]
+
+
+@pytest.fixture(scope="module", params=["avro", "json_schemas"])
+def changed(request: pytest.FixtureRequest, services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Shop, Encoding, Any]]:
+    fmt = request.param
+    name = f"types_{fmt}_{secrets.token_hex(3)}"
+    with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = psycopg.conninfo.make_conninfo(services.postgres_dsn, dbname=name)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(STEPS[0])
+    work = tmp_path_factory.mktemp("types")
+    extra: dict[str, Any] = (
+        {"format": "avro", "schema_registry": {"url": services.schema_registry_url}}
+        if fmt == "avro"
+        else {"json": {"schemas_enable": True}}
+    )
+    config = write_config(
+        work / "cdc.yaml",
+        source={"dsn": dsn, "slot": name, "publication": name},
+        tables=TABLES,
+        kafka={"bootstrap_servers": services.kafka_bootstrap},
+        topic_prefix=name,
+        status_interval_s=1.0,
+        **extra,
+    )
+    connector = Connector(config, work / "cdc.log").start()
+    try:
+        connector.wait_streaming(dsn, name)
+        shop = Shop(dsn, name, services.kafka_bootstrap, name)
+        shop.run(STEPS[1:])
+        registry = None
+        if fmt == "avro":
+            from cdc.sink.registry import RegistrySettings  # noqa: PLC0415
+
+            registry = RegistrySettings(url=services.schema_registry_url)
+        encoding = Encoding(format="avro") if fmt == "avro" else Encoding(schemas_enable=True)
+        yield shop, encoding, registry
+    finally:
+        connector.stop()
+        with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (name,))
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        _delete_topics(services.kafka_bootstrap, name)
+
+
+def test_every_value_equals_the_database_after_type_changes(spark: Any, changed: tuple[Shop, Encoding, Any], tmp_path: Path) -> None:
+    shop, encoding, registry = changed
+    shapes = read_shapes(shop.dsn, TABLES)
+    cfg = jobs.JobConfig(KafkaSource(shop.bootstrap), shop.topic_prefix, shapes, tmp_path / "wh", encoding, registry=registry)
+    jobs.rebuild(spark, cfg, ["warehouse"])
+    report = verify(shop.dsn, cfg.warehouse, shapes, spark=spark, encoding=encoding)
+    assert report.ok, report.render()
+    rows = {r["id"]: r for r in spark.read.format("delta").load(str(cfg.warehouse / "tables" / "public.orders")).collect()}
+    assert str(rows[10]["total"]) == "58.06" and rows[2]["qty"] == 5_000_000_000 and len(rows) == 41
