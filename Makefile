@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-versions unit integration services-up services-down lint clean flink-compat image spark-image quickstart quickstart-down
+.PHONY: install demo test test-versions test-cluster unit integration services-up services-down lint clean flink-compat image spark-image quickstart quickstart-down
 
 $(STAMP): pyproject.toml scripts/system-deps.sh spark/jars-pom.xml
 	bash scripts/system-deps.sh
@@ -27,8 +27,13 @@ PG_VERSION_TESTS := $(addprefix tests/integration/,test_decoder_types.py test_de
 	test_render_json.py test_table_patterns.py test_pipeline.py)
 
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -p no:cacheprovider -ra --durations=20 tests
+	$(BIN)/python -m pytest -p no:cacheprovider -ra --durations=20 -m "not cluster" tests
 	$(MAKE) --no-print-directory test-versions
+
+# The Spark jobs under spark-submit on a standalone master and worker started from the installed pyspark
+# (tests/integration/test_spark_cluster.py; about 90 s).
+test-cluster: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider -ra -m cluster tests/integration/test_spark_cluster.py
 
 test-versions: $(STAMP)
 	set -e; for v in $(PG_VERSIONS); do \

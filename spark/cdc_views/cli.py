@@ -83,7 +83,11 @@ def _common(p: argparse.ArgumentParser, *, kafka: bool = True) -> None:
                        "(Apicurio: http://host:8080/apis/ccompat/v7)")  # fmt: skip
         p.add_argument("--on-bad-record", choices=["fail", "skip"], default="fail",
                        help="a record that does not decode: fail the job (default) or skip it (counted and logged)")  # fmt: skip
-        p.add_argument("--views", default="warehouse,orders,search", help="comma-separated: warehouse, orders, search")
+        p.add_argument(
+            "--views",
+            default="warehouse,orders,search,declared",
+            help="comma-separated: warehouse, orders, search (the demo shop), declared (spark.views and spark.indexes)",
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
