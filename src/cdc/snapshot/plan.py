@@ -197,15 +197,15 @@ def describe_table(conn: Connection, info: TableInfo, types: Mapping[int, PgType
     partitioned = row[0] == "p"
     attrs = conn.execute(
         """
-        SELECT attname, atttypid::int, atttypmod, attnotnull, format_type(atttypid, NULL)
+        SELECT attname, atttypid::int, atttypmod, attnotnull, format_type(atttypid, NULL), attgenerated <> ''
           FROM pg_attribute
-         WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND attgenerated = ''
+         WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped
          ORDER BY attnum
         """,
         (info.oid,),
     ).fetchall()
-    if info.published_columns is not None:  # the publication's column list: the stream sends only these
-        attrs = [a for a in attrs if a[0] in info.published_columns]
+    # Generated columns only where the publication sends them (PostgreSQL 18, publish_generated_columns).
+    attrs = [a[:5] for a in attrs if (a[0] in info.published_columns if info.published_columns is not None else not a[5])]
     known: dict[int, PgType] = {**BUILTIN_TYPES, **(types or {})}
     missing = {int(a[1]) for a in attrs if int(a[1]) not in known}
     if missing:
