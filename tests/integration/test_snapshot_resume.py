@@ -121,8 +121,8 @@ def test_an_exported_snapshot_that_can_no_longer_be_imported_is_a_clear_error_an
     settings = SnapshotConfig(workers=1, incremental_chunk_rows=1_000, progress_bar=False)
     original = initial_module._Exporter.__init__
 
-    def exporter_that_moves_on(self: Any, conninfo: str, slot: str | None) -> None:
-        original(self, conninfo, slot)
+    def exporter_that_moves_on(self: Any, conninfo: str, slot: str | None, *rest: Any) -> None:
+        original(self, conninfo, slot, *rest)
         assert self._stream is not None
         self._stream._command("IDENTIFY_SYSTEM")  # the exporter's next command ends the exported snapshot
 

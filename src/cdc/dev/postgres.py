@@ -430,6 +430,8 @@ def standby_of(
 def promote(state_dir: Path, log: FilteringBoundLogger) -> None:
     """Promote the standby in ``state_dir`` (pg_ctl promote, waiting until it accepts writes)."""
     state_dir = state_dir.resolve()
+    if _run_user(log) is not None:  # another pytest (or anyone) may have closed a parent directory meanwhile
+        _proc.ensure_traversable(state_dir, log)
     cmd = [_binary("pg_ctl"), "promote", "-w", "-t", str(int(START_TIMEOUT_S)), "-D", str(data_dir(state_dir))]
     proc = _run_as(cmd, _run_user(log), root_dir(state_dir), timeout=START_TIMEOUT_S + 30)
     if proc.returncode != 0:

@@ -117,6 +117,7 @@ class Daemon:
                 lambda: pipeline.session(between_transactions),
                 lambda: pipeline.streaming_since,
                 self.config.reconnect_timeout_s,
+                lambda: self._stop,
             )
         finally:
             if http is not None:

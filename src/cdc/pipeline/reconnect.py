@@ -30,15 +30,25 @@ class _OutageOver(Exception):
 
 
 def stream_with_retries(
-    session: Callable[[], None], streaming_since: Callable[[], float | None], reconnect_timeout_s: float
+    session: Callable[[], None],
+    streaming_since: Callable[[], float | None],
+    reconnect_timeout_s: float,
+    stopping: Callable[[], bool] = lambda: False,
 ) -> None:
     """Run ``session`` until it returns, again after each reconnectable failure.
 
     ``reconnect_timeout_s`` bounds one outage. tenacity's clock and backoff run from the first
     attempt of its loop, so each outage gets a loop of its own: one loop for the daemon's life
-    would stop at the first loss after ``reconnect_timeout_s`` of healthy streaming.
+    would stop at the first loss after ``reconnect_timeout_s`` of healthy streaming. A stop asked for
+    (SIGTERM) during an outage ends it at once: the backoff's sleep is cut short and nothing is retried
+    (nothing was lost: the slot keeps the position for the next start).
     """
     stable_s = min(STABLE_SESSION_S, reconnect_timeout_s)
+
+    def nap(seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not stopping() and time.monotonic() < end:
+            time.sleep(min(0.2, max(0.0, end - time.monotonic())))
 
     def session_of_outage() -> None:
         """One session; its loss after ``stable_s`` of streaming ends the outage it came out of."""
@@ -52,7 +62,8 @@ def stream_with_retries(
 
     while True:
         retry = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(RECONNECTABLE),
+            retry=tenacity.retry_if_exception(lambda e: isinstance(e, RECONNECTABLE) and not stopping()),
+            sleep=nap,
             wait=tenacity.wait_exponential(multiplier=0.5, max=30),
             stop=tenacity.stop_after_delay(reconnect_timeout_s),
             before_sleep=lambda rs: log.warning(
@@ -67,5 +78,10 @@ def stream_with_retries(
                 with attempt:
                     session_of_outage()
             return
+        except RECONNECTABLE as exc:
+            if stopping():
+                log.info("stopped_during_outage", error=str(exc))
+                return
+            raise
         except _OutageOver as over:
             log.warning("replication_lost", error=str(over.__cause__), streamed_s=round(over.streamed_s, 1))
