@@ -163,9 +163,6 @@ class ChangeDecoder(StreamedTransactions):
                 del self._uncaptured[relation_id]
                 self._seq += 1
                 self._relations[relation_id] = self._build_relation(message, self._seq)
-        for relation_id, rel in list(self._relations.items()):
-            if rel.schema.qualified not in tables:  # no longer captured: its changes are skipped and counted
-                del self._relations[relation_id]
 
     def set_renderer(self, renderer: RowRenderer | None) -> None:
         """Ask ``renderer`` again for every known table (what may be rendered changed: a reload)."""
