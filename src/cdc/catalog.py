@@ -30,7 +30,7 @@ class StartupError(Exception):
 
 
 def check_server(conn: psycopg.Connection[tuple[object, ...]]) -> None:
-    """wal_level and the role's REPLICATION attribute."""
+    """wal_level and the role's REPLICATION attribute; a warning for a server with a known data-loss bug."""
     row = conn.execute("SHOW wal_level").fetchone()
     wal_level = str(row[0]) if row else ""
     if wal_level != "logical":
@@ -48,6 +48,34 @@ def check_server(conn: psycopg.Connection[tuple[object, ...]]) -> None:
         raise StartupError(
             f"role {user} lacks the REPLICATION attribute needed to stream changes. "
             f"Fix: ALTER ROLE {user} REPLICATION; (as a superuser)."
+        )
+    warn_publication_race(conn)
+
+
+# The first minor release of each major version with PostgreSQL's commit 4909b38af0 ("Fix data loss in
+# logical replication", May 2025): before it, a table added to a publication while another transaction
+# wrote it could have all its later changes left out of the stream.
+PUBLICATION_RACE_FIXED = {13: (13, 21), 14: (14, 18), 15: (15, 13), 16: (16, 9), 17: (17, 5)}
+
+
+def publication_race_fix(server_version: int) -> str | None:
+    """The minor release to upgrade to when ``server_version`` (libpq's integer form) has the bug, else None."""
+    major, minor = divmod(server_version, 10000)
+    fixed = PUBLICATION_RACE_FIXED.get(major)
+    return f"{fixed[0]}.{fixed[1]}" if fixed is not None and minor < fixed[1] else None
+
+
+def warn_publication_race(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    fix = publication_race_fix(conn.info.server_version)
+    if fix is not None:
+        log.warning(
+            "server_publication_race",
+            server_version=conn.info.server_version,
+            fixed_in=fix,
+            effect="a table someone else adds to the publication while transactions write it may have all its later "
+            "changes left out of the stream, without an error (tables the daemon adds itself are locked against it)",
+            fix=f"upgrade PostgreSQL to {fix} or later; until then add tables to the publication only while nothing "
+            "writes them, or let the daemon add them",
         )
 
 
@@ -409,10 +437,57 @@ def publication_members(conn: psycopg.Connection[tuple[object, ...]], name: str)
     )
 
 
+# How long one attempt waits for the tables it adds to the publication (see apply_publication), and how often.
+PUBLICATION_LOCK_TIMEOUT_S = 2.0
+PUBLICATION_LOCK_ATTEMPTS = 10
+
+
 def apply_publication(conn: psycopg.Connection[tuple[object, ...]], plan: PublicationPlan) -> None:
+    """Create the publication or bring it to exactly ``plan.wanted``, in one transaction.
+
+    The tables it adds are locked first (SHARE ROW EXCLUSIVE, until the commit), so no transaction that
+    writes them runs across the publication change. Before PostgreSQL 13.21, 14.18, 15.13, 16.9 and 17.5,
+    decoding such a transaction cached the table as unpublished, and every later change of the table was
+    left out of the stream without an error (commit 4909b38af0, "Fix data loss in logical replication").
+    The lock waits for the writers in flight, and writers queue behind it for as long as the change takes.
+    """
     if plan.in_place:
         return
-    table_list = sql.SQL(", ").join(sql.Identifier(*t.split(".", 1)) for t in plan.wanted)
+    added = plan.wanted if plan.current is None else tuple(t for t in plan.wanted if t not in plan.current)
+    for attempt in range(1, PUBLICATION_LOCK_ATTEMPTS + 1):
+        try:
+            with conn.transaction():
+                if added:
+                    conn.execute(
+                        sql.SQL("SET LOCAL lock_timeout = {}").format(
+                            sql.Literal(f"{int(PUBLICATION_LOCK_TIMEOUT_S * 1000)}ms")
+                        )
+                    )
+                    conn.execute(sql.SQL("LOCK TABLE {} IN SHARE ROW EXCLUSIVE MODE").format(_table_list(added)))
+                _change_publication(conn, plan)
+            return
+        except psycopg.errors.LockNotAvailable:
+            log.warning(
+                "publication_lock_wait",
+                publication=plan.name,
+                tables=list(added),
+                attempt=attempt,
+                attempts=PUBLICATION_LOCK_ATTEMPTS,
+            )
+    raise StartupError(
+        f"could not lock {', '.join(added)} to add them to publication {plan.name}: a transaction kept writing "
+        f"them for {PUBLICATION_LOCK_ATTEMPTS * PUBLICATION_LOCK_TIMEOUT_S:.0f} s. The lock keeps concurrent "
+        "writes from being left out of the stream (a PostgreSQL bug before 15.13, 16.9 and 17.5). Fix: end the "
+        "long transaction (pg_stat_activity, state 'idle in transaction') and start again, or reload."
+    )
+
+
+def _table_list(tables: Iterable[str]) -> sql.Composable:
+    return sql.SQL(", ").join(sql.Identifier(*t.split(".", 1)) for t in tables)
+
+
+def _change_publication(conn: psycopg.Connection[tuple[object, ...]], plan: PublicationPlan) -> None:
+    table_list = _table_list(plan.wanted)
     ident = sql.Identifier(plan.name)
     if plan.current is None:
         # Partitions' changes published as their partitioned table's: the captured table is the partitioned one.

@@ -160,6 +160,10 @@ class Reloader:
                 policies = column_policies(candidate, tables)
                 if publication.current is not None:
                     tables = publication_shape(conn, cfg.source.publication, tables)
+                # Before the capture changes: a publication that could not be changed leaves everything as it
+                # was. Nothing is read from the stream until this returns, so no change of an added table
+                # arrives before the decoder knows the table.
+                apply_publication(conn, publication)
             except StartupError as e:
                 log.error("reload_rejected", reason=reason, error=str(e))
                 return
@@ -174,7 +178,6 @@ class Reloader:
             c.chain.invalidate()
             c.decoder.set_renderer(TableRenderer(rendering_of(candidate, c.serializer, c.chain)))  # a table that gained a policy
             c.topics.ensure(topic_specs(candidate, tables, c.serializer, c.router))
-            apply_publication(conn, publication)
             c.decoder.update_tables({**tables, **capture.outbox_tables}, types)
             snapshotted = c.snapshots.tables_changed(tables, types)
             for name in sorted(set(tables) & set(old_tables)):
