@@ -8,6 +8,13 @@
 #   scripts/quickstart.sh jars     only copy those jars (what `docker compose build` needs first)
 #   scripts/quickstart.sh up       images, then `podman kube play` (passwords from the environment:
 #                                  POSTGRES_PASSWORD, CDC_DB_PASSWORD, REGISTRY_DB_PASSWORD)
+#   scripts/quickstart.sh spark [ARGS]
+#                                  a Spark job in the running pod (the Spark image, built by
+#                                  scripts/spark-image.sh when missing): by default the warehouse
+#                                  rebuild into the pod's warehouse volume; ARGS replace the job's
+#                                  spark-submit arguments. CDC_DB_PASSWORD: the jobs read column types
+#                                  from the database as the connector's role. The compose file's
+#                                  `--profile spark run --rm spark`.
 #   scripts/quickstart.sh down     `podman kube down`
 #
 # BASE=... builds from a registry base instead of the cached local Debian one (scripts/base-image.sh).
@@ -71,6 +78,21 @@ play() {  # kube play the pod; MANIFEST=... plays another copy of it (the tests 
   "${podman[@]}" kube play --replace --configmap "$cm" "${MANIFEST:-$manifest}" >&2
 }
 
+spark() {  # a job in the pod's network namespace, where postgres and kafka are host aliases of 127.0.0.1
+  : "${CDC_DB_PASSWORD:?set CDC_DB_PASSWORD (the password of the connector role: the jobs read the catalog)}"
+  local pod=${POD:-cdc-quickstart} image=localhost/cdc-spark:local
+  "${podman[@]}" image exists "$image" || bash scripts/spark-image.sh
+  "${podman[@]}" volume exists "$pod-warehouse" || "${podman[@]}" volume create "$pod-warehouse" >/dev/null
+  if [ $# -eq 0 ]; then
+    set -- --master 'local[2]' /opt/cdc/spark/warehouse.py --config /etc/cdc/cdc.yaml --warehouse /data/warehouse
+  fi
+  # The password comes from this process's environment (-e NAME without a value), never a command line.
+  CDC_SOURCE__PASSWORD=$CDC_DB_PASSWORD "${podman[@]}" run --rm --pod "$pod" --ulimit nofile=20000:20000 --ulimit nproc=4096:4096 \
+    -e CDC_SOURCE__PASSWORD -e CDC_SPARK_LOG_LEVEL=WARN \
+    -v "$PWD/deploy/cdc.yaml:/etc/cdc/cdc.yaml:ro" -v "$pod-warehouse:/data/warehouse" \
+    ${ENTRYPOINT:+--entrypoint "$ENTRYPOINT"} "$image" "$@"
+}
+
 case "${1:-}" in
   jars) jars ;;
   images) images ;;
@@ -81,6 +103,7 @@ case "${1:-}" in
     play
     ;;
   play) play ;;
+  spark) shift; spark "$@" ;;
   down) "${podman[@]}" kube down "${MANIFEST:-$manifest}" >&2 ;;
-  *) echo "usage: scripts/quickstart.sh images|jars|up|play|down" >&2; exit 2 ;;
+  *) echo "usage: scripts/quickstart.sh images|jars|up|play|spark|down" >&2; exit 2 ;;
 esac

@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -44,15 +45,31 @@ sys.exit(1)
 """
 
 
+READ_CUSTOMER = """
+import sys
+from cdc_views.session import build_session
+spark = build_session("quickstart-read", master="local[1]")
+rows = spark.read.format("delta").load("/data/warehouse/tables/public.customers").where(
+    f"email = '{sys.argv[1]}'").collect()
+print(len(rows), rows[0]["email"] if rows else "-")
+"""
+
+
 def _run(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 120,
          stdin: str | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
     return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env,
                           input=stdin, check=False)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Pod:
+    name: str
+    env: dict[str, str]  # scripts/quickstart.sh's environment: the manifest copy, the passwords
+
+
 @pytest.fixture(scope="module")
-def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The pod's name once its connector streams; the pod is removed afterwards."""
+def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
+    """The pod once its connector streams; the pod and its volumes are removed afterwards."""
     if os.environ.get("CDC_TEST_CONTAINERS") == "0":
         pytest.skip("CDC_TEST_CONTAINERS=0: container tests switched off")
     if shutil.which("podman") is None and os.geteuid() != 0:
@@ -84,7 +101,7 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             volume["hostPath"]["path"] = str(REPO / volume["hostPath"]["path"])
     copy = tmp_path_factory.mktemp("quickstart") / "pod.yaml"
     copy.write_text(yaml.safe_dump(manifest))
-    env = {**os.environ, "MANIFEST": str(copy), "POSTGRES_PASSWORD": secrets.token_hex(12),
+    env = {**os.environ, "MANIFEST": str(copy), "POD": pod, "POSTGRES_PASSWORD": secrets.token_hex(12),
            "CDC_DB_PASSWORD": secrets.token_hex(12), "REGISTRY_DB_PASSWORD": secrets.token_hex(12)}  # fmt: skip
     started = time.monotonic()
     played = _run(["bash", "scripts/quickstart.sh", "play"], env=env, timeout=300)
@@ -101,22 +118,52 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         else:
             pytest.fail(f"the connector did not start streaming in 240 s; its log ends:\n{logs[-4000:]}")
         print(f"quickstart: pod played to connector streaming in {time.monotonic() - started:.1f} s")
-        yield pod
+        yield Pod(pod, env)
     finally:
         _run(["bash", "scripts/quickstart.sh", "down"], env=env, timeout=180)
-        _run([*PODMAN, "volume", "rm", "--force", f"{pod}-tmp"])
+        _run([*PODMAN, "volume", "rm", "--force", f"{pod}-tmp", f"{pod}-warehouse"])
 
 
-def test_an_insert_into_the_quickstart_postgres_arrives_in_its_kafka_topic(quickstart: str) -> None:
+def _insert_customer(pod: Pod) -> str:
     email = f"{secrets.token_hex(6)}@quickstart.test"
-    insert = _run([*PODMAN, "exec", f"{quickstart}-postgres", "psql", "-v", "ON_ERROR_STOP=1", "-U", "postgres",
+    insert = _run([*PODMAN, "exec", f"{pod.name}-postgres", "psql", "-v", "ON_ERROR_STOP=1", "-U", "postgres",
                    "-d", "shop", "-qc",
                    f"SET ROLE shop_owner; INSERT INTO customers (name, email) VALUES ('Quick Start', '{email}')"])  # fmt: skip
     assert insert.returncode == 0, insert.stderr
-    got = _run([*PODMAN, "exec", "-i", f"{quickstart}-connector", "python3", "-", "shop.public.customers", email],
+    return email
+
+
+def _event(pod: Pod, email: str) -> dict[str, object]:
+    got = _run([*PODMAN, "exec", "-i", f"{pod.name}-connector", "python3", "-", "shop.public.customers", email],
                stdin=CONSUME, timeout=150)  # fmt: skip
     assert got.returncode == 0, f"no event for {email} in shop.public.customers: {got.stderr[-2000:]}"
-    event = json.loads(got.stdout.strip().splitlines()[-1])
+    event: dict[str, object] = json.loads(got.stdout.strip().splitlines()[-1])
+    return event
+
+
+def test_an_insert_into_the_quickstart_postgres_arrives_in_its_kafka_topic(quickstart: Pod) -> None:
+    email = _insert_customer(quickstart)
+    event = _event(quickstart, email)
     assert event["op"] == "c"
-    assert event["after"]["email"] == email
-    assert event["source"]["table"] == "customers"
+    assert event["after"]["email"] == email  # type: ignore[index]
+    assert event["source"]["table"] == "customers"  # type: ignore[index]
+
+
+@pytest.mark.spark
+def test_the_spark_job_in_the_pod_rebuilds_the_warehouse_equal_to_the_database(quickstart: Pod) -> None:
+    """`make quickstart-spark`: the warehouse rebuild in the pod, then the jobs' own verify, the same way."""
+    email = _insert_customer(quickstart)
+    _event(quickstart, email)  # in Kafka before the job reads from offset 0
+    started = time.monotonic()
+    rebuild = _run(["bash", "scripts/quickstart.sh", "spark"], env=quickstart.env, timeout=1200)
+    assert rebuild.returncode == 0, rebuild.stdout[-4000:] + rebuild.stderr[-4000:]
+    print(f"quickstart: spark rebuild (with the Spark image's build if missing) {time.monotonic() - started:.1f} s")
+    verify = _run(["bash", "scripts/quickstart.sh", "spark", "-m", "cdc_views", "verify", "--config",
+                   "/etc/cdc/cdc.yaml", "--warehouse", "/data/warehouse"],
+                  env={**quickstart.env, "ENTRYPOINT": "python3"}, timeout=600)  # fmt: skip
+    assert verify.returncode == 0, verify.stdout[-4000:] + verify.stderr[-4000:]
+    # The customer inserted last is in the warehouse's Delta table, read in the same image.
+    read = _run(["bash", "scripts/quickstart.sh", "spark", "-c", READ_CUSTOMER, email],
+                env={**quickstart.env, "ENTRYPOINT": "python3"}, timeout=600)  # fmt: skip
+    assert read.returncode == 0, read.stdout[-4000:] + read.stderr[-4000:]
+    assert read.stdout.strip().splitlines()[-1] == f"1 {email}"
