@@ -100,6 +100,69 @@ def read(conninfo: str, slot: str, *, timeout_s: int = 3) -> list[HostSlot]:
     return out
 
 
+def setup_problems(conninfo: str, *, timeout_s: int = 3) -> tuple[list[str], list[str]]:
+    """What keeps a failover slot from surviving a promotion, read from each host's settings (the table in
+    docs/operations.md, "Beside a primary with standbys"): (problems, one line per missing setting naming the
+    fix; notes, hosts before PostgreSQL 17, where no slot survives a failover whatever is set). For
+    ``cdc validate``: unlike ``read``, it needs no slot yet."""
+    problems: list[str] = []
+    notes: list[str] = []
+    standby_slots: list[str] = []
+    primary_sync: str | None = None
+    for host, port in hosts(conninfo):
+        where = f"{host}:{port}"
+        info = make_conninfo(
+            conninfo, host=host, port=port, target_session_attrs="any", connect_timeout=timeout_s,
+            application_name="cdc-validate",
+        )  # fmt: skip
+        try:
+            with psycopg.connect(info, autocommit=True) as conn:
+                version = conn.info.server_version
+                standby = bool(conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,))
+                names = ["hot_standby_feedback", "primary_slot_name", "primary_conninfo"]
+                if version >= 170000:
+                    names += ["sync_replication_slots", "synchronized_standby_slots"]
+                settings = {
+                    str(r[0]): str(r[1] or "")
+                    for r in conn.execute("SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", (names,))
+                }
+        except psycopg.Error as e:
+            problems.append(f"failover: host {where} does not answer ({str(e).strip().splitlines()[0]})")
+            continue
+        if version < 170000:
+            notes.append(
+                f"failover: host {where} runs PostgreSQL {version // 10000}: the slot cannot survive a failover to or "
+                "from it (failover slots need 17 or newer)"
+            )
+            continue
+        if not standby:
+            primary_sync = settings.get("synchronized_standby_slots", "")
+            continue
+        fixes = []
+        if settings.get("sync_replication_slots") != "on":
+            fixes.append("sync_replication_slots = on (without it the standby never copies the slot)")
+        if settings.get("hot_standby_feedback") != "on":
+            fixes.append("hot_standby_feedback = on (without it the copy can be invalidated)")
+        slot = settings.get("primary_slot_name", "")
+        if not slot:
+            fixes.append("primary_slot_name = '<its physical slot on the primary>' (slot synchronization refuses to run)")
+        else:
+            standby_slots.append(slot)
+        if "dbname=" not in settings.get("primary_conninfo", ""):
+            fixes.append("dbname=... in primary_conninfo (slot synchronization cannot connect)")
+        for fix in fixes:
+            problems.append(f"failover: standby {where} needs {fix}")
+    if primary_sync is not None:
+        listed = {s.strip() for s in primary_sync.split(",") if s.strip()}
+        for slot in standby_slots:
+            if slot not in listed and "*" not in listed:
+                problems.append(
+                    f"failover: the primary needs synchronized_standby_slots to list {slot} (without it the daemon may "
+                    "publish changes the standby has not received, which a promotion then loses from the database)"
+                )
+    return problems, notes
+
+
 class FailoverWatch:
     """Reads ``read()`` every ``interval_s`` on a thread of its own while the daemon runs (only for a DSN
     naming more than one host); logs each standby's readiness when it changes."""

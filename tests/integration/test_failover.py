@@ -100,6 +100,12 @@ class Writer(threading.Thread):
                 time.sleep(0.2)
 
 
+def run_validate(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cdc.cli", "validate", str(config)], capture_output=True, text=True, timeout=60
+    )
+
+
 def standby_slot(standby_dsn: str, slot: str) -> tuple[bool, bool] | None:
     """(synced, temporary) of the standby's copy of the slot, or None when it has none."""
     with psycopg.connect(psycopg.conninfo.make_conninfo(standby_dsn, dbname="shop"), autocommit=True) as conn:
@@ -146,6 +152,9 @@ def test_the_daemon_resumes_on_the_promoted_standby_with_its_own_slot(
         )
         assert status.returncode == 0, status.stderr
         assert f"standby 127.0.0.1:{standby_port}: ready for failover" in status.stdout, status.stdout
+        validate = run_validate(config)
+        assert validate.returncode == 0, validate.stdout + validate.stderr
+        assert "failover: every standby synchronizes the slot; the primary waits for them" in validate.stdout
         time.sleep(1.0)  # changes flowing through the synchronized slot
         dev_postgres.crash(pair.primary, log)
         killed = time.monotonic()
@@ -201,6 +210,26 @@ def test_without_a_failover_slot_the_daemon_stops_and_a_new_snapshot_is_the_oper
             topic_prefix=topic_prefix,
             snapshot=snapshot,
         )
+
+    # cdc validate reads the standbys' settings when the DSN names several hosts: without
+    # hot_standby_feedback the standby's copy could be invalidated, and validate says so.
+    with psycopg.connect(pair.standby_dsn, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET hot_standby_feedback = off")
+        conn.execute("SELECT pg_reload_conf()")
+    wanted = write_config(
+        tmp_path / "wanted.yaml",
+        source={"dsn": dsn, "slot": slot_name, "publication": "shop_pub"},
+        tables=["public.items"],
+        kafka={"bootstrap_servers": services.kafka_bootstrap},
+        topic_prefix=topic_prefix,
+    )
+    standby_port = str(psycopg.conninfo.conninfo_to_dict(pair.standby_dsn)["port"])
+    refused = run_validate(wanted)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"failover: standby 127.0.0.1:{standby_port} needs hot_standby_feedback = on" in refused.stderr
+    skipped = run_validate(config())  # slot_failover: false: the operator chose no failover slot
+    assert skipped.returncode == 0, skipped.stdout + skipped.stderr
+    assert "failover:" not in skipped.stdout + skipped.stderr
 
     topic = f"{topic_prefix}.public.items"
     daemon = Connector(config(), tmp_path / "cdc.log").start()
