@@ -506,28 +506,6 @@ def _change_publication(conn: psycopg.Connection[tuple[object, ...]], plan: Publ
         log.info("publication_altered", publication=plan.name, tables=list(plan.wanted), previous=list(plan.current))
 
 
-def slot_exists(conn: psycopg.Connection[tuple[object, ...]], slot: str) -> tuple[bool, str | None]:
-    """(exists, plugin). An existing slot of another plugin or database is a start-up error."""
-    row = conn.execute(
-        "SELECT plugin, database, wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,)
-    ).fetchone()
-    if row is None:
-        return False, None
-    plugin, database, wal_status = row
-    if plugin != "pgoutput":
-        raise StartupError(f"slot {slot} exists with plugin {plugin}; this connector needs pgoutput. Use another slot name.")
-    if database != conn.info.dbname:
-        raise StartupError(
-            f"slot {slot} belongs to database {database}, not {conn.info.dbname}. Use another slot name."
-        )
-    if wal_status == "lost":
-        raise StartupError(
-            f"slot {slot} was invalidated (wal_status=lost): the server removed WAL it still needed, "
-            "so changes were lost. Fix: drop the slot (SELECT pg_drop_replication_slot(...)) and take a new snapshot."
-        )
-    return True, str(plugin)
-
-
 def load_types(conn: psycopg.Connection[tuple[object, ...]], oids: Iterable[int]) -> dict[int, PgType]:
     """Resolve non-built-in types (enums, domains, arrays of them, ranges) from pg_type, recursively."""
     resolved: dict[int, PgType] = {}

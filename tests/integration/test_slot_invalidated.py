@@ -81,3 +81,59 @@ def test_a_slot_invalidated_while_streaming_stops_the_daemon_with_the_cause(
     again = Connector(config, tmp_path / "again.log").start()
     assert again.wait_exit(90) != 0
     assert "was invalidated (wal_status=lost)" in again.output(), again.output()[-4000:]
+
+
+@pytest.fixture
+def idle_timeout_server(tmp_path: Path) -> Iterator[str]:
+    """A PostgreSQL 18 server of its own that invalidates a slot unused for a second."""
+    before = os.environ.get("CDC_PG")
+    os.environ["CDC_PG"] = "18"
+    state = tmp_path / "pg18"
+    try:
+        dsn = dev_postgres.up(state, log, {"idle_replication_slot_timeout": "'1s'"})
+    finally:
+        if before is None:
+            os.environ.pop("CDC_PG", None)
+        else:
+            os.environ["CDC_PG"] = before
+    try:
+        yield dsn
+    finally:
+        dev_postgres.down(state, log)
+
+
+def test_a_slot_invalidated_while_the_daemon_was_stopped_is_refused_naming_the_reason(
+    tmp_path, services, idle_timeout_server, slot_name, publication_name, topic_prefix
+):
+    dsn = idle_timeout_server
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+    config = write_config(
+        tmp_path / "cdc.yaml",
+        source={"dsn": dsn, "slot": slot_name, "publication": publication_name},
+        tables=["public.items"],
+        kafka={"bootstrap_servers": services.kafka_bootstrap},
+        topic_prefix=topic_prefix,
+    )
+    daemon = Connector(config, tmp_path / "cdc.log").start()
+    daemon.wait_streaming(dsn, slot_name)
+    assert daemon.stop() == 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        deadline = time.monotonic() + 60
+        while True:  # idle_replication_slot_timeout acts at checkpoints
+            time.sleep(1.5)
+            conn.execute("CHECKPOINT")
+            row = conn.execute(
+                "SELECT wal_status, invalidation_reason FROM pg_replication_slots WHERE slot_name = %s", (slot_name,)
+            ).fetchone()
+            if row == ("lost", "idle_timeout"):
+                break
+            assert time.monotonic() < deadline, f"the slot was not invalidated: {row}"
+
+    again = Connector(config, tmp_path / "again.log").start()
+    assert again.wait_exit(90) != 0
+    out = again.output()
+    assert f"slot {slot_name} was invalidated (wal_status=lost)" in out, out[-4000:]
+    logged = [e for e in again.log_events() if e.get("event") == "slot_invalidated"]
+    assert logged and logged[0]["invalidation_reason"] == "idle_timeout", out[-4000:]
+    assert "idle_replication_slot_timeout" in logged[0]["cause"]

@@ -33,10 +33,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import structlog
 
 from cdc.catalog import StartupError
 from cdc.snapshot.config import SnapshotMode
 from cdc.snapshot.state import InitialStatus
+
+log = structlog.get_logger(__name__)
 
 __all__ = ["SlotState", "StartupPlan", "decide", "inspect_slot"]
 
@@ -78,8 +81,9 @@ def decide(
         return StartupPlan(without_slot=True, stream=False, reason="initial_only")
     if slot is SlotState.LOST and mode not in (SnapshotMode.WHEN_NEEDED, SnapshotMode.ALWAYS):
         raise StartupError(
-            f"slot {slot_name} was invalidated (wal_status=lost): the server removed WAL it still needed, so "
-            "changes were lost. Fix: set snapshot.mode: when_needed to take a new snapshot automatically, or drop "
+            f"slot {slot_name} was invalidated (wal_status=lost): the server can no longer give it the changes it "
+            "needs (max_slot_wal_keep_size, idle_replication_slot_timeout: the slot_invalidated line says which), "
+            "so changes were lost. Fix: set snapshot.mode: when_needed to take a new snapshot automatically, or drop "
             f"the slot (SELECT pg_drop_replication_slot('{slot_name}')) and restart."
         )
     if mode is SnapshotMode.ALWAYS:
@@ -115,16 +119,36 @@ def decide(
     return StartupPlan(new_tables=new, reason="tables_added" if new else "up_to_date")
 
 
+# pg_replication_slots.invalidation_reason (PostgreSQL 17+) in words.
+INVALIDATION_REASONS = {
+    "wal_removed": "the server removed WAL it still needed (max_slot_wal_keep_size)",
+    "rows_removed": "the server removed catalog rows it still needed (on a standby: hot_standby_feedback off)",
+    "wal_level_insufficient": "wal_level was lowered below logical",
+    "idle_timeout": "it was not used for longer than idle_replication_slot_timeout",
+}
+
+
 def inspect_slot(conn: psycopg.Connection[Any], slot: str) -> SlotState:
-    """The slot's state; a slot of another plugin or database is a start-up error."""
+    """The slot's state; a slot of another plugin or database is a start-up error. An invalidated slot is
+    logged (``slot_invalidated``) with the server's reason where it gives one (PostgreSQL 17+)."""
+    reason = "invalidation_reason" if conn.info.server_version >= 170000 else "NULL"
     row = conn.execute(
-        "SELECT plugin, database, wal_status FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        f"SELECT plugin, database, wal_status, {reason} FROM pg_replication_slots WHERE slot_name = %s",  # noqa: S608
+        (slot,),
     ).fetchone()
     if row is None:
         return SlotState.MISSING
-    plugin, database, wal_status = row
+    plugin, database, wal_status, invalidation = row
     if plugin != "pgoutput":
         raise StartupError(f"slot {slot} exists with plugin {plugin}; this connector needs pgoutput. Use another slot name.")
     if database != conn.info.dbname:
         raise StartupError(f"slot {slot} belongs to database {database}, not {conn.info.dbname}. Use another slot name.")
-    return SlotState.LOST if wal_status == "lost" else SlotState.PRESENT
+    if wal_status != "lost":
+        return SlotState.PRESENT
+    log.warning(
+        "slot_invalidated",
+        slot=slot,
+        invalidation_reason=invalidation,
+        cause=INVALIDATION_REASONS.get(str(invalidation), "the server can no longer give the slot's changes"),
+    )
+    return SlotState.LOST
