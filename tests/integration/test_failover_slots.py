@@ -10,8 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.integration.test_startup_errors import nothing_created, run_once
-from tests.support.connector import Connector, write_config
+from tests.support.connector import Connector, nothing_created, run_once, write_config
 
 pytestmark = pytest.mark.integration
 

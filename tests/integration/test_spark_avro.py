@@ -2,7 +2,7 @@
 schema registry (Apicurio's Confluent-compatible API), the batch job rebuilds every view from
 offset 0 decoding with Spark's ``from_avro``, and verification compares them with the database.
 
-The shop (schema, workload, helpers) and the session-wide SparkSession are test_spark's; the
+The shop (schema, workload, helpers) and the session-wide SparkSession are tests.support.spark's; the
 workload's ``ALTER TABLE customers ADD COLUMN tier`` in the middle gives the customers topic two
 value schema ids, and its TRUNCATE gives truncate markers with their own key schema.
 """
@@ -16,23 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import fastavro
-import psycopg
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from psycopg import sql
 
 from cdc import dev
 from cdc.sink.registry import RegistryClient, RegistrySettings
-from tests.support.connector import Connector, write_config
-from tests.integration.test_spark import (
-    SCHEMA,
-    TABLES,
-    WORKLOAD,
-    Shop,
-    _assert_matches,
-    _delete_topics,
-    _delta_versions,
+from tests.support.connector import write_config
+from tests.support.spark import (
+    CapturedDatabase,
+    assert_shop_matches,
+    delta_versions,
+    shop_captured,
     spark,  # noqa: F401 - the session-wide SparkSession fixture
 )
 
@@ -60,37 +55,16 @@ def registry_url(services: dev.Endpoints) -> str:
 
 
 @pytest.fixture(scope="module")
-def avro_shop(services: dev.Endpoints, registry_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
+def avro_shop(
+    services: dev.Endpoints, registry_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[CapturedDatabase]:
     """test_spark's shop and workload, captured by a connector that writes Avro (module-wide)."""
     name = f"spark_avro_{secrets.token_hex(3)}"
-    with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = psycopg.conninfo.make_conninfo(services.postgres_dsn, dbname=name)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(SCHEMA)  # type: ignore[arg-type]
     work = tmp_path_factory.mktemp("spark-avro-shop")
-    config = write_config(
-        work / "cdc.yaml",
-        source={"dsn": dsn, "slot": name, "publication": name},
-        tables=TABLES,
-        kafka={"bootstrap_servers": services.kafka_bootstrap, "partitions": 3},
-        topic_prefix=name,
-        format="avro",
-        schema_registry={"url": registry_url},
-        status_interval_s=1.0,
-    )
-    connector = Connector(config, work / "cdc.log").start()
     try:
-        connector.wait_streaming(dsn, name)
-        shop = Shop(dsn, name, services.kafka_bootstrap, name)
-        shop.run(WORKLOAD)
-        yield shop
+        with shop_captured(services, work, name, format="avro", schema_registry={"url": registry_url}) as shop:
+            yield shop
     finally:
-        connector.stop()
-        with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
-            admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (name,))
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        _delete_topics(services.kafka_bootstrap, name)
         _delete_subjects(registry_url, name)
 
 
@@ -102,7 +76,7 @@ def _delete_subjects(url: str, prefix: str) -> None:
 
 
 def test_batch_rebuild_from_avro_topics_matches_the_database_and_a_second_run_changes_nothing(
-    spark: Any, avro_shop: Shop, registry_url: str, tmp_path: Path
+    spark: Any, avro_shop: CapturedDatabase, registry_url: str, tmp_path: Path
 ) -> None:
     registry = RegistryClient(registry_url)
     assert len(registry.versions(f"{avro_shop.topic_prefix}.public.customers-value")) == 2  # before and after ADD COLUMN
@@ -111,16 +85,16 @@ def test_batch_rebuild_from_avro_topics_matches_the_database_and_a_second_run_ch
     summary = jobs.rebuild(spark, cfg)
     report = verify(avro_shop.dsn, cfg.warehouse, cfg.tables, spark=spark, encoding=AVRO)
 
-    _assert_matches(report)
+    assert_shop_matches(report)
     assert summary["search documents"] > 0
     assert search(jobs.search_path(cfg.warehouse), "keyboard")[0]["doc_id"] == "product:1"
     customers = spark.read.format("delta").load(str(cfg.warehouse / "tables" / "public.customers"))
     assert {r["_cdc_key"] for r in customers.where("id = 1000").collect()} == {'{"id":1000}'}  # the key's JSON text
     assert customers.where("tier = 'gold'").count() == 5
 
-    before = _delta_versions(cfg.warehouse)
+    before = delta_versions(cfg.warehouse)
     again = jobs.rebuild(spark, cfg)
-    assert _delta_versions(cfg.warehouse) == before
+    assert delta_versions(cfg.warehouse) == before
     assert all(v == 0 for k, v in again.items() if k.startswith(("table ", "view ")))
 
 
@@ -148,7 +122,7 @@ def _framed(schema_id: int, schema: Any, datum: Any) -> bytes:
 
 
 def test_avro_records_that_do_not_decode_are_reported_and_fail_the_job_unless_told_to_skip(
-    spark: Any, services: dev.Endpoints, registry_url: str, avro_shop: Shop, tmp_path: Path
+    spark: Any, services: dev.Endpoints, registry_url: str, avro_shop: CapturedDatabase, tmp_path: Path
 ) -> None:
     prefix = f"badavro_{secrets.token_hex(3)}"
     topic = f"{prefix}.public.customers"
@@ -198,7 +172,7 @@ def test_avro_records_that_do_not_decode_are_reported_and_fail_the_job_unless_to
         _delete_subjects(registry_url, prefix)
 
 
-def test_a_registry_that_does_not_answer_is_one_clear_error(spark: Any, avro_shop: Shop, tmp_path: Path) -> None:
+def test_a_registry_that_does_not_answer_is_one_clear_error(spark: Any, avro_shop: CapturedDatabase, tmp_path: Path) -> None:
     url = "http://127.0.0.1:9/apis/ccompat/v7"  # the discard port: nothing listens
     cfg = avro_shop.job(tmp_path / "warehouse", encoding=AVRO, registry=RegistrySettings(url=url, retry_timeout_s=0.5))
 

@@ -18,14 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pyspark
 import pytest
-from psycopg import sql
 
 from cdc import dev
-from tests.integration.test_spark import _delete_topics
-from tests.support.connector import Connector, write_config
+from tests.support.spark import captured_database
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.cluster, pytest.mark.timeout(900)]
 
@@ -97,48 +94,28 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int
 
 @pytest.fixture(scope="module")
 def library(services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    setup = [
+        "CREATE TABLE authors (id int PRIMARY KEY, name text NOT NULL)",
+        "CREATE TABLE books (isbn text PRIMARY KEY, author_id int, title text, price numeric(12,2))",
+    ]
+    view = {
+        "name": "author_stats",
+        "sql": "SELECT a.id AS author_id, a.name, count(b.isbn) AS books, sum(b.price) AS value "
+               "FROM public_authors a LEFT JOIN public_books b ON b.author_id = a.id GROUP BY a.id, a.name",
+        "key": ["author_id"],
+    }  # fmt: skip
     name = f"cluster_{secrets.token_hex(3)}"
-    with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = psycopg.conninfo.make_conninfo(services.postgres_dsn, dbname=name)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE authors (id int PRIMARY KEY, name text NOT NULL)")
-        conn.execute("CREATE TABLE books (isbn text PRIMARY KEY, author_id int, title text, price numeric(12,2))")
     work = tmp_path_factory.mktemp("cluster-lib")
-    config = write_config(
-        work / "cdc.yaml",
-        source={"dsn": dsn, "slot": name, "publication": name},
-        tables=["public.authors", "public.books"],
-        kafka={"bootstrap_servers": services.kafka_bootstrap},
-        topic_prefix=name,
-        spark={"views": [{
-            "name": "author_stats",
-            "sql": "SELECT a.id AS author_id, a.name, count(b.isbn) AS books, sum(b.price) AS value "
-                   "FROM public_authors a LEFT JOIN public_books b ON b.author_id = a.id GROUP BY a.id, a.name",
-            "key": ["author_id"],
-        }]},
-    )  # fmt: skip
-    connector = Connector(config, work / "cdc.log").start()
-    try:
-        connector.wait_streaming(dsn, name)
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute("INSERT INTO authors SELECT i, 'Author ' || i FROM generate_series(1, 20) i")
-            conn.execute("INSERT INTO books SELECT 'isbn-' || i, 1 + i % 20, 'Book ' || i, i * 2.5 FROM generate_series(1, 100) i")
-            conn.execute("DELETE FROM books WHERE isbn = 'isbn-3'")
-            end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
-            deadline = time.monotonic() + 60
-            while not conn.execute(
-                "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s", (end, name)
-            ).fetchone()[0]:  # type: ignore[index]
-                assert time.monotonic() < deadline
-                time.sleep(0.3)
-        yield config, name
-    finally:
-        connector.stop()
-        with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
-            admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (name,))
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        _delete_topics(services.kafka_bootstrap, name)
+    with captured_database(
+        services, work, name, setup, ["public.authors", "public.books"], spark={"views": [view]}
+    ) as db:
+        db.run([
+            "INSERT INTO authors SELECT i, 'Author ' || i FROM generate_series(1, 20) i",
+            "INSERT INTO books SELECT 'isbn-' || i, 1 + i % 20, 'Book ' || i, i * 2.5 FROM generate_series(1, 100) i",
+            "DELETE FROM books WHERE isbn = 'isbn-3'",
+        ])  # fmt: skip
+        assert db.config is not None
+        yield db.config, name
 
 
 def submit(master: str, job: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -8,26 +8,22 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from psycopg import sql
 
 from cdc import dev
 from cdc.declared import DeclarationError, DeclaredIndex, DeclaredView, SparkSection
-from tests.integration.test_spark import (  # the session's SparkSession and the module helpers
-    Shop,
-    _delete_topics,
+from tests.support.spark import (
+    CapturedDatabase,
+    captured_database,
     spark,  # noqa: F401 - the session-wide SparkSession fixture
 )
-from tests.support.connector import Connector, write_config
 
-from cdc_views import declared, jobs  # noqa: E402 - test_spark put spark/ on sys.path
+from cdc_views import declared, jobs  # noqa: E402 - tests.support.spark put spark/ on sys.path
 from cdc_views.reader import KafkaSource  # noqa: E402
-from cdc_views.tables import Encoding, read_shapes  # noqa: E402
+from cdc_views.tables import Encoding  # noqa: E402
 from cdc_views.verify import verify  # noqa: E402
 
 pytestmark = [
@@ -91,55 +87,31 @@ SECTION = SparkSection(
 )
 
 
-@dataclass
-class Library(Shop):
-    registry: str | None = None
+class Library(CapturedDatabase):
+    """The library's database: its jobs read the connector's format and the declared section."""
 
     def job(self, warehouse: Path, **overrides: Any) -> jobs.JobConfig:
-        fmt = "avro" if self.registry else "json"
-        extra: dict[str, Any] = {"encoding": Encoding(format=fmt), "declared": SECTION}
-        if self.registry:
+        extra: dict[str, Any] = {"encoding": Encoding(format="avro" if self.registry_url else "json"), "declared": SECTION}
+        if self.registry_url:
             from cdc.sink.registry import RegistrySettings  # noqa: PLC0415
 
-            extra["registry"] = RegistrySettings(url=self.registry)
+            extra["registry"] = RegistrySettings(url=self.registry_url)
         extra.update(overrides)
-        return jobs.JobConfig(KafkaSource(self.bootstrap), self.topic_prefix, read_shapes(self.dsn, TABLES), warehouse, **extra)
+        return super().job(warehouse, **extra)
 
 
 @pytest.fixture(scope="module", params=["json", "avro"])
 def library(request: pytest.FixtureRequest, services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Library]:
     fmt = request.param
-    name = f"lib_{fmt}_{secrets.token_hex(3)}"
-    with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = psycopg.conninfo.make_conninfo(services.postgres_dsn, dbname=name)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(SCHEMA)  # type: ignore[arg-type]
-    work = tmp_path_factory.mktemp("library")
     extra: dict[str, Any] = {}
     if fmt == "avro":
         extra = {"format": "avro", "schema_registry": {"url": services.schema_registry_url}}
-    config = write_config(
-        work / "cdc.yaml",
-        source={"dsn": dsn, "slot": name, "publication": name},
-        tables=TABLES,
-        kafka={"bootstrap_servers": services.kafka_bootstrap, "partitions": 2},
-        topic_prefix=name,
-        status_interval_s=1.0,
-        **extra,
-    )
-    connector = Connector(config, work / "cdc.log").start()
-    try:
-        connector.wait_streaming(dsn, name)
-        library = Library(dsn, name, services.kafka_bootstrap, name, services.schema_registry_url if fmt == "avro" else None)
+    work = tmp_path_factory.mktemp("library")
+    name = f"lib_{fmt}_{secrets.token_hex(3)}"
+    with captured_database(services, work, name, [SCHEMA], TABLES, kafka={"partitions": 2}, **extra) as db:
+        library = Library(db.dsn, db.name, db.bootstrap, db.tables, db.registry_url, db.config)
         library.run(WORKLOAD)
         yield library
-    finally:
-        connector.stop()
-        with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
-            admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (name,))
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        _delete_topics(services.kafka_bootstrap, name)
 
 
 def _verified(spark: Any, library: Library, cfg: jobs.JobConfig) -> None:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
-import sys
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,14 +16,12 @@ from cdc.lsn import Lsn
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.values import Interval
 
-pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[spark]')")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "spark"))
+from tests.support.spark import spark  # noqa: F401 - the session-wide SparkSession fixture (skips without pyspark)
 
 from pyspark.sql import functions as F  # noqa: E402
 
-from cdc_views.decode import decode, failed  # noqa: E402
+from cdc_views.decode import decode, failed  # noqa: E402 - tests.support.spark put spark/ on sys.path
 from cdc_views.tables import ColumnShape, Encoding, Kind  # noqa: E402
-from tests.integration.test_spark import spark  # noqa: E402,F401 - the session-wide SparkSession fixture
 
 pytestmark = [
     pytest.mark.spark,

@@ -11,19 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from psycopg import sql
 
 from cdc import dev
-from tests.integration.test_spark import (
-    Shop,
-    _delete_topics,
+from tests.support.spark import (
+    CapturedDatabase,
+    captured_database,
     spark,  # noqa: F401 - the session-wide SparkSession fixture
 )
-from tests.support.connector import Connector, write_config
 
-from cdc_views import jobs  # noqa: E402 - test_spark put spark/ on sys.path
+from cdc_views import jobs  # noqa: E402 - tests.support.spark put spark/ on sys.path
 from cdc_views.reader import KafkaSource  # noqa: E402
 from cdc_views.tables import Encoding, read_shapes  # noqa: E402
 from cdc_views.verify import verify  # noqa: E402
@@ -57,33 +54,17 @@ STEPS = [
 
 
 @pytest.fixture(scope="module", params=["avro", "json_schemas"])
-def changed(request: pytest.FixtureRequest, services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Shop, Encoding, Any]]:
+def changed(
+    request: pytest.FixtureRequest, services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[CapturedDatabase, Encoding, Any]]:
     fmt = request.param
-    name = f"types_{fmt}_{secrets.token_hex(3)}"
-    with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    dsn = psycopg.conninfo.make_conninfo(services.postgres_dsn, dbname=name)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(STEPS[0])
-    work = tmp_path_factory.mktemp("types")
     extra: dict[str, Any] = (
         {"format": "avro", "schema_registry": {"url": services.schema_registry_url}}
         if fmt == "avro"
         else {"json": {"schemas_enable": True}}
     )
-    config = write_config(
-        work / "cdc.yaml",
-        source={"dsn": dsn, "slot": name, "publication": name},
-        tables=TABLES,
-        kafka={"bootstrap_servers": services.kafka_bootstrap},
-        topic_prefix=name,
-        status_interval_s=1.0,
-        **extra,
-    )
-    connector = Connector(config, work / "cdc.log").start()
-    try:
-        connector.wait_streaming(dsn, name)
-        shop = Shop(dsn, name, services.kafka_bootstrap, name)
+    name = f"types_{fmt}_{secrets.token_hex(3)}"
+    with captured_database(services, tmp_path_factory.mktemp("types"), name, STEPS[:1], TABLES, **extra) as shop:
         shop.run(STEPS[1:])
         registry = None
         if fmt == "avro":
@@ -92,15 +73,9 @@ def changed(request: pytest.FixtureRequest, services: dev.Endpoints, tmp_path_fa
             registry = RegistrySettings(url=services.schema_registry_url)
         encoding = Encoding(format="avro") if fmt == "avro" else Encoding(schemas_enable=True)
         yield shop, encoding, registry
-    finally:
-        connector.stop()
-        with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
-            admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (name,))
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        _delete_topics(services.kafka_bootstrap, name)
 
 
-def test_every_value_equals_the_database_after_type_changes(spark: Any, changed: tuple[Shop, Encoding, Any], tmp_path: Path) -> None:
+def test_every_value_equals_the_database_after_type_changes(spark: Any, changed: tuple[CapturedDatabase, Encoding, Any], tmp_path: Path) -> None:
     shop, encoding, registry = changed
     shapes = read_shapes(shop.dsn, TABLES)
     cfg = jobs.JobConfig(KafkaSource(shop.bootstrap), shop.topic_prefix, shapes, tmp_path / "wh", encoding, registry=registry)

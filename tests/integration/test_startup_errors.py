@@ -14,24 +14,9 @@ import pytest
 import structlog
 
 from cdc.dev import postgres as dev_postgres
-from tests.support.connector import Connector, drop_slots, write_config
+from tests.support.connector import Connector, drop_slots, nothing_created, run_once, write_config
 
 pytestmark = pytest.mark.integration
-
-
-def run_once(tmp_path: Path, config: Path, env: dict[str, str] | None = None, timeout: float = 90) -> tuple[int, str]:
-    c = Connector(config, tmp_path / "cdc.log", env=env).start()
-    code = c.wait_exit(timeout)
-    return code, c.output()
-
-
-def nothing_created(dsn: str, slot: str, publication: str, kafka_admin: Any, prefix: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        assert conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() is None
-        assert conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None
-    if kafka_admin is not None:
-        topics = kafka_admin.list_topics(timeout=10).topics
-        assert not [t for t in topics if t.startswith(prefix + ".")]
 
 
 @pytest.fixture

@@ -116,3 +116,20 @@ def drop_slots(admin: psycopg.Connection[Any], dbname: str) -> None:
                     admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
         time.sleep(0.3)
     raise RuntimeError(f"could not drop the replication slots of database {dbname}: still active")
+
+
+def run_once(tmp_path: Path, config: Path, env: dict[str, str] | None = None, timeout: float = 90) -> tuple[int, str]:
+    """Start the connector and wait for it to exit: (exit code, output). For start-ups that must be refused."""
+    c = Connector(config, tmp_path / "cdc.log", env=env).start()
+    code = c.wait_exit(timeout)
+    return code, c.output()
+
+
+def nothing_created(dsn: str, slot: str, publication: str, kafka_admin: Any, prefix: str) -> None:
+    """A refused start-up left no slot, no publication and no topic behind."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone() is None
+        assert conn.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,)).fetchone() is None
+    if kafka_admin is not None:
+        topics = kafka_admin.list_topics(timeout=10).topics
+        assert not [t for t in topics if t.startswith(prefix + ".")]
