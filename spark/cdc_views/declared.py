@@ -14,9 +14,6 @@ anything is read, naming the view.
 
 from __future__ import annotations
 
-import os
-import shutil
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,10 +24,9 @@ from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import DataFrame, SparkSession
 
 from cdc.declared import DeclarationError, DeclaredIndex, SparkSection, sql_name
+from cdc_views.search import WRITER_HEAP_BYTES, write_index
 
 log = structlog.get_logger("cdc_views.declared")
-
-WRITER_HEAP_BYTES = 64 * 1024 * 1024
 
 
 def view_path(warehouse: Path, name: str) -> Path:
@@ -101,28 +97,8 @@ def _document(index: DeclaredIndex, row: Mapping[str, Any]) -> tantivy.Document:
 
 def build_index(index: DeclaredIndex, rows: Iterable[Mapping[str, Any]], path: Path) -> int:
     """A new index of ``rows`` at ``path``, swapped into place (a reader never sees a half-built one)."""
-    started = time.monotonic()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fresh = path.with_name(f".{path.name}.building-{os.getpid()}")
-    shutil.rmtree(fresh, ignore_errors=True)
-    fresh.mkdir()
-    built = tantivy.Index(_schema(index), path=str(fresh), reuse=False)
-    writer = built.writer(heap_size=WRITER_HEAP_BYTES, num_threads=1)
-    count = 0
-    for row in rows:
-        writer.add_document(_document(index, row))
-        count += 1
-        if count % 100_000 == 0:
-            log.info("index.progress", index=index.name, documents=count)
-    writer.commit()
-    writer.wait_merging_threads()
-    old = path.with_name(f".{path.name}.old-{os.getpid()}")
-    if path.exists():
-        os.replace(path, old)
-    os.replace(fresh, path)
-    shutil.rmtree(old, ignore_errors=True)
+    count = write_index(_schema(index), (_document(index, row) for row in rows), path, name=index.name)
     path.with_suffix(".json").write_text(index.model_dump_json())
-    log.info("index.built", index=index.name, documents=count, seconds=round(time.monotonic() - started, 2))
     return count
 
 

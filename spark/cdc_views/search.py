@@ -49,27 +49,33 @@ def _document(doc: dict[str, Any]) -> tantivy.Document:
 
 def build(documents: Iterable[dict[str, Any]], index_dir: Path) -> int:
     """A new index of ``documents`` at ``index_dir`` (replacing any); returns how many were indexed."""
+    return write_index(_schema(), (_document(doc) for doc in documents), index_dir, name="search")
+
+
+def write_index(schema: tantivy.Schema, documents: Iterable[tantivy.Document], path: Path, *, name: str) -> int:
+    """A new tantivy index of ``documents`` built beside ``path``, then swapped into place, so a reader never
+    sees a half-built one; returns how many were indexed. Logs progress every 100,000 documents."""
     started = time.monotonic()
-    index_dir.parent.mkdir(parents=True, exist_ok=True)
-    fresh = index_dir.with_name(f".{index_dir.name}.building-{os.getpid()}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fresh = path.with_name(f".{path.name}.building-{os.getpid()}")
     shutil.rmtree(fresh, ignore_errors=True)
     fresh.mkdir()
-    index = tantivy.Index(_schema(), path=str(fresh), reuse=False)
+    index = tantivy.Index(schema, path=str(fresh), reuse=False)
     writer = index.writer(heap_size=WRITER_HEAP_BYTES, num_threads=1)
     count = 0
     for doc in documents:
-        writer.add_document(_document(doc))
+        writer.add_document(doc)
         count += 1
         if count % 100_000 == 0:
-            log.info("search.progress", documents=count)
+            log.info("index.progress", index=name, documents=count)
     writer.commit()
     writer.wait_merging_threads()
-    old = index_dir.with_name(f".{index_dir.name}.old-{os.getpid()}")
-    if index_dir.exists():
-        os.replace(index_dir, old)
-    os.replace(fresh, index_dir)
+    old = path.with_name(f".{path.name}.old-{os.getpid()}")
+    if path.exists():
+        os.replace(path, old)
+    os.replace(fresh, path)
     shutil.rmtree(old, ignore_errors=True)
-    log.info("search.built", index=str(index_dir), documents=count, seconds=round(time.monotonic() - started, 2))
+    log.info("index.built", index=name, path=str(path), documents=count, seconds=round(time.monotonic() - started, 2))
     return count
 
 
