@@ -150,19 +150,16 @@ def test_an_insert_into_the_quickstart_postgres_arrives_in_its_kafka_topic(quick
 
 
 @pytest.mark.spark
-def test_the_spark_job_in_the_pod_rebuilds_the_warehouse_equal_to_the_database(quickstart: Pod) -> None:
-    """`make quickstart-spark`: the warehouse rebuild in the pod, then the jobs' own verify, the same way."""
+def test_the_spark_job_in_the_pod_rebuilds_the_warehouse_with_the_last_insert(quickstart: Pod) -> None:
+    """`make quickstart-spark`: the warehouse rebuild in the pod; the row inserted last is in it."""
     email = _insert_customer(quickstart)
     _event(quickstart, email)  # in Kafka before the job reads from offset 0
     started = time.monotonic()
     rebuild = _run(["bash", "scripts/quickstart.sh", "spark"], env=quickstart.env, timeout=1200)
     assert rebuild.returncode == 0, rebuild.stdout[-4000:] + rebuild.stderr[-4000:]
     print(f"quickstart: spark rebuild (with the Spark image's build if missing) {time.monotonic() - started:.1f} s")
-    verify = _run(["bash", "scripts/quickstart.sh", "spark", "-m", "cdc_views", "verify", "--config",
-                   "/etc/cdc/cdc.yaml", "--warehouse", "/data/warehouse"],
-                  env={**quickstart.env, "ENTRYPOINT": "python3"}, timeout=600)  # fmt: skip
-    assert verify.returncode == 0, verify.stdout[-4000:] + verify.stderr[-4000:]
-    # The customer inserted last is in the warehouse's Delta table, read in the same image.
+    # The customer inserted last is in the warehouse's Delta table, read in the same image. (The jobs'
+    # verify in the Spark image runs in test_container.py; here one Spark start less keeps the suite short.)
     read = _run(["bash", "scripts/quickstart.sh", "spark", "-c", READ_CUSTOMER, email],
                 env={**quickstart.env, "ENTRYPOINT": "python3"}, timeout=600)  # fmt: skip
     assert read.returncode == 0, read.stdout[-4000:] + read.stderr[-4000:]
