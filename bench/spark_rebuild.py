@@ -15,7 +15,12 @@ partition early on), then, in one Spark session (local mode, ``--master``), meas
   write) into a fresh directory;
 * ``rebuild again``: the same job over the table it just wrote (the MERGE path; it changes nothing).
 
-and prints the median of the runs for each, in records/s of the topic. The topic is reused by
+and prints the median of the runs for each, in records/s of the topic. Then the continuous job with a
+declared view over the table (orders per customer: count and sum of amounts, key ``customer_id``):
+it catches up from offset 0 once (``catch-up``), then, ``--runs`` times, a batch of updates of 1% of
+the topic's records is produced and the time for the continuous job to take it in (the table MERGEd,
+the declared view recomputed; ``--refresh-fraction``) is measured; the median is printed. The update
+batches stay in the topic: a later invocation counts them among the topic's records. The topic is reused by
 later runs with the same ``--records`` (``--fresh-topic`` to produce it again).
 
 ``--format avro`` produces the topic with the connector's ``AvroSerializer`` instead (Confluent wire
@@ -78,19 +83,52 @@ def _row(key: int, rng: random.Random, version: int) -> dict[str, object]:
     }
 
 
+def _serializer(topic_prefix: str, partitions: int, registry: str | None) -> EventSerializer[Any]:
+    if registry is None:
+        return JsonSerializer(JsonSettings(topic_prefix=topic_prefix, database="bench"), lambda _t: partitions)
+    settings = AvroSettings(topic_prefix=topic_prefix, database="bench")
+    return AvroSerializer(settings, lambda _t: partitions, RegistryClient(registry))
+
+
+def _producer(bootstrap: str) -> Producer:
+    return Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random", "linger.ms": 50,
+                     "batch.num.messages": 10000, "compression.type": "lz4", "queue.buffering.max.messages": 500000})  # fmt: skip
+
+
+def _send(producer: Producer, serializer: EventSerializer[Any], event: ChangeEvent | TruncateEvent) -> int:
+    sent = 0
+    for record in serializer.records(event):
+        while True:
+            try:
+                producer.produce(record.topic, record.value, record.key, partition=record.partition
+                                 if record.partition is not None else -1, headers=list(record.headers))  # fmt: skip
+                break
+            except BufferError:
+                producer.poll(0.1)
+        sent += 1
+    producer.poll(0)
+    return sent
+
+
+def produce_updates(bootstrap: str, topic_prefix: str, count: int, keys: int, partitions: int, registry: str | None, seed: int) -> None:
+    """``count`` updates of random keys among the first ``keys`` (a key deleted earlier comes back)."""
+    serializer, producer, rng = _serializer(topic_prefix, partitions, registry), _producer(bootstrap), random.Random(seed)
+    lsn = 10**12 + seed * 10**9
+    for i in range(count):
+        lsn += 64
+        key = rng.randrange(1, keys + 1)
+        _send(producer, serializer, ChangeEvent(Op.UPDATE, TABLE, None, _row(key, rng, 1000 + seed), Lsn(lsn + 32),
+                                                Lsn(lsn), 10**7 + i, 1, lsn))  # fmt: skip
+    producer.flush(300)
+
+
 def produce(bootstrap: str, topic_prefix: str, records: int, partitions: int, registry: str | None = None) -> str:
     """The synthetic topic: ~1 key per 4 records (insert, updates, and 1 in 20 keys deleted); Avro with ``registry``."""
-    serializer: EventSerializer[Any]
-    if registry is None:
-        serializer = JsonSerializer(JsonSettings(topic_prefix=topic_prefix, database="bench"), lambda _t: partitions)
-    else:
-        settings = AvroSettings(topic_prefix=topic_prefix, database="bench")
-        serializer = AvroSerializer(settings, lambda _t: partitions, RegistryClient(registry))
+    serializer = _serializer(topic_prefix, partitions, registry)
     topic = serializer.topic_for(TABLE)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(topic, partitions, 1, config={"cleanup.policy": "compact"})])[topic].result(60)
-    producer = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random", "linger.ms": 50,
-                         "batch.num.messages": 10000, "compression.type": "lz4", "queue.buffering.max.messages": 500000})  # fmt: skip
+    producer = _producer(bootstrap)
     rng = random.Random(42)
     keys = max(1, records // 4)
     versions = [0] * (keys + 1)
@@ -102,16 +140,7 @@ def produce(bootstrap: str, topic_prefix: str, records: int, partitions: int, re
 
     def send(event: ChangeEvent | TruncateEvent) -> None:
         nonlocal produced
-        for record in serializer.records(event):
-            while True:
-                try:
-                    producer.produce(record.topic, record.value, record.key, partition=record.partition
-                                     if record.partition is not None else -1, headers=list(record.headers))  # fmt: skip
-                    break
-                except BufferError:
-                    producer.poll(0.1)
-            produced += 1
-        producer.poll(0)
+        produced += _send(producer, serializer, event)
 
     while produced < records:
         lsn += 64
@@ -151,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh-topic", action="store_true")
     parser.add_argument("--format", choices=["json", "avro"], default="json")
     parser.add_argument("--registry", help="format avro with --bootstrap: the schema registry's URL")
+    parser.add_argument("--refresh-fraction", type=float, default=0.01,
+                        help="the update batch of the continuous phase, as a share of the records (0: no such phase)")
     args = parser.parse_args(argv)
 
     from cdc_views.jobs import JobConfig, rebuild  # noqa: PLC0415 - after sys.path is set
@@ -210,8 +241,56 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in timings.items():
         median = statistics.median(values)
         print(f"  {name:<14} {median:8.1f} s  {total / median:12,.0f} records/s   (runs: {', '.join(f'{v:.1f}' for v in values)})")
+    count_median = statistics.median(timings["count"])
+    print(f"  rebuild / count: {count_median / statistics.median(timings['rebuild']):.2f} of the plain count's rate")
+    if args.refresh_fraction > 0:
+        refresh(spark, source, prefix, shape, args, total, registry if avro else None, bootstrap)
     spark.stop()
     return 0
+
+
+def refresh(spark: Any, source: Any, prefix: str, shape: Any, args: argparse.Namespace, total: int,
+            registry: str | None, bootstrap: str) -> None:  # fmt: skip
+    """The continuous job with a declared view: catch up once, then time each 1% update batch taken in."""
+    from cdc_views.jobs import JobConfig, start_continuous  # noqa: PLC0415
+    from cdc_views.tables import Encoding  # noqa: PLC0415
+
+    from cdc.declared import DeclaredView, SparkSection  # noqa: PLC0415
+    from cdc.sink.registry import RegistrySettings  # noqa: PLC0415
+
+    section = SparkSection(views=[DeclaredView(
+        name="orders_per_customer",
+        sql="SELECT customer_id, count(*) AS orders, sum(amount) AS total FROM public_bench_orders GROUP BY customer_id",
+        key=["customer_id"],
+    )])  # fmt: skip
+    batch = max(1, int(total * args.refresh_fraction))
+    work = Path(tempfile.mkdtemp(prefix="bench-continuous-"))
+    try:
+        cfg = JobConfig(source, prefix, {shape.qualified: shape}, work, Encoding(format=args.format),
+                        registry=RegistrySettings(url=registry) if registry else None, declared=section)  # fmt: skip
+
+        def pass_() -> float:
+            t = time.monotonic()
+            query = start_continuous(spark, cfg, available_now=True)
+            query.awaitTermination()
+            if query.exception() is not None:
+                raise SystemExit(f"error: the continuous job failed: {query.exception()}")
+            return time.monotonic() - t
+
+        catch_up = pass_()
+        print(f"\ncontinuous job with a declared view ({section.views[0].name}, key customer_id):")
+        print(f"  catch-up from offset 0 {catch_up:8.1f} s  {total / catch_up:12,.0f} records/s")
+        seconds = []
+        for run in range(1, args.runs + 1):
+            produce_updates(bootstrap, prefix, batch, max(1, args.records // 4), args.partitions, registry, seed=run)
+            seconds.append(pass_())
+            log.info("bench.refresh", run=run, of=args.runs, records=batch, seconds=round(seconds[-1], 1))
+        view_rows = spark.read.format("delta").load(str(work / "views" / section.views[0].name)).count()
+        print(f"  a batch of {batch} updates ({args.refresh_fraction:.0%} of the records) taken in, table MERGEd and the "
+              f"view ({view_rows} rows) recomputed: median {statistics.median(seconds):.1f} s "
+              f"(runs: {', '.join(f'{v:.1f}' for v in seconds)})")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
