@@ -63,14 +63,21 @@ def hosts(conninfo: str) -> list[tuple[str, str]]:
     return list(zip(names, ports, strict=False))
 
 
+def each_host(conninfo: str, application_name: str, timeout_s: int) -> list[tuple[str, str, str]]:
+    """(host, port, a conninfo reaching that host alone, whatever its role) for each host the DSN names."""
+    return [
+        (host, port, make_conninfo(
+            conninfo, host=host, port=port, target_session_attrs="any", connect_timeout=timeout_s,
+            application_name=application_name,
+        ))  # fmt: skip
+        for host, port in hosts(conninfo)
+    ]
+
+
 def read(conninfo: str, slot: str, *, timeout_s: int = 3) -> list[HostSlot]:
     """Each host's role and copy of ``slot``; a host that does not answer is ``unreachable``."""
     found: list[HostSlot] = []
-    for host, port in hosts(conninfo):
-        info = make_conninfo(
-            conninfo, host=host, port=port, target_session_attrs="any", connect_timeout=timeout_s,
-            application_name="cdc-failover",
-        )  # fmt: skip
+    for host, port, info in each_host(conninfo, "cdc-failover", timeout_s):
         try:
             with psycopg.connect(info, autocommit=True) as conn:
                 standby = bool(conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,))
@@ -109,12 +116,8 @@ def setup_problems(conninfo: str, *, timeout_s: int = 3) -> tuple[list[str], lis
     notes: list[str] = []
     standby_slots: list[str] = []
     primary_sync: str | None = None
-    for host, port in hosts(conninfo):
+    for host, port, info in each_host(conninfo, "cdc-validate", timeout_s):
         where = f"{host}:{port}"
-        info = make_conninfo(
-            conninfo, host=host, port=port, target_session_attrs="any", connect_timeout=timeout_s,
-            application_name="cdc-validate",
-        )  # fmt: skip
         try:
             with psycopg.connect(info, autocommit=True) as conn:
                 version = conn.info.server_version

@@ -6,7 +6,6 @@ the topic's replay equals the new primary's table, nothing missing and no second
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ import structlog
 
 from cdc.dev import postgres as dev_postgres
 from tests.support.connector import Connector, write_config
+from tests.support.pg18 import pg_version
 from tests.support.snapshots import assert_topic_equals_table
 
 pytestmark = pytest.mark.integration
@@ -45,34 +45,29 @@ class Pair:
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[Pair]:
     """A PostgreSQL 18 primary and its physical standby, set up as docs/operations.md says."""
-    before = os.environ.get("CDC_PG")
-    os.environ["CDC_PG"] = "18"
     primary_state, standby_state = tmp_path / "primary", tmp_path / "standby"
-    try:
-        primary_dsn = dev_postgres.up(
-            primary_state, log, {"synchronized_standby_slots": f"'{PHYSICAL_SLOT}'", "wal_sender_timeout": "'5s'"}
-        )
-        with psycopg.connect(primary_dsn, autocommit=True) as conn:
-            conn.execute("SELECT pg_create_physical_replication_slot(%s)", (PHYSICAL_SLOT,))
-            conn.execute("CREATE DATABASE shop")
-        standby_dsn = dev_postgres.standby_of(
-            primary_state,
-            standby_state,
-            log,
-            physical_slot=PHYSICAL_SLOT,
-            settings={"hot_standby_feedback": "on", "sync_replication_slots": "on"},
-        )
-        yield Pair(primary_state, standby_state, primary_dsn, standby_dsn)
-    finally:
-        for state in (standby_state, primary_state):
-            try:
-                dev_postgres.down(state, log)
-            except Exception as exc:  # noqa: BLE001 - a killed primary may be half gone; report, go on
-                log.warning("tests.failover.down_failed", state=str(state), error=str(exc))
-        if before is None:
-            os.environ.pop("CDC_PG", None)
-        else:
-            os.environ["CDC_PG"] = before
+    with pg_version("18"):  # for the whole test: crash and promote use the same binaries
+        try:
+            primary_dsn = dev_postgres.up(
+                primary_state, log, {"synchronized_standby_slots": f"'{PHYSICAL_SLOT}'", "wal_sender_timeout": "'5s'"}
+            )
+            with psycopg.connect(primary_dsn, autocommit=True) as conn:
+                conn.execute("SELECT pg_create_physical_replication_slot(%s)", (PHYSICAL_SLOT,))
+                conn.execute("CREATE DATABASE shop")
+            standby_dsn = dev_postgres.standby_of(
+                primary_state,
+                standby_state,
+                log,
+                physical_slot=PHYSICAL_SLOT,
+                settings={"hot_standby_feedback": "on", "sync_replication_slots": "on"},
+            )
+            yield Pair(primary_state, standby_state, primary_dsn, standby_dsn)
+        finally:
+            for state in (standby_state, primary_state):
+                try:
+                    dev_postgres.down(state, log)
+                except Exception as exc:  # noqa: BLE001 - a killed primary may be half gone; report, go on
+                    log.warning("tests.failover.down_failed", state=str(state), error=str(exc))
 
 
 class Writer(threading.Thread):

@@ -12,24 +12,18 @@ from pathlib import Path
 
 import psycopg
 import pytest
-import structlog
 
-from cdc.dev import postgres as dev_postgres
 from tests.support.connector import Connector, write_config
+from tests.support.pg18 import own_server
 
 pytestmark = pytest.mark.integration
-log = structlog.get_logger("tests.slot_invalidated")
 
 
 @pytest.fixture
 def small_wal_server(tmp_path: Path) -> Iterator[str]:
     """A server of its own (the suite's default version) that keeps at most 32 MB of WAL for a slot."""
-    state = tmp_path / "pg"
-    dsn = dev_postgres.up(state, log, {"max_slot_wal_keep_size": "'32MB'", "max_wal_size": "'64MB'"})
-    try:
+    with own_server(tmp_path / "pg", {"max_slot_wal_keep_size": "'32MB'", "max_wal_size": "'64MB'"}) as dsn:
         yield dsn
-    finally:
-        dev_postgres.down(state, log)
 
 
 def test_a_slot_invalidated_while_streaming_stops_the_daemon_with_the_cause(
@@ -86,20 +80,8 @@ def test_a_slot_invalidated_while_streaming_stops_the_daemon_with_the_cause(
 @pytest.fixture
 def idle_timeout_server(tmp_path: Path) -> Iterator[str]:
     """A PostgreSQL 18 server of its own that invalidates a slot unused for a second."""
-    before = os.environ.get("CDC_PG")
-    os.environ["CDC_PG"] = "18"
-    state = tmp_path / "pg18"
-    try:
-        dsn = dev_postgres.up(state, log, {"idle_replication_slot_timeout": "'1s'"})
-    finally:
-        if before is None:
-            os.environ.pop("CDC_PG", None)
-        else:
-            os.environ["CDC_PG"] = before
-    try:
+    with own_server(tmp_path / "pg18", {"idle_replication_slot_timeout": "'1s'"}, major="18") as dsn:
         yield dsn
-    finally:
-        dev_postgres.down(state, log)
 
 
 def test_a_slot_invalidated_while_the_daemon_was_stopped_is_refused_naming_the_reason(

@@ -8,7 +8,8 @@ the other services, left running for the next session. Kafka is the suite's own 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -39,19 +40,39 @@ class Pg18:
         return _with_dbname(self.dsn, dbname)
 
 
-@pytest.fixture(scope="session")
-def pg18() -> Iterator[Pg18]:
-    state = pg18_state_dir()
-    state.mkdir(parents=True, exist_ok=True)
+@contextmanager
+def pg_version(major: str | None) -> Iterator[None]:
+    """``CDC_PG`` set to ``major`` (None: left as it is) while the block runs: which binaries cdc.dev.postgres uses."""
     before = os.environ.get("CDC_PG")
-    os.environ["CDC_PG"] = "18"
+    if major is not None:
+        os.environ["CDC_PG"] = major
     try:
-        dsn = dev_postgres.up(state, log)
+        yield
     finally:
         if before is None:
             os.environ.pop("CDC_PG", None)
         else:
             os.environ["CDC_PG"] = before
+
+
+@contextmanager
+def own_server(state: Path, settings: Mapping[str, str] | None = None, major: str | None = None) -> Iterator[str]:
+    """A PostgreSQL server of a test's own in ``state`` (``major``: another version than the suite's), with
+    ``settings``; its superuser DSN. Stopped afterwards."""
+    with pg_version(major):
+        dsn = dev_postgres.up(state, log, settings)
+    try:
+        yield dsn
+    finally:
+        dev_postgres.down(state, log)
+
+
+@pytest.fixture(scope="session")
+def pg18() -> Iterator[Pg18]:
+    state = pg18_state_dir()
+    state.mkdir(parents=True, exist_ok=True)
+    with pg_version("18"):
+        dsn = dev_postgres.up(state, log)
     yield Pg18(state, dsn)
 
 
