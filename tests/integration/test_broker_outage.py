@@ -15,7 +15,7 @@ import structlog
 from cdc.dev import kafka as dev_kafka
 from tests.support.connector import Connector, write_config
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]  # stops the shared broker
 
 OUTAGE_S = 60
 

@@ -234,7 +234,8 @@ def wait_until_led(admin: AdminClient, topics: Iterable[tuple[str, int]], timeou
     deadline = time.monotonic() + timeout
     last = ""
     while pending:
-        futures = admin.list_offsets({tp: OffsetSpec.latest() for tp in pending}, request_timeout=timeout)
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        futures = admin.list_offsets({tp: latest for tp in pending}, request_timeout=timeout)
         failed = []
         for tp, future in futures.items():
             try:
