@@ -73,7 +73,11 @@ def test_a_table_added_to_the_publication_that_a_pattern_matches_is_adopted_with
         wait_for("adoption", lambda: [e for e in events(daemon, "reload_tables") if e["reason"] == "adopt"], daemon)
         owner(pg_dsn, "INSERT INTO promo_banners VALUES (3, 'streamed')", "UPDATE promo_banners SET title = 'one' WHERE id = 1")
         topic = f"{topic_prefix}.public.promo_banners"
-        wait_for("the rows in the topic", lambda: _count(consume_all, topic) >= 4, daemon)
+        # Not a record count: how many records the three rows take depends on timing. Rows 1 and 2 were
+        # written before the adoption, so the new table's snapshot carries them, except that a row
+        # the stream changes inside the snapshot's window is left to the stream (the update of row 1,
+        # when it comes that early). 3 or 4 records; the replay is the table either way.
+        wait_for("the table's rows in the topic", lambda: _replays_to(consume_all, topic, pg_dsn), daemon)
         time.sleep(1.0)
         assert assert_topic_equals_table(consume_all, topic, pg_dsn, "SELECT id, title FROM promo_banners") == 3
         assert events(daemon, "reload_tables")[-1]["added"] == ["public.promo_banners"]
@@ -179,6 +183,13 @@ def test_an_attached_partition_is_snapshotted_and_a_detached_one_reported(
         assert detached["partitions"] == ["public.events_jan"]
     finally:
         assert daemon.stop() == 0, daemon.output()[-5000:]
+
+
+def _replays_to(consume_all: Any, topic: str, dsn: str) -> bool:
+    try:
+        return assert_topic_equals_table(consume_all, topic, dsn, "SELECT id, title FROM promo_banners") == 3
+    except AssertionError:
+        return False
 
 
 def _count(consume_all: Any, topic: str) -> int:
