@@ -29,13 +29,11 @@ PG_VERSION_TESTS := $(addprefix tests/integration/,test_decoder_types.py test_de
 	test_render_json.py test_table_patterns.py test_pipeline.py \
 	test_snapshot_incremental.py test_publication_race.py test_slot_failover_default.py)
 
-# Two xdist workers (the tests mostly wait on the servers; tests/conftest.py groups them), then the
-# `serial` tests alone: they stop or reconfigure a server the others share. The services are stopped
-# (CDC_TEST_STOP_SERVICES=1, as CI sets it) only by the last session that uses them.
+# Two xdist workers (the tests mostly wait on the servers; tests/conftest.py groups them). The services
+# are stopped (CDC_TEST_STOP_SERVICES=1, as CI sets it) only by the last session that uses them.
 test: $(STAMP) lint
 	CDC_TEST_STOP_SERVICES=0 $(BIN)/python -m pytest -p no:cacheprovider -ra --durations=25 \
-		-n 2 -m "not cluster and not serial" tests
-	CDC_TEST_STOP_SERVICES=0 $(BIN)/python -m pytest -p no:cacheprovider -ra -m "serial and not cluster" tests
+		-n 2 -m "not cluster" tests
 	$(MAKE) --no-print-directory test-versions
 
 # The Spark jobs under spark-submit on a standalone master and worker started from the installed pyspark

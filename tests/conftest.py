@@ -3,7 +3,9 @@
 `make test` runs the suite on two pytest-xdist workers. The scheduler below hands out whole groups: a
 module's tests go to one worker (its module-scoped fixtures are built once), every Spark module to one
 worker (one Spark JVM at a time), and every podman module to one worker (the image builds share
-build/). Tests marked ``serial`` change a server all tests share and run alone afterwards (Makefile).
+build/). Tests run beside each other against the session's servers, so a test that stops or reconfigures
+a server uses one of its own (test_broker_outage.py starts its own broker; the failover and slot
+invalidation tests their own PostgreSQL).
 
 xdist's own ``--dist loadgroup`` is not used: with pytest 9 it leaves the node ids alone (xdist 3.8
 renames ``_nodeid``, pytest 9 reads ``_id``), so its groups are silently ignored.

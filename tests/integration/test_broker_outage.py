@@ -1,4 +1,7 @@
-"""Kafka stopped for a minute in the middle of a workload: nothing lost, memory flat, no restart."""
+"""Kafka stopped for a minute in the middle of a workload: nothing lost, memory flat, no restart.
+
+The broker stopped is one of the test's own (started from the same jars as the session's), so the
+tests running beside it on the other worker keep theirs."""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -14,8 +16,9 @@ import structlog
 
 from cdc.dev import kafka as dev_kafka
 from tests.support.connector import Connector, write_config
+from tests.support.services import reader_of
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]  # stops the shared broker
+pytestmark = pytest.mark.integration
 
 OUTAGE_S = 60
 
@@ -31,17 +34,30 @@ def rss_kib(pid: int) -> int:
 # possible, and a named wait below says more than a pytest timeout.
 @pytest.mark.timeout(600)
 def test_a_broker_outage_of_a_minute_loses_nothing_and_memory_stays_flat(
-    tmp_path, services, services_mode, dev_state_dir, pg_dsn, slot_name, publication_name, topic_prefix, consume_all
+    tmp_path, tmp_path_factory, services, services_mode, pg_dsn, slot_name, publication_name, topic_prefix
 ):
     if services_mode != "local":
-        pytest.skip("stops and restarts the local broker process; testcontainers brokers are not restarted here")
+        pytest.skip("stops and restarts a local broker process; testcontainers brokers are not restarted here")
+    log = structlog.get_logger("test")
+    broker_dir = tmp_path_factory.mktemp("own-kafka")
+    bootstrap = dev_kafka.up(broker_dir, log)
+    try:
+        _outage(tmp_path, broker_dir, bootstrap, pg_dsn, slot_name, publication_name, topic_prefix)
+    finally:
+        dev_kafka.down(broker_dir, log)
+
+
+def _outage(
+    tmp_path: Path, broker_dir: Path, bootstrap: str, pg_dsn: str, slot_name: str, publication_name: str, topic_prefix: str
+) -> None:
+    consume_all = reader_of(bootstrap)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE events (id bigint PRIMARY KEY, body text NOT NULL)")
     cfg = write_config(
         tmp_path / "cdc.yaml",
         source={"dsn": pg_dsn, "slot": slot_name, "publication": publication_name},
         tables=["public.events"],
-        kafka={"bootstrap_servers": services.kafka_bootstrap},
+        kafka={"bootstrap_servers": bootstrap},
         topic_prefix=topic_prefix,
         limits={"max_inflight_bytes": 4 * 1024 * 1024},
         status_interval_s=1.0,
@@ -69,7 +85,7 @@ def test_a_broker_outage_of_a_minute_loses_nothing_and_memory_stays_flat(
     log = structlog.get_logger("test")
     try:
         time.sleep(3)
-        dev_kafka.down(dev_state_dir, log)
+        dev_kafka.down(broker_dir, log)
         outage_start = time.monotonic()
         time.sleep(5)  # let the in-flight budget fill up
         baseline = rss_kib(pid)
@@ -79,13 +95,13 @@ def test_a_broker_outage_of_a_minute_loses_nothing_and_memory_stays_flat(
             assert daemon.proc.poll() is None, f"the daemon exited during the outage:\n{daemon.output()}"
             time.sleep(1)
         rows_during_outage = written[0]
-        dev_kafka.up(dev_state_dir, log)
+        dev_kafka.up(broker_dir, log)
         time.sleep(5)
     finally:
         stop.set()
         writer.join(30)
-        if dev_kafka.running(dev_state_dir, log) is None:
-            dev_kafka.up(dev_state_dir, log)
+        if dev_kafka.running(broker_dir, log) is None:
+            dev_kafka.up(broker_dir, log)
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]

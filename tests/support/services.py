@@ -241,7 +241,13 @@ def kafka_admin(services: dev.Endpoints) -> AdminClient:
 
 @pytest.fixture
 def consume_all(services: dev.Endpoints) -> ConsumeAll:
-    """`consume_all(topic_or_topics, *, timeout=30.0, isolation="read_committed") -> list[Message]`.
+    """`consume_all(topic_or_topics, *, timeout=30.0, isolation="read_committed") -> list[Message]`
+    on the session's broker (see `reader_of`)."""
+    return reader_of(services.kafka_bootstrap)
+
+
+def reader_of(bootstrap: str) -> ConsumeAll:
+    """`consume_all` for the broker at `bootstrap` (a test's own broker, for one).
 
     Reads every record now in the topics, from the beginning of each partition up to its end
     as of the call (the high watermark; for read_committed, the last stable offset). Records
@@ -255,7 +261,7 @@ def consume_all(services: dev.Endpoints) -> ConsumeAll:
         names = [topics] if isinstance(topics, str) else list(topics)
         consumer = Consumer(
             {
-                "bootstrap.servers": services.kafka_bootstrap,
+                "bootstrap.servers": bootstrap,
                 "group.id": f"consume-all-{secrets.token_hex(4)}",
                 "enable.auto.commit": False,
                 "enable.partition.eof": True,
