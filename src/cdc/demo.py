@@ -132,7 +132,13 @@ def _delete_topics(bootstrap: str) -> None:
     if topics:
         for future in admin.delete_topics(topics, operation_timeout=30).values():
             future.result()
-        time.sleep(1.0)
+        # A deletion is finished when the topics are gone from the metadata, not when it is accepted: a
+        # progress topic still listed would be read back by the connector as the previous run's state.
+        deadline = time.monotonic() + 60
+        while left := sorted(set(topics) & set(admin.list_topics(timeout=15).topics)):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"Kafka did not finish deleting the previous run's topics within 60 s: {left[:5]}")
+            time.sleep(0.5)
 
 
 def _read_topics(bootstrap: str, topics: list[str]) -> dict[str, list[Any]]:

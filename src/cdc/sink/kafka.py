@@ -240,6 +240,7 @@ def wait_until_led(admin: AdminClient, topics: Iterable[tuple[str, int]], timeou
     """
     pending = [TopicPartition(topic, p) for topic, n in topics for p in range(n)]
     deadline = time.monotonic() + timeout
+    next_log = 0.0
     last = ""
     while pending:
         latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
@@ -265,7 +266,9 @@ def wait_until_led(admin: AdminClient, topics: Iterable[tuple[str, int]], timeou
                 "(kafka-topics --describe) and restart"
             )
         if pending:
-            log.info("topic_leaders_waiting", partitions=len(pending), error=last)
+            if time.monotonic() >= next_log:  # the first time, then every 5 s while it lasts
+                log.info("topic_leaders_waiting", partitions=len(pending), error=last)
+                next_log = time.monotonic() + 5.0
             time.sleep(0.1)
             for topic in {tp.topic for tp in pending}:  # list_offsets finds leaders in this cache only
                 admin.list_topics(topic=topic, timeout=max(1.0, deadline - time.monotonic()))
