@@ -589,7 +589,12 @@ def load_config(path: str | Path) -> Config:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of keys (source, tables, kafka, ...)")
+    spark = data.get("spark")
+    included = spark.get("file") if isinstance(spark, dict) and isinstance(spark.get("file"), str) else None
+    if isinstance(spark, dict) and included is not None:  # relative to this file, not to the working directory
+        data["spark"] = {**spark, "file": str(p.parent / Path(included).expanduser())}
     try:
         return Config(**data)
     except ValidationError as e:
-        raise ConfigError(f"{p}: invalid configuration:\n{_explain(e)}") from None
+        note = f"\n  (spark.views and spark.indexes include those of {data['spark']['file']})" if included else ""
+        raise ConfigError(f"{p}: invalid configuration:\n{_explain(e)}{note}") from None

@@ -1,5 +1,5 @@
-"""The views and search indexes a user declares for the Spark jobs (the ``spark`` section of cdc.yaml), and
-their static check.
+"""The views and search indexes a user declares for the Spark jobs (the ``spark`` section of cdc.yaml, or a
+file it names: ``spark: {file: shop-spark.yaml}``), and their static check.
 
 Each rebuilt table is queried under a stable name: ``<schema>_<table>`` (``public.orders`` is
 ``public_orders``). A view is Spark SQL over those names with its key columns; an index is Spark SQL
@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,62}")
@@ -60,8 +63,28 @@ class DeclaredIndex(_Model):
 
 
 class SparkSection(_Model):
+    file: str | None = Field(
+        default=None,
+        description="a YAML file of further views and indexes (its keys: views, indexes), read when the configuration "
+        "is loaded; a relative path is relative to the configuration file's directory (from the environment: to the "
+        "working directory)",
+    )
     views: list[DeclaredView] = Field(default_factory=list, description="derived views the Spark jobs materialize")
     indexes: list[DeclaredIndex] = Field(default_factory=list, description="search indexes the Spark jobs build")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _include(cls, data: Any) -> Any:
+        """The views and indexes of ``file`` join those written inline (``file`` itself is kept as given; a
+        section validated again, e.g. from its own dump, does not get them twice)."""
+        if not isinstance(data, dict) or not data.get("file"):
+            return data
+        included = read_declarations_file(Path(data["file"]))
+        merged = dict(data)
+        for kind, model in (("views", DeclaredView), ("indexes", DeclaredIndex)):
+            inline = list(data.get(kind) or [])
+            merged[kind] = inline + [d for d in included.get(kind) or [] if not _among(model, d, inline)]
+        return merged
 
     @model_validator(mode="after")
     def _unique(self) -> SparkSection:
@@ -70,6 +93,58 @@ class SparkSection(_Model):
             if dupes:
                 raise ValueError(f"{kind}: {', '.join(dupes)} declared more than once")
         return self
+
+
+def _among(model: type[_Model], raw: Any, declared: list[Any]) -> bool:
+    """Whether ``raw`` (a declaration from a file) is already one of ``declared``, as validated models."""
+    try:
+        wanted = model.model_validate(raw)
+        return any(wanted == (d if isinstance(d, model) else model.model_validate(d)) for d in declared)
+    except ValueError:  # pydantic's ValidationError: the merged section reports it, at its place
+        return False
+
+
+def read_declarations_file(path: Path) -> dict[str, Any]:
+    """The raw ``views`` and ``indexes`` of a declarations file (what ``spark: {file: ...}`` names); ValueError
+    naming the file and the fix when it cannot be read, is not YAML, or holds other keys."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(
+            f"cannot read the declarations file {path} named by spark.file ({e.strerror}). Fix: give a path that exists, "
+            "absolute or relative to the configuration file's directory, or write the views under spark: itself"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"the declarations file {path} (spark.file) is not valid YAML: {e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict) or set(data) - {"views", "indexes"}:
+        found = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
+        raise ValueError(
+            f"the declarations file {path} (spark.file) must be a mapping with the keys views and indexes (what the spark: section holds), "
+            f"not {found}. Fix: put the declarations under views: and indexes: at its top level"
+        )
+    for kind in ("views", "indexes"):
+        if not isinstance(data.get(kind) or [], list):
+            raise ValueError(f"the declarations file {path} (spark.file): {kind} must be a list of declarations")
+    return data
+
+
+def load_declarations(path: str | Path) -> SparkSection:
+    """A declarations file on its own (the demo's): its views and indexes, validated; DeclarationError naming
+    the file and every problem."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    try:
+        return SparkSection.model_validate({"file": str(path)})
+    except ValidationError as e:
+        problems = [
+            (f"{'.'.join(map(str, err['loc']))}: " if err["loc"] else "") + err["msg"].removeprefix("Value error, ")
+            for err in e.errors()
+        ]
+        raise DeclarationError(f"the declarations in {path} are invalid:\n  " + "\n  ".join(problems)) from None
 
 
 def sql_name(qualified: str) -> str:

@@ -261,6 +261,13 @@ def test_every_documented_environment_variable_overrides_its_key(
 ) -> None:
     assert entry.env is not None
     path = base_file(tmp_path)
+    if entry.path == "spark.file":  # names a declarations file, whose views then reach spark.views
+        declarations = tmp_path / "declared.yaml"
+        declarations.write_text("views: [{name: from_env, sql: SELECT 1 AS k, key: [k]}]\n")
+        clean_env.setenv(entry.env, str(declarations))
+        section = load_config(path).spark
+        assert (section.file, [v.name for v in section.views]) == (str(declarations), ["from_env"])
+        return
     current = _value_at(load_config(path), entry.attributes)
     value, expected = _sample(entry, current)
     clean_env.setenv(entry.env, value)
