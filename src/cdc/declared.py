@@ -194,3 +194,106 @@ def check_declarations(section: SparkSection, columns: Mapping[str, Sequence[str
             problems.append(f"{what}: its query does not give the column(s) {', '.join(missing)} it declares")
     if problems:
         raise DeclarationError("the declared Spark views and indexes cannot be built:\n  " + "\n  ".join(problems))
+
+
+# --------------------------------------------------------------------------- key lineage
+
+
+class KeyLineage(BaseModel):
+    """A view whose rows of one key depend only on the row of the same key of one table (``table``), and on
+    the other tables it reads (``reads``): when a micro-batch changed ``table`` alone, recomputing the view
+    for the keys it touched is the same as recomputing the whole view."""
+
+    model_config = ConfigDict(frozen=True)
+
+    table: str  # qualified: schema.table
+    columns: dict[str, str]  # the view's key column -> the table's key column
+
+
+class NoKeyLineage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    reason: str
+
+
+_NOT_ROW_BY_ROW: tuple[tuple[str, str], ...] = (  # node class -> why a key's rows may depend on other rows
+    ("AggFunc", "an aggregate"), ("Window", "a window function"), ("Group", "GROUP BY"), ("Having", "HAVING"),
+    ("Qualify", "QUALIFY"), ("Distinct", "DISTINCT"), ("Limit", "LIMIT"), ("Offset", "OFFSET"), ("Order", "ORDER BY"),
+    ("Subquery", "a subquery"), ("SetOperation", "UNION/EXCEPT/INTERSECT"), ("With", "WITH"), ("Lateral", "LATERAL"),
+    ("Pivot", "PIVOT"), ("TableSample", "TABLESAMPLE"), ("Values", "VALUES"), ("Exists", "EXISTS"),
+    ("Explode", "a generator (explode)"), ("Posexplode", "a generator (posexplode)"), ("Unnest", "a generator"),
+    ("Inline", "a generator (inline)"), ("Stack", "a generator (stack)"), ("Rand", "rand()"), ("Randn", "randn()"),
+    ("Uuid", "uuid()"), ("CurrentTimestamp", "current_timestamp()"), ("CurrentDate", "current_date()"),
+    ("CurrentTime", "current_time()"),
+    ("Anonymous", "a function the checker does not know (it may be an aggregate or not deterministic)"),
+)  # fmt: skip
+
+
+def key_lineage(
+    view: DeclaredView, tables: Mapping[str, Sequence[str]], keys: Mapping[str, Sequence[str]]
+) -> KeyLineage | NoKeyLineage:
+    """Whether ``view``'s rows of one key come from one table's row of the same key, and which.
+
+    ``tables``: qualified table -> its columns; ``keys``: qualified table -> its key columns. Conservative:
+    a single SELECT from one table (read once), then only inner or LEFT joins (so that table's rows are
+    the ones kept), no aggregate, window, DISTINCT, LIMIT, subquery, set operation, generator or
+    non-deterministic or unknown function; each of the view's key columns is one of that table's key
+    columns, unchanged, and together they are all of them. Anything else: ``NoKeyLineage`` with why.
+    """
+    import sqlglot  # noqa: PLC0415
+    from sqlglot import exp  # noqa: PLC0415
+    from sqlglot.errors import OptimizeError, ParseError  # noqa: PLC0415
+    from sqlglot.optimizer.qualify import qualify  # noqa: PLC0415
+
+    by_sql_name = {sql_name(t): t for t in tables}
+    schema: dict[str, object] = {sql_name(t): {c: "string" for c in cols} for t, cols in tables.items()}
+    try:
+        tree = qualify(sqlglot.parse_one(view.sql, read="spark"), schema=schema, dialect="spark",
+                       validate_qualify_columns=True)  # fmt: skip
+    except (ParseError, OptimizeError) as e:
+        return NoKeyLineage(reason=f"its SQL does not resolve: {str(e).splitlines()[0]}")
+    if not isinstance(tree, exp.Select):
+        return NoKeyLineage(reason="it is not a single SELECT")
+    for node in tree.walk():
+        if isinstance(node, exp.Select) and node is not tree:
+            return NoKeyLineage(reason="it has a subquery")
+        for name, what in _NOT_ROW_BY_ROW:
+            if isinstance(node, getattr(exp, name)):
+                return NoKeyLineage(reason=f"it has {what}")
+    from_ = tree.find(exp.From)
+    if from_ is None or not isinstance(from_.this, exp.Table):
+        return NoKeyLineage(reason="it reads no table")
+    base = from_.this
+    joins = list(tree.args.get("joins") or [])
+    if any(j.side not in ("", "LEFT") or not isinstance(j.this, exp.Table) for j in joins):
+        return NoKeyLineage(reason="it has a RIGHT or FULL join (rows that come from another table)")
+    read = [t.name for t in tree.find_all(exp.Table)]
+    if read.count(base.name) > 1:
+        return NoKeyLineage(reason=f"it reads {base.name} more than once")
+    table = by_sql_name.get(base.name)
+    if table is None:
+        return NoKeyLineage(reason=f"{base.name} is not a captured table")
+    alias = base.alias_or_name
+    columns: dict[str, str] = {}
+    for key in view.key:
+        select = next((s for s in tree.selects if s.alias_or_name == key), None)
+        source = select.unalias() if select is not None else None
+        if not (isinstance(source, exp.Column) and source.table == alias and source.name in keys.get(table, ())):
+            return NoKeyLineage(reason=f"its key column {key} is not a key column of {table} taken unchanged")
+        columns[key] = source.name
+    if sorted(columns.values()) != sorted(keys.get(table, ())):
+        return NoKeyLineage(reason=f"its key is not the whole key of {table} ({', '.join(keys.get(table, ()))})")
+    return KeyLineage(table=table, columns=columns)
+
+
+def tables_read(query: str, tables: Sequence[str]) -> list[str]:
+    """The captured tables (qualified) a declared query reads; every one of ``tables`` when it cannot tell."""
+    import sqlglot  # noqa: PLC0415
+    from sqlglot.errors import ParseError  # noqa: PLC0415
+
+    try:
+        tree = sqlglot.parse_one(query, read="spark")
+    except ParseError:
+        return list(tables)
+    names = {t.name for t in tree.find_all(sqlglot.exp.Table)}
+    return [t for t in tables if sql_name(t) in names]
