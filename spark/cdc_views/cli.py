@@ -4,7 +4,7 @@ Commands:
     rebuild   the batch job: views rebuilt from every topic's offset 0 (``--views`` picks some)
     stream    the continuous job (``--available-now`` processes what is there, then stops)
     verify    compare the views with the source database; exit 1 on differences
-    search    query the search index
+    search    query a declared search index
     jars      fetch the Spark job jars into the cache (what scripts/fetch-spark-jars.sh runs)
 
 Where the topics are, which tables, and how values were written come from the connector's own
@@ -85,8 +85,9 @@ def _common(p: argparse.ArgumentParser, *, kafka: bool = True) -> None:
                        help="a record that does not decode: fail the job (default) or skip it (counted and logged)")  # fmt: skip
         p.add_argument(
             "--views",
-            default="warehouse,orders,search,declared",
-            help="comma-separated: warehouse, orders, search (the demo shop), declared (spark.views and spark.indexes)",
+            default="warehouse,declared",
+            help="comma-separated: warehouse (a Delta table per captured table), declared (spark.views and "
+            "spark.indexes, or a file spark.file names)",
         )
 
 
@@ -100,10 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     stream.add_argument("--interval", type=float, default=2.0, help="seconds between micro-batches")
     stream.add_argument("--timeout", type=float, help="stop after this many seconds (default: run until interrupted)")
     _common(sub.add_parser("verify", help="compare the views with the source database"), kafka=False)
-    query = sub.add_parser("search", help="query the search index")
+    query = sub.add_parser("search", help="query a declared search index")
     query.add_argument("--warehouse", required=True, type=Path)
     query.add_argument("--limit", type=int, default=10)
-    query.add_argument("--index", help="a declared index (spark.indexes); default: the demo's search index")
+    query.add_argument("--index", help="a declared index (spark.indexes); default: the only one under <warehouse>/search")
     query.add_argument("--fields", help="comma-separated fields to show of each hit (default: all stored)")
     query.add_argument("query")
     sub.add_parser("jars", help="fetch the job jars into the cache")
@@ -222,16 +223,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
-    from cdc_views.jobs import search_path  # noqa: PLC0415
-    from cdc_views.search import search  # noqa: PLC0415
+    from cdc_views import declared  # noqa: PLC0415
 
-    if args.index:  # a declared index (spark.indexes in cdc.yaml)
-        from cdc_views import declared  # noqa: PLC0415
-
-        fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
-        hits = declared.search(declared.index_path(args.warehouse, args.index), args.query, args.limit, fields)
-    else:
-        hits = search(search_path(args.warehouse), args.query, args.limit)
+    path = declared.index_path(args.warehouse, args.index) if args.index else declared.default_index(args.warehouse)
+    fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
+    try:
+        hits = declared.search(path, args.query, args.limit, fields)
+    except ValueError as exc:  # a query tantivy cannot parse
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     for hit in hits:
         print(json.dumps(hit, ensure_ascii=False, default=str))
     return 0
@@ -254,12 +254,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except Exception as exc:  # noqa: BLE001 - the job's own errors carry their fix; print them plainly
         from cdc_views.reader import ReadError  # noqa: PLC0415
-        from cdc_views.search import SearchIndexMissing  # noqa: PLC0415
         from cdc_views.tables import CatalogError  # noqa: PLC0415
 
         from cdc.declared import DeclarationError  # noqa: PLC0415
 
-        if isinstance(exc, ReadError | CatalogError | SearchIndexMissing | DeclarationError | LookupError):
+        if isinstance(exc, ReadError | CatalogError | DeclarationError | LookupError):
             print(f"error: {exc}", file=sys.stderr)
             return 1
         raise

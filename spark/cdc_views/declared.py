@@ -38,7 +38,7 @@ def index_path(warehouse: Path, name: str) -> Path:
 
 
 def register(frames: Mapping[str, DataFrame]) -> None:
-    """Each table under its declared-query name (``public.orders`` -> ``public_orders``)."""
+    """Each table under its declared-query name (``public.accounts`` -> ``public_accounts``)."""
     for qualified, frame in frames.items():
         frame.createOrReplaceTempView(sql_name(qualified))
 
@@ -87,6 +87,11 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def document_id(value: Any) -> str:
+    """A document's id as the index holds it, from its id column's value."""
+    return _text(value)
+
+
 def _document(index: DeclaredIndex, row: Mapping[str, Any]) -> tantivy.Document:
     fields = {"_id": _text(row[index.id])}
     for name in (*index.text, *index.facets, *index.stored):
@@ -117,6 +122,18 @@ def update_index(index: DeclaredIndex, rows: Iterable[Mapping[str, Any]], ids: I
     writer.commit()
     writer.wait_merging_threads()
     return added
+
+
+def default_index(warehouse: Path) -> Path:
+    """The index ``search`` uses when none is named: the only one under ``<warehouse>/search``; LookupError
+    listing them when there are several (or none)."""
+    root = warehouse / "search"
+    names = sorted(p.stem for p in root.glob("*.json") if (root / p.stem).is_dir()) if root.is_dir() else []
+    if len(names) == 1:
+        return index_path(warehouse, names[0])
+    if not names:
+        raise LookupError(f"no search index under {root}: declare one under spark.indexes (or in spark.file) and run the rebuild")
+    raise LookupError(f"several search indexes under {root} ({', '.join(names)}): name one with --index")
 
 
 def _declaration(path: Path) -> DeclaredIndex:
@@ -184,7 +201,9 @@ __all__ = [
     "DeclarationError",
     "build_index",
     "check",
+    "default_index",
     "describe",
+    "document_id",
     "documents",
     "expected_documents",
     "index_path",

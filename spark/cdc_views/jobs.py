@@ -3,21 +3,21 @@
 Layout under the warehouse directory::
 
     tables/<schema>.<table>/      Delta, one per captured table        (warehouse.py)
-    views/orders_enriched/        Delta, orders joined with customers, lines and products
-    search/                       tantivy index, one document per order and product
+    views/<name>/                 Delta, one per declared view         (declared.py; spark.views in cdc.yaml)
+    search/<name>/                tantivy, one per declared index      (declared.py; spark.indexes in cdc.yaml)
     _checkpoints/stream/          the continuous job's Structured Streaming checkpoint
 
 Batch (``rebuild``): one Kafka read of every topic from the earliest offsets, reduced to the latest
-state per key; each table MERGEd into its Delta table (rows the topic no longer has deleted); the
-joined view computed from the same state and MERGEd (a row is rewritten only when its content
-changed); the search index rebuilt from zero. Running it twice changes nothing.
+state per key; each table MERGEd into its Delta table (rows the topic no longer has deleted); each
+declared view computed from the same state and MERGEd (a row is rewritten only when its content
+changed); each declared index rebuilt from zero. Running it twice changes nothing.
 
-Continuous (``start_continuous``): the same topics as one stream (so one checkpoint orders all
+Continuous (``start_continuous``): the same topics as one stream (so one checkpoint sequences all
 tables) with ``foreachBatch``: each micro-batch is reduced the same way and MERGEd into the
-warehouse tables with the LSN guard (a replayed batch changes nothing); then the orders and
-products the batch touched (directly, or through a customer, product or line) are recomputed from
-the warehouse tables and replaced in the joined view and the search index. A restart continues
-from the checkpoint.
+warehouse tables with the LSN guard (a replayed batch changes nothing); then each declared view and
+index is brought up to date from the warehouse tables (``refresh_declared``: the keys the batch touched
+where the view's key lineage allows it, the whole view otherwise; the log says which). A restart
+continues from the checkpoint.
 """
 
 from __future__ import annotations
@@ -34,13 +34,12 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
-from pyspark.sql.types import StructField, StructType
+from pyspark.sql.types import StructType
 
-from cdc.declared import SparkSection
+from cdc import declared as declared_model
+from cdc.declared import DeclaredIndex, DeclaredView, KeyLineage, NoKeyLineage, SparkSection
 from cdc.sink.registry import RegistryClient, RegistrySettings
 from cdc_views import declared
-from cdc_views import search as search_index
-from cdc_views import views
 from cdc_views.reader import (
     META,
     Changes,
@@ -57,9 +56,10 @@ from cdc_views.warehouse import ensure_table, merge_rows, table_path, table_sche
 
 log = structlog.get_logger("cdc_views.jobs")
 
-View = Literal["warehouse", "orders", "search", "declared"]
-ALL_VIEWS: tuple[View, ...] = ("warehouse", "orders", "search", "declared")
-FULL_REFRESH_ABOVE = 20_000  # touched entities in one micro-batch above which a view is recomputed whole
+View = Literal["warehouse", "declared"]
+ALL_VIEWS: tuple[View, ...] = ("warehouse", "declared")
+FULL_REFRESH_ABOVE = 20_000  # touched keys in one micro-batch above which a view is recomputed whole
+JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"}  # to_json keeps microseconds
 
 
 @dataclass(frozen=True)
@@ -84,14 +84,6 @@ class JobConfig:
         return {name: self.topic(name) for name in self.tables}
 
 
-def orders_view_path(warehouse: Path) -> Path:
-    return warehouse / "views" / views.ORDERS_VIEW
-
-
-def search_path(warehouse: Path) -> Path:
-    return warehouse / "search"
-
-
 def checkpoint_path(warehouse: Path) -> Path:
     return warehouse / "_checkpoints" / "stream"
 
@@ -105,7 +97,7 @@ def _source_rows(changes: Changes) -> DataFrame:
 
 
 def _row_hash(columns: Sequence[str]) -> Column:
-    return F.sha2(F.to_json(F.struct(*[F.col(c) for c in columns]), views.JSON_OPTIONS), 256)
+    return F.sha2(F.to_json(F.struct(*[F.col(c) for c in columns]), JSON_OPTIONS), 256)
 
 
 def merge_view(
@@ -168,17 +160,15 @@ def rebuild(spark: SparkSession, cfg: JobConfig, wanted: Sequence[View] = ALL_VI
     """The batch job: the wanted views rebuilt from every topic's offset 0; a summary of what was written."""
     started = time.monotonic()
     summary: dict[str, object] = {}
-    wants_shop = ("orders" in wanted or "search" in wanted) and views.has_shop_tables(cfg.tables)
     wants_declared = "declared" in wanted and bool(cfg.declared.views or cfg.declared.indexes)
     if wants_declared:  # Spark's analyzer over the tables' schemas: a bad declaration stops us before any read
         declared.check(spark, cfg.declared, _empty_frames(spark, cfg))
-    everything = "warehouse" in wanted or wants_declared
-    names = list(cfg.tables) if everything else [n for n in views.SHOP_TABLES if wants_shop]
-    if not names:
+    if not ("warehouse" in wanted or wants_declared):
         raise ValueError(
-            f"nothing to build: views {list(wanted)} need the tables {list(views.SHOP_TABLES)}, or declared "
-            "views and indexes (spark.views / spark.indexes in cdc.yaml)"
+            f"nothing to build: views {list(wanted)} name neither the warehouse nor declared views and indexes "
+            "(spark.views / spark.indexes in cdc.yaml, or a file spark.file names)"
         )
+    names = list(cfg.tables)
     topics = {n: cfg.topic(n) for n in names}
     log.info("rebuild.started", views=list(wanted), topics=list(topics.values()), warehouse=str(cfg.warehouse))
     reduced, avro = reduce_topics(spark, cfg.source, list(topics.values()), cfg.encoding, cfg.registry_client())
@@ -195,17 +185,6 @@ def rebuild(spark: SparkSession, cfg: JobConfig, wanted: Sequence[View] = ALL_VI
                 written = merge_rows(spark, table_path(cfg.warehouse, change.table), change.rows, change.truncates, full=True)
                 log.info("rebuild.table_written", table=name, n=i, of=len(changes), changed_keys=written)
                 summary[f"table {name}"] = written
-        if wants_shop:
-            frames = {n: _source_rows(changes[n]) for n in views.SHOP_TABLES}
-            if "orders" in wanted:
-                written = merge_view(spark, orders_view_path(cfg.warehouse), views.orders_enriched(frames), views.ORDERS_VIEW_KEY)
-                log.info("rebuild.view_written", view=views.ORDERS_VIEW, changed_keys=written)
-                summary[f"view {views.ORDERS_VIEW}"] = written
-            if "search" in wanted:
-                docs = views.search_documents(frames)
-                summary["search documents"] = search_index.build(
-                    (r.asDict() for r in docs.toLocalIterator()), search_path(cfg.warehouse)
-                )
         if wants_declared:
             summary.update(build_declared(spark, cfg, {n: _source_rows(changes[n]) for n in names}))
     finally:
@@ -255,41 +234,146 @@ def build_declared(
 ) -> dict[str, object]:
     """Every declared view MERGEd into its Delta table (whole: only changed rows are rewritten) and every
     declared index built again, from ``frames`` (the tables' live rows)."""
-    declared.register(frames)
     summary: dict[str, object] = {}
     for view in cfg.declared.views:
-        rows = spark.sql(view.sql)
-        _unique_keys(view.name, rows, view.key)
-        written = merge_view(spark, declared.view_path(cfg.warehouse, view.name), rows, view.key)
-        log.info("view_written", view=view.name, changed_keys=written, mode="full", job=mode,
-                 reason="the whole view is recomputed; only rows whose content changed are rewritten")  # fmt: skip
-        summary[f"view {view.name}"] = written
+        summary[f"view {view.name}"] = _write_view(spark, cfg, view, frames, job=mode)
     for index in cfg.declared.indexes:
-        rows = spark.sql(index.sql)
-        count = declared.build_index(index, (r.asDict(recursive=True) for r in rows.toLocalIterator()),
-                                     declared.index_path(cfg.warehouse, index.name))  # fmt: skip
-        log.info("index_written", index=index.name, documents=count, mode="full", job=mode)
-        summary[f"index {index.name}"] = count
+        summary[f"index {index.name}"] = _write_index(spark, cfg, index, frames, job=mode)
     return summary
+
+
+def _write_view(
+    spark: SparkSession, cfg: JobConfig, view: DeclaredView, frames: Mapping[str, DataFrame], *, job: str,
+    keys: TouchedKeys | None = None, reason: str = "the whole view is recomputed; only rows whose content changed are rewritten",
+) -> int:  # fmt: skip
+    """The view recomputed whole from ``frames``, or for the ``keys`` of its key-lineage table only."""
+    path = declared.view_path(cfg.warehouse, view.name)
+    rows, scope = _query(spark, view.sql, frames, keys)
+    _unique_keys(view.name, rows, view.key)
+    if scope is not None and keys is not None:
+        scope = scope.select(*[F.col(keys.lineage.columns[k]).alias(k) for k in view.key])
+    written = merge_view(spark, path, rows, view.key, scope=scope)
+    if keys is None:  # the view now matches this declaration whole: a later micro-batch may refresh it by keys
+        _declaration_file(path).write_text(view.model_dump_json())
+    log.info("view_written", view=view.name, changed_keys=written, job=job, mode="keys" if keys else "whole",
+             keys=len(keys.values) if keys else None, reason=reason)  # fmt: skip
+    return written
+
+
+def _write_index(
+    spark: SparkSession, cfg: JobConfig, index: DeclaredIndex, frames: Mapping[str, DataFrame], *, job: str,
+    keys: TouchedKeys | None = None, reason: str = "the whole index is built again",
+) -> int:  # fmt: skip
+    """The index built again from ``frames``, or its documents of the ``keys`` replaced."""
+    path = declared.index_path(cfg.warehouse, index.name)
+    rows, _ = _query(spark, index.sql, frames, keys)
+    documents = (r.asDict(recursive=True) for r in rows.toLocalIterator())
+    if keys is None:
+        count = declared.build_index(index, documents, path)
+    else:
+        count = declared.update_index(index, documents, [declared.document_id(v[0]) for v in keys.values], path)
+    log.info("index_written", index=index.name, documents=count, job=job, mode="keys" if keys else "whole",
+             keys=len(keys.values) if keys else None, reason=reason)  # fmt: skip
+    return count
+
+
+def _query(
+    spark: SparkSession, sql: str, frames: Mapping[str, DataFrame], keys: TouchedKeys | None
+) -> tuple[DataFrame, DataFrame | None]:
+    """A declared query over ``frames``; with ``keys``, over its key-lineage table's rows of those keys only
+    (and those keys as a frame of the table's key columns)."""
+    if keys is None:
+        declared.register(frames)
+        return spark.sql(sql), None
+    touched = spark.createDataFrame(keys.values, keys.schema)
+    restricted = dict(frames)
+    restricted[keys.lineage.table] = frames[keys.lineage.table].join(touched, list(keys.schema.names), "left_semi")
+    declared.register(restricted)
+    return spark.sql(sql), touched
+
+
+def _declaration_file(path: Path) -> Path:
+    return path.with_suffix(".json")
 
 
 # --------------------------------------------------------------------------- continuous
 
 
-@dataclass
-class Touched:
-    """Orders and products whose view rows or documents a micro-batch may have changed."""
+@dataclass(frozen=True)
+class TouchedKeys:
+    """The key values of ``lineage.table`` a micro-batch changed (before or after), as rows of ``schema``."""
 
-    orders: set[object] = field(default_factory=set)
-    products: set[object] = field(default_factory=set)
-    customers: set[object] = field(default_factory=set)
-
-    def is_large(self) -> bool:
-        return max(len(self.orders), len(self.products), len(self.customers)) > FULL_REFRESH_ABOVE
+    lineage: KeyLineage
+    values: list[tuple[object, ...]]
+    schema: StructType
 
 
-def _ids(df: DataFrame, column: str) -> set[object]:
-    return {r[0] for r in df.select(column).where(F.col(column).isNotNull()).distinct().collect()}
+@dataclass(frozen=True)
+class Refresh:
+    """How the continuous job keeps one declared view or index: the tables it reads, and its key lineage
+    (None: recomputed whole whenever a batch touches one of its tables; ``reason`` says why)."""
+
+    reads: frozenset[str]
+    lineage: KeyLineage | None
+    reason: str
+
+
+_ROW_BY_ROW_PLAN = {"Project", "Filter", "Join", "SubqueryAlias", "View", "LogicalRDD", "LocalRelation", "Relation",
+                    "LogicalRelation"}  # fmt: skip
+_ROW_BY_ROW_JOINS = {"Inner", "LeftOuter", "LeftSemi", "LeftAnti", "Cross"}
+
+
+def _plan_nodes(frame: DataFrame) -> list[str]:
+    """The operators of Spark's analyzed plan of ``frame`` (with a join's type: ``Join LeftOuter``)."""
+    tree = frame._jdf.queryExecution().analyzed().treeString()
+    nodes = []
+    for line in str(tree).splitlines():
+        words = line.lstrip(" :+-|").replace(",", " ").replace("[", " ").replace("(", " ").split()
+        if words:
+            nodes.append(" ".join(words[:2]) if words[0] == "Join" else words[0])
+    return nodes
+
+
+def refresh_plan(spark: SparkSession, cfg: JobConfig, name: str, sql: str, key: Sequence[str]) -> Refresh:
+    """The key lineage of a declared query (``cdc.declared.key_lineage``), confirmed on Spark's analyzed plan:
+    only projections, filters and inner or left joins over the tables (an empty frame of each)."""
+    columns = {n: [c.name for c in t.columns] for n, t in cfg.tables.items()}
+    reads = frozenset(declared_model.tables_read(sql, list(cfg.tables)))
+    lineage = declared_model.key_lineage(DeclaredView(name=name, sql=sql, key=list(key)), columns,
+                                         {n: list(t.key) for n, t in cfg.tables.items()})  # fmt: skip
+    if isinstance(lineage, NoKeyLineage):
+        return Refresh(reads, None, f"recomputed whole: {lineage.reason}")
+    declared.register(_empty_frames(spark, cfg))
+    other = [n for n in _plan_nodes(spark.sql(sql)) if n not in _ROW_BY_ROW_PLAN
+             and not (n.startswith("Join ") and n.split()[1] in _ROW_BY_ROW_JOINS)]  # fmt: skip
+    if other:
+        return Refresh(reads, None, f"recomputed whole: Spark's plan has {', '.join(sorted(set(other)))}")
+    return Refresh(reads, lineage, f"the keys of {lineage.table} a batch touched, when it touched no other table")
+
+
+def _touched_keys(spark: SparkSession, cfg: JobConfig, lineage: KeyLineage, change: Changes) -> TouchedKeys | str:
+    """The key values of the table's rows the batch changes (read before it is merged), or why not by keys."""
+    if change.truncates:
+        return "the batch truncates " + lineage.table
+    table = cfg.tables[lineage.table]
+    rows = _touched_rows(spark, cfg, lineage.table, change).select(*table.key).distinct()
+    values = [tuple(r) for r in rows.limit(FULL_REFRESH_ABOVE + 1).collect()]
+    if len(values) > FULL_REFRESH_ABOVE:
+        return f"the batch touched more than {FULL_REFRESH_ABOVE} keys of {lineage.table}"
+    return TouchedKeys(lineage, values, rows.schema)
+
+
+def _by_keys(refresh: Refresh, path: Path, declaration: str, touched: set[str]) -> str | None:
+    """None when the batch's change can be applied by keys; else why the whole is recomputed."""
+    if refresh.lineage is None:
+        return refresh.reason
+    others = (touched & refresh.reads) - {refresh.lineage.table}
+    if others:
+        return f"recomputed whole: the batch touched {', '.join(sorted(others))}, which it reads too"
+    meta = _declaration_file(path)
+    if not (path.is_dir() and meta.exists() and meta.read_text() == declaration):
+        return "recomputed whole: not yet built whole from this declaration"
+    return None
 
 
 def _touched_rows(spark: SparkSession, cfg: JobConfig, name: str, change: Changes) -> DataFrame:
@@ -308,84 +392,23 @@ def _touched_rows(spark: SparkSession, cfg: JobConfig, name: str, change: Change
     return after.select(*present).unionByName(before.select(*present))
 
 
-_LINKS: dict[str, tuple[tuple[str, str], ...]] = {  # table -> (column, entity it identifies)
-    views.ORDERS: (("id", "orders"), ("customer_id", "customers")),
-    views.ORDER_LINES: (("order_id", "orders"), ("product_id", "products")),
-    views.PRODUCTS: (("id", "products"),),
-    views.CUSTOMERS: (("id", "customers"),),
-}
-
-
-def _touch(touched: Touched, name: str, rows: DataFrame) -> None:
-    """Add the entities ``rows`` of table ``name`` identify (one Spark job)."""
-    links = _LINKS.get(name, ())
-    if not links:
-        return
-    for row in rows.select(*[column for column, _ in links]).distinct().collect():
-        for column, entity in links:
-            if row[column] is not None:
-                getattr(touched, entity).add(row[column])
-
-
-def _shop_frames(spark: SparkSession, cfg: JobConfig) -> dict[str, DataFrame]:
-    """The shop tables from the warehouse (empty frames for tables not written yet)."""
-    frames = {}
-    for name in views.SHOP_TABLES:
-        table = cfg.tables[name]
-        path = table_path(cfg.warehouse, table)
-        if DeltaTable.isDeltaTable(spark, str(path)):
-            df = spark.read.format("delta").load(str(path))
-        else:
-            df = spark.createDataFrame([], table_schema(table, cfg.encoding))
-        frames[name] = df.select(*[c for c in df.columns if c not in META])
-    return frames
-
-
-def _expand(spark: SparkSession, frames: Mapping[str, DataFrame], touched: Touched) -> None:
-    """Follow the joins: a customer touches its orders; a product its orders; an order its products."""
-    orders, lines = frames[views.ORDERS], frames[views.ORDER_LINES]
-    if touched.customers:
-        touched.orders |= _ids(orders.where(F.col("customer_id").isin(list(touched.customers))), "id")
-    if touched.products:
-        touched.orders |= _ids(lines.where(F.col("product_id").isin(list(touched.products))), "order_id")
-    if touched.orders:
-        touched.products |= _ids(lines.where(F.col("order_id").isin(list(touched.orders))), "product_id")
-
-
-def _refresh_views(spark: SparkSession, cfg: JobConfig, touched: Touched, wanted: Sequence[View]) -> None:
-    frames = _shop_frames(spark, cfg)
-    full = touched.is_large()
-    if not full:
-        _expand(spark, frames, touched)
-        full = touched.is_large()
-    if "orders" in wanted and (full or touched.orders):
-        rows = views.orders_enriched(frames)
-        scope = None
-        if not full:
-            rows = rows.where(F.col("order_id").isin(list(touched.orders)))
-            key_type = rows.schema["order_id"].dataType
-            scope = spark.createDataFrame([(i,) for i in touched.orders], StructType([StructField("order_id", key_type)]))
-        merge_view(spark, orders_view_path(cfg.warehouse), rows, views.ORDERS_VIEW_KEY, scope=scope)
-    if "search" in wanted and (full or touched.orders or touched.products):
-        docs = views.search_documents(frames)
-        if full:
-            search_index.build((r.asDict() for r in docs.toLocalIterator()), search_path(cfg.warehouse))
-            return
-        doc_ids = [f"order:{i}" for i in touched.orders] + [f"product:{i}" for i in touched.products]
-        current = docs.where(F.col("doc_id").isin(doc_ids)).collect()
-        search_index.update(search_path(cfg.warehouse), (r.asDict() for r in current), doc_ids)
-
-
 def micro_batch_writer(
     spark: SparkSession, cfg: JobConfig, wanted: Sequence[View] = ALL_VIEWS
 ) -> Callable[[DataFrame, int], None]:
     """The ``foreachBatch`` function of the continuous job."""
     topics = cfg.topics
     by_topic = {t: n for n, t in topics.items()}
-    shop = views.has_shop_tables(cfg.tables) and ("orders" in wanted or "search" in wanted)
     wants_declared = "declared" in wanted and bool(cfg.declared.views or cfg.declared.indexes)
+    plans: dict[str, Refresh] = {}
     if wants_declared:  # before the stream starts: a bad declaration reads nothing
         declared.check(spark, cfg.declared, _empty_frames(spark, cfg))
+        for v in cfg.declared.views:
+            plans[f"view {v.name}"] = refresh_plan(spark, cfg, v.name, v.sql, v.key)
+        for i in cfg.declared.indexes:
+            plans[f"index {i.name}"] = refresh_plan(spark, cfg, i.name, i.sql, [i.id])
+        for what, plan in plans.items():
+            log.info("stream.refresh_planned", declared=what, by_keys_of=plan.lineage.table if plan.lineage else None,
+                     reads=sorted(plan.reads), reason=plan.reason)  # fmt: skip
     registry = cfg.registry_client()  # one client: schemas by id are fetched once for all micro-batches
 
     def write(batch: DataFrame, batch_id: int) -> None:
@@ -398,24 +421,50 @@ def micro_batch_writer(
             found = Changes.of_topics(reduced, {topics[n]: cfg.tables[n] for n in present}, cfg.encoding,
                                       cfg.on_bad_record, avro)  # fmt: skip
             changes = {n: found[topics[n]] for n in present}
-            touched = Touched()
-            if shop:
-                for name, change in changes.items():
-                    _touch(touched, name, _touched_rows(spark, cfg, name, change))
+            keys: dict[str, TouchedKeys | str] = {}  # before the merge: the warehouse still has the old rows
+            for plan in plans.values():
+                if plan.lineage and set(changes) & plan.reads == {plan.lineage.table} and plan.lineage.table not in keys:
+                    keys[plan.lineage.table] = _touched_keys(spark, cfg, plan.lineage, changes[plan.lineage.table])
             written = {n: merge_rows(spark, table_path(cfg.warehouse, c.table), c.rows, c.truncates, full=False)
                        for n, c in changes.items()}  # fmt: skip
-            if shop and (touched.orders or touched.products or touched.customers):
-                _refresh_views(spark, cfg, touched, wanted)
-            if wants_declared and changes:
-                build_declared(spark, cfg, _warehouse_frames(spark, cfg), mode=f"batch {batch_id}")
-            log.info("stream.batch_written", batch=batch_id, changed_keys=written, touched_orders=len(touched.orders),
-                     touched_products=len(touched.products), seconds=round(time.monotonic() - started, 2))  # fmt: skip
+            if plans and changes:
+                _refresh_declared(spark, cfg, plans, set(changes), keys, job=f"batch {batch_id}")
+            log.info("stream.batch_written", batch=batch_id, changed_keys=written,
+                     seconds=round(time.monotonic() - started, 2))  # fmt: skip
         finally:
             reduced.unpersist()
             for change in changes.values():
                 change.unpersist()
 
     return write
+
+
+def _refresh_declared(
+    spark: SparkSession, cfg: JobConfig, plans: Mapping[str, Refresh], touched: set[str],
+    keys: Mapping[str, TouchedKeys | str], *, job: str,
+) -> None:  # fmt: skip
+    """Each declared view and index after a micro-batch that changed the tables ``touched``: untouched when it
+    reads none of them; by the touched keys where its plan allows; whole otherwise. Logged per view."""
+    frames = _warehouse_frames(spark, cfg)
+    declarations: list[tuple[str, DeclaredView | DeclaredIndex, Path]] = [
+        *((f"view {v.name}", v, declared.view_path(cfg.warehouse, v.name)) for v in cfg.declared.views),
+        *((f"index {i.name}", i, declared.index_path(cfg.warehouse, i.name)) for i in cfg.declared.indexes),
+    ]
+    for what, declaration, path in declarations:
+        plan = plans[what]
+        if not plan.reads & touched:
+            log.info("declared_unchanged", declared=what, job=job, mode="unchanged", reason="the batch touched none of its tables")
+            continue
+        why = _by_keys(plan, path, declaration.model_dump_json(), touched)
+        selected = keys.get(plan.lineage.table) if plan.lineage and why is None else None
+        if why is None and not isinstance(selected, TouchedKeys):
+            why = f"recomputed whole: {selected}"
+        by_keys = selected if why is None and isinstance(selected, TouchedKeys) else None
+        reason = why or plan.reason
+        if isinstance(declaration, DeclaredView):
+            _write_view(spark, cfg, declaration, frames, job=job, keys=by_keys, reason=reason)
+        else:
+            _write_index(spark, cfg, declaration, frames, job=job, keys=by_keys, reason=reason)
 
 
 def start_continuous(

@@ -95,7 +95,7 @@ class CatalogError(RuntimeError):
 def split_name(qualified: str) -> tuple[str, str]:
     schema, dot, table = qualified.partition(".")
     if not dot or not schema or not table:
-        raise CatalogError(f"table {qualified!r} must be schema-qualified, e.g. public.orders")
+        raise CatalogError(f"table {qualified!r} must be schema-qualified, e.g. public.accounts")
     return schema, table
 
 

@@ -7,8 +7,8 @@ per row, the JSON text of its key and of its compared columns, and a SHA-256 of 
 outer join on the key yields rows missing from the view, rows the database no longer has, and rows
 whose checksum differs (with the differing columns named).
 
-Derived views are checked against the same view functions applied to the database's tables: the
-joined view row by row, the search index document by document.
+Declared views and indexes (``spark.views``, ``spark.indexes``) are checked against the same SQL over
+the database's tables: a view row by row, an index document by document.
 
 Not compared (named in the report): columns of kinds the warehouse keeps as JSON text of an
 unknown type (``OTHER``) and intervals written as ISO text.
@@ -33,10 +33,8 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from cdc.declared import SparkSection
 from cdc_views import declared
-from cdc_views import search as search_index
-from cdc_views import views
 from cdc_views.decode import spark_type
-from cdc_views.jobs import orders_view_path, read_view, search_path
+from cdc_views.jobs import JSON_OPTIONS, read_view
 from cdc_views.tables import ColumnShape, Encoding, Kind, TableShape, read_shapes
 from cdc_views.warehouse import read_table, table_path
 
@@ -177,8 +175,8 @@ def without_trailing_zeros(df: DataFrame, columns: Sequence[str]) -> DataFrame:
 
 
 def _normalized(df: DataFrame, key: Sequence[str], columns: Sequence[str]) -> DataFrame:
-    body: Column = F.to_json(F.struct(*[F.col(c) for c in columns]), views.JSON_OPTIONS)
-    return df.select(F.to_json(F.struct(*[F.col(k) for k in key]), views.JSON_OPTIONS).alias("k"), body.alias("v"), F.sha2(body, 256).alias("h"))
+    body: Column = F.to_json(F.struct(*[F.col(c) for c in columns]), JSON_OPTIONS)
+    return df.select(F.to_json(F.struct(*[F.col(k) for k in key]), JSON_OPTIONS).alias("k"), body.alias("v"), F.sha2(body, 256).alias("h"))
 
 
 def _column_diff(database: str | None, view: str | None) -> str:
@@ -236,17 +234,6 @@ def _check_table(spark: SparkSession, conn: psycopg.Connection[Any], warehouse: 
     return check, database
 
 
-def _check_search(spark: SparkSession, index_dir: Path, frames: Mapping[str, DataFrame]) -> ViewCheck:
-    expected = views.search_documents(frames)
-    try:
-        indexed = list(search_index.all_documents(index_dir))
-    except search_index.SearchIndexMissing as exc:
-        return ViewCheck("search index", 0, 0, 0, error=str(exc))
-    schema = StructType([StructField(f, expected.schema[f].dataType, True) for f in search_index.FIELDS])
-    actual = spark.createDataFrame([tuple(d[f] for f in search_index.FIELDS) for d in indexed], schema)
-    return compare_frames("search index", expected, actual, ("doc_id",), ("kind", "title", "body", "data"))
-
-
 def verify(
     dsn: str,
     warehouse_dir: Path | str,
@@ -256,7 +243,7 @@ def verify(
     encoding: Encoding | None = None,
     declared_section: SparkSection | None = None,
 ) -> VerifyReport:
-    """Every warehouse table of ``tables``, and the derived views when they exist, against ``dsn``."""
+    """Every warehouse table of ``tables``, and each view and index of ``declared_section``, against ``dsn``."""
     from cdc_views.session import build_session  # noqa: PLC0415 - a session only when none is given
 
     session = spark or build_session("cdc-verify")
@@ -271,14 +258,6 @@ def verify(
             check, frames[name] = _check_table(session, conn, warehouse, table, enc)
             log.info("verify.checked", view=check.name, ok=check.ok, differences=check.difference_count)
             checks.append(check)
-    if views.has_shop_tables(shapes):
-        if (orders_view_path(warehouse) / "_delta_log").exists():
-            expected = views.orders_enriched(frames)
-            actual = read_view(session, orders_view_path(warehouse))
-            value_columns = [c for c in expected.columns if c not in views.ORDERS_VIEW_KEY]
-            checks.append(compare_frames(f"view {views.ORDERS_VIEW}", expected, actual, views.ORDERS_VIEW_KEY, value_columns))
-        if search_index.exists(search_path(warehouse)):
-            checks.append(_check_search(session, search_path(warehouse), frames))
     if declared_section is not None and (declared_section.views or declared_section.indexes):
         checks += _check_declared(session, warehouse, declared_section, frames)
     return VerifyReport(checks)

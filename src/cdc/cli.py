@@ -108,30 +108,25 @@ def _cmd_config_reference(args: argparse.Namespace) -> int:
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
-    """Query the search index the Spark jobs built (spark/ must be beside the package: a checkout)."""
+    """Query a search index the Spark jobs built (spark/ must be beside the package: a checkout)."""
     spark_dir = Path(__file__).resolve().parents[2] / "spark"
     sys.path.insert(0, str(spark_dir))
-    from cdc_views.jobs import search_path  # type: ignore[import-not-found]
-    from cdc_views.search import search  # type: ignore[import-not-found]
+    from cdc_views import declared  # type: ignore[import-not-found]
 
-    if args.index:  # a declared index (spark.indexes in cdc.yaml)
-        from cdc_views import declared  # type: ignore[import-not-found]
-
-        fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
-        try:
-            hits = declared.search(declared.index_path(Path(args.warehouse), args.index), args.query, args.limit, fields)
-        except (LookupError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        for hit in hits:
-            if args.json:
-                print(json.dumps(hit, ensure_ascii=False, default=str))
-            else:
-                rest = "  ".join(f"{k}={v}" for k, v in hit.items() if k not in ("id", "score"))
-                print(f"{hit['score']:6.2f}  {hit['id']:<16} {rest}")
-        return 0
-    for hit in search(search_path(Path(args.warehouse)), args.query, limit=args.limit):
-        print(json.dumps(hit, ensure_ascii=False) if args.json else f"{hit['score']:6.2f}  {hit['doc_id']:<16} {hit['title']}")
+    fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
+    warehouse = Path(args.warehouse)
+    try:
+        path = declared.index_path(warehouse, args.index) if args.index else declared.default_index(warehouse)
+        hits = declared.search(path, args.query, args.limit, fields)
+    except (LookupError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    for hit in hits:
+        if args.json:
+            print(json.dumps(hit, ensure_ascii=False, default=str))
+        else:
+            rest = "  ".join(f"{k}={v}" for k, v in hit.items() if k not in ("id", "score"))
+            print(f"{hit['score']:6.2f}  {hit['id']:<16} {rest}")
     return 0
 
 
@@ -199,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("query")
     p.add_argument("--warehouse", required=True, help="the warehouse folder the Spark jobs wrote")
     p.add_argument("--limit", type=int, default=10)
-    p.add_argument("--index", help="a declared index (spark.indexes in cdc.yaml); default: the demo's index")
+    p.add_argument("--index", help="a declared index (spark.indexes in cdc.yaml); default: the only one built")
     p.add_argument("--fields", help="comma-separated fields to show of each hit (default: every stored one)")
     p.add_argument("--json", action="store_true", help="one JSON object per hit")
     p.set_defaults(func=_cmd_search)

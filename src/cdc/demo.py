@@ -20,6 +20,7 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
 from cdc import dev
+from cdc.config import load_config
 from cdc.outbox import publish
 
 log = structlog.get_logger("cdc.demo")
@@ -29,6 +30,8 @@ SLOT = "shop_cdc"
 PREFIX = "shop"
 TABLES = ["public.customers", "public.products", "public.orders", "public.order_lines"]
 OUTBOX_TOPIC = f"{PREFIX}.outbox.order"  # outbox.topic below: <prefix>.outbox.<aggregate type>
+DECLARATIONS = Path(__file__).resolve().parents[2] / "docs" / "examples" / "shop-spark.yaml"  # the view and index
+SEARCH = "keyboard"  # what the demo searches in the declared index
 
 SCHEMA = """
 CREATE TABLE customers (
@@ -218,6 +221,7 @@ def main(*, keep_services: bool = False) -> int:
                 "json": {"decimal_handling": "string"},  # readable prices in the printout
                 "status_interval_s": 1.0,
                 "http": {"host": "127.0.0.1", "port": 0},
+                "spark": {"file": str(DECLARATIONS)},  # the shop's view and search index, for the Spark step
             },
             sort_keys=False,
         )
@@ -279,15 +283,18 @@ def _print_outbox(bootstrap: str, event_ids: list[str]) -> bool:
 
 
 def _spark_rebuild(bootstrap: str, dsn: str, state: Path) -> bool:
-    """Rebuild the warehouse, the joined view and the search index from offset 0; verify against the database."""
+    """Rebuild the warehouse and the shop's declared view and search index from offset 0; verify them
+    against the database; search the index."""
     spark_dir = Path(__file__).resolve().parents[2] / "spark"  # the jobs live beside the package in the checkout
     sys.path.insert(0, str(spark_dir))
     from cdc_views.demo import rebuild_and_verify  # type: ignore[import-not-found]  # spark/, not installed
     from cdc_views.tables import Encoding  # type: ignore[import-not-found]
 
-    log.info("demo_spark_rebuild_starting")
+    section = load_config(state / "demo.yaml").spark  # the declarations file the demo's cdc.yaml names
+    log.info("demo_spark_rebuild_starting", declarations=section.file)
     summary = rebuild_and_verify(
-        bootstrap, dsn, PREFIX, TABLES, state / "demo-spark", encoding=Encoding(decimal_handling="string")
-    )
+        bootstrap, dsn, PREFIX, TABLES, state / "demo-spark", section=section, query=SEARCH,
+        encoding=Encoding(decimal_handling="string"),
+    )  # fmt: skip
     print("\n" + summary)
     return "all views match the database" in summary  # the verification verdict line

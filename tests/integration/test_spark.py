@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc import dev
 from tests.support.spark import (
+    SHOP_DECLARED,
     CapturedDatabase,
     assert_shop_matches,
     delta_versions,
@@ -28,9 +29,8 @@ from tests.support.spark import (
     spark,  # noqa: F401 - the session-wide SparkSession fixture
 )
 
-from cdc_views import jobs  # noqa: E402 - tests.support.spark put spark/ on sys.path
+from cdc_views import declared, jobs  # noqa: E402 - tests.support.spark put spark/ on sys.path
 from cdc_views.reader import KafkaSource, TopicNotFound, UndecodableRecords  # noqa: E402
-from cdc_views.search import search  # noqa: E402
 from cdc_views.tables import Encoding  # noqa: E402
 from cdc_views.verify import verify  # noqa: E402
 
@@ -61,17 +61,23 @@ def shop(services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory) -> I
         yield shop
 
 
+def search(warehouse: Path, query: str) -> list[dict[str, Any]]:
+    return declared.search(declared.index_path(warehouse, "shop_search"), query)
+
+
 def test_batch_rebuild_matches_the_database_and_a_second_run_changes_nothing(spark: Any, shop: CapturedDatabase, tmp_path: Path) -> None:
-    cfg = shop.job(tmp_path / "warehouse")
+    cfg = shop.job(tmp_path / "warehouse", declared=SHOP_DECLARED)
 
     summary = jobs.rebuild(spark, cfg)
-    report = verify(shop.dsn, cfg.warehouse, cfg.tables, spark=spark)
+    report = verify(shop.dsn, cfg.warehouse, cfg.tables, spark=spark, declared_section=SHOP_DECLARED)
 
     assert_shop_matches(report)
-    assert summary["search documents"] > 0
-    hits = search(jobs.search_path(cfg.warehouse), "keyboard")
-    assert hits and hits[0]["doc_id"] == "product:1"
-    assert any(h["kind"] == "order" for h in search(jobs.search_path(cfg.warehouse), '"Product 2"'))
+    with psycopg.connect(shop.dsn) as conn:
+        documents = conn.execute("SELECT (SELECT count(*) FROM orders) + (SELECT count(*) FROM products)").fetchone()
+    assert documents is not None and summary["index shop_search"] == documents[0]  # one per order and product
+    hits = search(cfg.warehouse, "keyboard")
+    assert hits and hits[0]["id"] == "product:1"
+    assert any(h["kind"] == "order" for h in search(cfg.warehouse, '"Product 2"'))
 
     before = delta_versions(cfg.warehouse)
     again = jobs.rebuild(spark, cfg)
@@ -82,21 +88,21 @@ def test_batch_rebuild_matches_the_database_and_a_second_run_changes_nothing(spa
 def test_continuous_job_catches_up_and_a_restart_continues_from_its_checkpoint(
     spark: Any, shop: CapturedDatabase, tmp_path: Path
 ) -> None:
-    cfg = shop.job(tmp_path / "warehouse")
+    cfg = shop.job(tmp_path / "warehouse", declared=SHOP_DECLARED)
     jobs.start_continuous(spark, cfg, available_now=True).awaitTermination(300)
     orders = spark.read.format("delta").load(str(cfg.warehouse / "tables" / "public.orders"))
     with psycopg.connect(shop.dsn) as conn:
         assert orders.count() == conn.execute("SELECT count(*) FROM orders").fetchone()[0]  # type: ignore[index]
 
     shop.run(MORE_CHANGES)
-    cfg = shop.job(tmp_path / "warehouse")  # the new column is in the catalog now
+    cfg = shop.job(tmp_path / "warehouse", declared=SHOP_DECLARED)  # the new column is in the catalog now
     query = jobs.start_continuous(spark, cfg, available_now=True)
     query.awaitTermination(300)
 
     assert query.exception() is None
     assert 0 < sum(p["numInputRows"] for p in query.recentProgress) < 40  # only the new records were read
-    assert_shop_matches(verify(shop.dsn, cfg.warehouse, cfg.tables, spark=spark))
-    assert search(jobs.search_path(cfg.warehouse), "Grace")
+    assert_shop_matches(verify(shop.dsn, cfg.warehouse, cfg.tables, spark=spark, declared_section=SHOP_DECLARED))
+    assert {h["id"] for h in search(cfg.warehouse, "Grace")} >= {"order:1", "order:41"}  # customer 2's, renamed
 
 
 def test_a_topic_that_does_not_exist_is_a_clear_error(spark: Any, shop: CapturedDatabase, tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from cdc import dev
 from cdc.sink.registry import RegistryClient, RegistrySettings
 from tests.support.connector import write_config
 from tests.support.spark import (
+    SHOP_DECLARED,
     CapturedDatabase,
     assert_shop_matches,
     delta_versions,
@@ -31,9 +32,8 @@ from tests.support.spark import (
     spark,  # noqa: F401 - the session-wide SparkSession fixture
 )
 
-from cdc_views import jobs  # noqa: E402 - test_spark put spark/ on sys.path
+from cdc_views import declared, jobs  # noqa: E402 - test_spark put spark/ on sys.path
 from cdc_views.reader import KafkaSource, RegistryUnavailable, UndecodableRecords  # noqa: E402
-from cdc_views.search import search  # noqa: E402
 from cdc_views.tables import Encoding  # noqa: E402
 from cdc_views.verify import verify  # noqa: E402
 
@@ -80,14 +80,14 @@ def test_batch_rebuild_from_avro_topics_matches_the_database_and_a_second_run_ch
 ) -> None:
     registry = RegistryClient(registry_url)
     assert len(registry.versions(f"{avro_shop.topic_prefix}.public.customers-value")) == 2  # before and after ADD COLUMN
-    cfg = avro_shop.job(tmp_path / "warehouse", encoding=AVRO, registry=RegistrySettings(url=registry_url))
+    cfg = avro_shop.job(tmp_path / "warehouse", encoding=AVRO, registry=RegistrySettings(url=registry_url), declared=SHOP_DECLARED)
 
     summary = jobs.rebuild(spark, cfg)
-    report = verify(avro_shop.dsn, cfg.warehouse, cfg.tables, spark=spark, encoding=AVRO)
+    report = verify(avro_shop.dsn, cfg.warehouse, cfg.tables, spark=spark, encoding=AVRO, declared_section=SHOP_DECLARED)
 
     assert_shop_matches(report)
-    assert summary["search documents"] > 0
-    assert search(jobs.search_path(cfg.warehouse), "keyboard")[0]["doc_id"] == "product:1"
+    assert summary["index shop_search"] > 0
+    assert declared.search(declared.index_path(cfg.warehouse, "shop_search"), "keyboard")[0]["id"] == "product:1"
     customers = spark.read.format("delta").load(str(cfg.warehouse / "tables" / "public.customers"))
     assert {r["_cdc_key"] for r in customers.where("id = 1000").collect()} == {'{"id":1000}'}  # the key's JSON text
     assert customers.where("tier = 'gold'").count() == 5

@@ -1,8 +1,9 @@
 """Views and search indexes declared in cdc.yaml (``spark:``), on a schema that is not the demo's (a
 library: authors, books with numeric prices and text[] tags, loans with a composite key), in JSON and
 Avro: rebuilt from offset 0 and verified equal to the same SQL over the database; the continuous job
-keeps them equal through inserts, updates, deletes, a key change and a truncate; a bad declaration stops
-the job before it reads anything, naming the view."""
+keeps them equal through inserts, updates, deletes, a key change and a truncate, by the keys a batch
+touched where a view's key lineage allows it and whole otherwise (said in its log); a bad declaration
+stops the job before it reads anything, naming the view."""
 
 from __future__ import annotations
 
@@ -163,3 +164,69 @@ def test_a_bad_declaration_stops_the_job_before_it_reads_anything_naming_the_vie
     assert "view typo:" in message and "nmae" in message
     assert "view nokey: its query does not give the column(s) author_id" in message
     assert "view unknown:" in message and "public_members" in message
+
+
+class Recorder:
+    """Stands in for the jobs' logger: keeps each event and its fields."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def info(self, event: str, **fields: Any) -> None:
+        self.events.append((event, fields))
+
+    warning = info
+
+    def modes(self) -> dict[str, str]:
+        """What each view and index was, in the last micro-batch that wrote any: keys, whole or unchanged."""
+        out: dict[str, str] = {}
+        for event, fields in self.events:
+            if event in ("view_written", "index_written", "declared_unchanged"):
+                what = fields.get("declared") or (f"view {fields['view']}" if "view" in fields else f"index {fields['index']}")
+                out[what] = fields["mode"]
+        return out
+
+
+def test_the_continuous_job_refreshes_by_keys_where_the_key_lineage_allows_and_whole_otherwise(
+    spark: Any, library: Library, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    library.run(["INSERT INTO loans VALUES ('isbn-3', 5, 9), ('isbn-2', 5, 9) ON CONFLICT DO NOTHING"])
+    streamed = library.job(tmp_path / "streamed")
+    first = Recorder()
+    monkeypatch.setattr(jobs, "log", first)
+    jobs.start_continuous(spark, streamed, available_now=True).awaitTermination(300)
+    planned = {f["declared"]: f["by_keys_of"] for e, f in first.events if e == "stream.refresh_planned"}
+    assert planned == {"view author_stats": None, "view loans_by_book": "public.loans", "index books": "public.books"}
+    assert first.modes() == {"view author_stats": "whole", "view loans_by_book": "whole", "index books": "whole"}
+    _verified(spark, library, streamed)
+
+    loans_only = Recorder()  # a batch that changes loans alone: loans_by_book by keys, the others untouched
+    monkeypatch.setattr(jobs, "log", loans_only)
+    library.run([
+        "INSERT INTO loans VALUES ('isbn-5', 7, 2) ON CONFLICT DO NOTHING",
+        "UPDATE loans SET days = days + 100 WHERE member = 1",
+        "DELETE FROM loans WHERE isbn = 'isbn-3' AND member = 5",
+        "UPDATE loans SET member = 6 WHERE isbn = 'isbn-2' AND member = 5",  # a key change
+    ])  # fmt: skip
+    query = jobs.start_continuous(spark, streamed, available_now=True)
+    query.awaitTermination(300)
+    assert query.exception() is None
+    assert loans_only.modes() == {"view author_stats": "unchanged", "view loans_by_book": "keys", "index books": "unchanged"}
+    keyed = next(f for e, f in loans_only.events if e == "view_written" and f["view"] == "loans_by_book")
+    assert keyed["keys"] >= 4 and "public.loans" in keyed["reason"]  # (isbn-3, 5) and (isbn-2, 5) gone, ...
+    _verified(spark, library, streamed)
+
+    books_only = Recorder()  # books alone: the index by keys; loans_by_book and author_stats read books whole
+    monkeypatch.setattr(jobs, "log", books_only)
+    library.run([
+        "UPDATE books SET title = 'The Art of Computer Programming' WHERE isbn = 'isbn-5'",
+        "INSERT INTO books VALUES ('isbn-77', 1, 'Concrete Mathematics', 40.00, '{math}', 'paper')",
+        "DELETE FROM books WHERE isbn = 'isbn-8'",
+    ])  # fmt: skip
+    query = jobs.start_continuous(spark, streamed, available_now=True)
+    query.awaitTermination(300)
+    assert query.exception() is None
+    assert books_only.modes() == {"view author_stats": "whole", "view loans_by_book": "whole", "index books": "keys"}
+    _verified(spark, library, streamed)
+    hits = declared.search(declared.index_path(streamed.warehouse, "books"), "Concrete")
+    assert [h["id"] for h in hits] == ["isbn-77"]

@@ -1,6 +1,6 @@
 """What the Spark tests share: the session's SparkSession, a database of their own captured by a running
-connector (module-wide: starting one per test would double their runtime), and the demo shop's schema
-and workload. The jobs' package (spark/cdc_views) goes on sys.path here; without pyspark the importing
+connector (module-wide: starting one per test would double their runtime), and the demo shop's schema,
+workload and declared view and search index (docs/examples/shop-spark.yaml, what `make demo` builds). The jobs' package (spark/cdc_views) goes on sys.path here; without pyspark the importing
 module is skipped.
 
 A test module takes the SparkSession fixture by importing it: ``from tests.support.spark import spark``.
@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
 from cdc import dev
+from cdc.declared import load_declarations
 from tests.support.connector import Connector, write_config
 
 pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[spark]')")
@@ -142,6 +143,7 @@ def delete_topics(bootstrap: str, prefix: str) -> None:
 # --------------------------------------------------------------------------- the demo shop
 
 SHOP_TABLES = ["public.customers", "public.products", "public.orders", "public.order_lines"]
+SHOP_DECLARED = load_declarations(Path(__file__).resolve().parents[2] / "docs" / "examples" / "shop-spark.yaml")
 
 SHOP_SCHEMA = """
 CREATE TABLE customers (id serial PRIMARY KEY, name text NOT NULL, email text UNIQUE,
@@ -196,5 +198,8 @@ def delta_versions(warehouse: Path) -> dict[str, int]:
 
 
 def assert_shop_matches(report: Any) -> None:
+    """Every shop table, the declared view and the declared index were compared, and all match."""
     assert report.ok, report.render()
-    assert len(report.checks) == len(SHOP_TABLES) + 2  # the tables, the joined view, the search index
+    assert [c.name for c in report.checks] == [f"table {t}" for t in SHOP_TABLES] + [
+        "view orders_enriched", "index shop_search"
+    ]
