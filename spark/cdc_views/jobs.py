@@ -181,6 +181,7 @@ def rebuild(spark: SparkSession, cfg: JobConfig, wanted: Sequence[View] = ALL_VI
         changes = {n: by_topic[topics[n]] for n in names}
         summary["bad_records_skipped"] = {n: c.bad_count for n, c in changes.items() if c.bad_count}
         if "warehouse" in wanted:
+            mark_pending(cfg, set(changes))  # views not built here are recomputed whole by the next stream batch
             for i, (name, change) in enumerate(changes.items(), 1):
                 written = merge_rows(spark, table_path(cfg.warehouse, change.table), change.rows, change.truncates, full=True)
                 log.info("rebuild.table_written", table=name, n=i, of=len(changes), changed_keys=written)
@@ -255,6 +256,7 @@ def _write_view(
     written = merge_view(spark, path, rows, view.key, scope=scope)
     if keys is None:  # the view now matches this declaration whole: a later micro-batch may refresh it by keys
         _declaration_file(path).write_text(view.model_dump_json())
+    _pending_file(path).unlink(missing_ok=True)
     log.info("view_written", view=view.name, changed_keys=written, job=job, mode="keys" if keys else "whole",
              keys=len(keys.values) if keys else None, reason=reason)  # fmt: skip
     return written
@@ -272,6 +274,7 @@ def _write_index(
         count = declared.build_index(index, documents, path)
     else:
         count = declared.update_index(index, documents, [declared.document_id(v[0]) for v in keys.values], path)
+    _pending_file(path).unlink(missing_ok=True)
     log.info("index_written", index=index.name, documents=count, job=job, mode="keys" if keys else "whole",
              keys=len(keys.values) if keys else None, reason=reason)  # fmt: skip
     return count
@@ -363,17 +366,47 @@ def _touched_keys(spark: SparkSession, cfg: JobConfig, lineage: KeyLineage, chan
     return TouchedKeys(lineage, values, rows.schema)
 
 
-def _by_keys(refresh: Refresh, path: Path, declaration: str, touched: set[str]) -> str | None:
+def _by_keys(refresh: Refresh, path: Path, declaration: str, touched: set[str], interrupted: bool) -> str | None:
     """None when the batch's change can be applied by keys; else why the whole is recomputed."""
     if refresh.lineage is None:
         return refresh.reason
     others = (touched & refresh.reads) - {refresh.lineage.table}
     if others:
         return f"recomputed whole: the batch touched {', '.join(sorted(others))}, which it reads too"
+    if interrupted:  # its tables were merged without it: the keys those changes touched are unknown now
+        return "recomputed whole: its tables changed since it was refreshed (a job stopped in between, or merged the tables alone)"
     meta = _declaration_file(path)
     if not (path.is_dir() and meta.exists() and meta.read_text() == declaration):
         return "recomputed whole: not yet built whole from this declaration"
     return None
+
+
+def _pending_file(path: Path) -> Path:
+    """Present from before a micro-batch merges the tables a view reads until the view is refreshed."""
+    return path.with_name(f".{path.name}.pending")
+
+
+def mark_pending(cfg: JobConfig, touched: set[str]) -> set[str]:
+    """Before tables are merged: mark every declared view and index that reads one of ``touched`` as pending
+    until it is refreshed (``_write_view``, ``_write_index``); returns those that were pending already. A view
+    left pending (a job stopped in between, or one that merges tables without building the views, such as
+    ``--views warehouse``) may miss changes a keyed refresh would not see: it is recomputed whole next."""
+    pending = set()
+    for what, declaration, path in _declarations(cfg):
+        marker = _pending_file(path)
+        if marker.exists():
+            pending.add(what)
+        elif set(declared_model.tables_read(declaration.sql, list(cfg.tables))) & touched:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+    return pending
+
+
+def _declarations(cfg: JobConfig) -> list[tuple[str, DeclaredView | DeclaredIndex, Path]]:
+    return [
+        *((f"view {v.name}", v, declared.view_path(cfg.warehouse, v.name)) for v in cfg.declared.views),
+        *((f"index {i.name}", i, declared.index_path(cfg.warehouse, i.name)) for i in cfg.declared.indexes),
+    ]
 
 
 def _touched_rows(spark: SparkSession, cfg: JobConfig, name: str, change: Changes) -> DataFrame:
@@ -425,10 +458,11 @@ def micro_batch_writer(
             for plan in plans.values():
                 if plan.lineage and set(changes) & plan.reads == {plan.lineage.table} and plan.lineage.table not in keys:
                     keys[plan.lineage.table] = _touched_keys(spark, cfg, plan.lineage, changes[plan.lineage.table])
+            interrupted = mark_pending(cfg, set(changes))
             written = {n: merge_rows(spark, table_path(cfg.warehouse, c.table), c.rows, c.truncates, full=False)
                        for n, c in changes.items()}  # fmt: skip
             if plans and changes:
-                _refresh_declared(spark, cfg, plans, set(changes), keys, job=f"batch {batch_id}")
+                _refresh_declared(spark, cfg, plans, set(changes), keys, interrupted, job=f"batch {batch_id}")
             log.info("stream.batch_written", batch=batch_id, changed_keys=written,
                      seconds=round(time.monotonic() - started, 2))  # fmt: skip
         finally:
@@ -441,21 +475,17 @@ def micro_batch_writer(
 
 def _refresh_declared(
     spark: SparkSession, cfg: JobConfig, plans: Mapping[str, Refresh], touched: set[str],
-    keys: Mapping[str, TouchedKeys | str], *, job: str,
+    keys: Mapping[str, TouchedKeys | str], interrupted: set[str], *, job: str,
 ) -> None:  # fmt: skip
     """Each declared view and index after a micro-batch that changed the tables ``touched``: untouched when it
     reads none of them; by the touched keys where its plan allows; whole otherwise. Logged per view."""
     frames = _warehouse_frames(spark, cfg)
-    declarations: list[tuple[str, DeclaredView | DeclaredIndex, Path]] = [
-        *((f"view {v.name}", v, declared.view_path(cfg.warehouse, v.name)) for v in cfg.declared.views),
-        *((f"index {i.name}", i, declared.index_path(cfg.warehouse, i.name)) for i in cfg.declared.indexes),
-    ]
-    for what, declaration, path in declarations:
+    for what, declaration, path in _declarations(cfg):
         plan = plans[what]
         if not plan.reads & touched:
             log.info("declared_unchanged", declared=what, job=job, mode="unchanged", reason="the batch touched none of its tables")
             continue
-        why = _by_keys(plan, path, declaration.model_dump_json(), touched)
+        why = _by_keys(plan, path, declaration.model_dump_json(), touched, what in interrupted)
         selected = keys.get(plan.lineage.table) if plan.lineage and why is None else None
         if why is None and not isinstance(selected, TouchedKeys):
             why = f"recomputed whole: {selected}"
