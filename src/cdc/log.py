@@ -28,6 +28,17 @@ class MultilineBelow:
         return line
 
 
+class _Stderr:
+    """``sys.stderr`` as it is at each write, not as it was at ``configure``: loggers are cached on first
+    use, and a test's captured stream (or a redirected one) is closed and replaced after them."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(fmt: Literal["auto", "json", "console"] = "auto", level: str = "info") -> None:
     processors: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -42,6 +53,6 @@ def configure(fmt: Literal["auto", "json", "console"] = "auto", level: str = "in
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
