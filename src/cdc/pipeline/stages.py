@@ -52,6 +52,11 @@ class Stage(abc.ABC):
         """Whether ``process`` reads rows of ``table`` column by column (then they must not be rendered)."""
         return False
 
+    def row_step(self, table: str) -> Process:
+        """What a row change of ``table`` meets in this stage (when ``sees_rows``): ``process``, or a stage's
+        cheaper equivalent for rows alone (the chain calls it once per row)."""
+        return self.process
+
     @abc.abstractmethod
     def process(self, event: Event) -> Event | None:
         """The event to pass on, or None when this stage consumed it."""
@@ -124,7 +129,7 @@ class Chain:
     def rows_of(self, table: str) -> tuple[Process, ...]:
         found = self._rows.get(table)
         if found is None:
-            found = self._rows[table] = tuple(s.process for s in self.stages if s.sees_rows(table))
+            found = self._rows[table] = tuple(s.row_step(table) for s in self.stages if s.sees_rows(table))
         return found
 
     def row(self, event: ChangeEvent) -> None:
@@ -171,14 +176,16 @@ class SnapshotStage(Stage):
     def __init__(self, snapshots: Snapshots, send_rows: Callable[[list[ChangeEvent]], None]) -> None:
         self._on_event = snapshots.on_event
         # A row change's part of on_event without its dispatch and the reader check (both run at every
-        # other event): it is called per row.
-        self._on_change = snapshots.coordinator.on_change
+        # other event): the chain calls it per row, as this stage's row step.
+        self._on_row = snapshots.coordinator.on_row
         self._send_rows = send_rows
+
+    def row_step(self, table: str) -> Process:
+        return self._on_row
 
     def process(self, event: Event) -> Event | None:
         if type(event) is ChangeEvent:
-            self._on_change(event, event.table.qualified)
-            return event
+            return self._on_row(event)
         rows = self._on_event(event)
         if rows:  # a high watermark: the chunk's rows, inside its transaction
             self._send_rows(rows)

@@ -375,6 +375,12 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             raise _column_error(plan.table, column, row.get(column), exc) from exc
         return out
 
+    def _row_and_key(self, plan: _AvroPlan, row: AnyRow | None, which: str) -> tuple[Any, bytes]:
+        rendered = encoded(row)
+        if rendered is None or plan.key is None:
+            return self._row(plan, row, which), self._key(plan, row)
+        return Encoded(rendered.data, _RENDERED), plan.key.prefix + rendered.key_data
+
     def _key(self, plan: _AvroPlan, row: AnyRow | None) -> bytes:
         rendered = encoded(row)
         if rendered is not None and plan.key is not None:

@@ -350,6 +350,14 @@ class JsonSerializer(EventSerializer[_TablePlan]):
             return plan.key_prefix + payload + b"}"
         return payload
 
+    def _row_and_key(self, plan: _TablePlan, row: AnyRow | None, which: str) -> tuple[Any, bytes]:
+        rendered = encoded(row)
+        if rendered is None:
+            return self._row(plan, row, which), self._key(plan, row)
+        if self._schemas:
+            return rendered.data, plan.key_prefix + rendered.key_data + b"}"
+        return rendered.data, rendered.key_data
+
 
 NO_FALLBACK: Final = object()
 """``row_encoder``'s fallback of an optional field: a missing value stays null."""

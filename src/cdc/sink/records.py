@@ -245,18 +245,15 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         now = self._clock_ns()
         topic = plan.topic
         if op is Op.CREATE or op is Op.READ:
-            after = self._row(plan, event.after, "after")
-            key = self._key(plan, event.after)
+            after, key = self._row_and_key(plan, event.after, "after")
             return [Record(topic, key, self._envelope(plan, None, after, source, _OPS[op], now, event.transaction), headers)]
         if op is Op.DELETE:
-            before = self._row(plan, event.before, "before")
-            key = self._key(plan, event.before)
+            before, key = self._row_and_key(plan, event.before, "before")
             value = self._envelope(plan, before, None, source, "d", now, event.transaction)
             return [Record(topic, key, value, headers), Record(topic, key, None, headers)]
         if op is Op.UPDATE:
             old_row = self._row(plan, event.before, "before") if event.before is not None else None
-            new_row = self._row(plan, event.after, "after")
-            key = self._key(plan, event.after)
+            new_row, key = self._row_and_key(plan, event.after, "after")
             if event.before is not None:
                 old_key = self._key(plan, event.before)
                 if old_key != key:
@@ -389,6 +386,10 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
     @abc.abstractmethod
     def _key(self, plan: PlanT, row: AnyRow | None) -> bytes:
         """The record key of a row: the same bytes for every event of the row."""
+
+    def _row_and_key(self, plan: PlanT, row: AnyRow | None, which: str) -> tuple[Any, bytes]:
+        """``_row`` and ``_key`` of the same row; a format overrides it to look at the row once (it runs per row)."""
+        return self._row(plan, row, which), self._key(plan, row)
 
     @abc.abstractmethod
     def _envelope(

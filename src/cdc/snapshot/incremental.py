@@ -158,7 +158,7 @@ class Window:
 class IncrementalCoordinator:
     """Turns the stream plus delivered chunks into the snapshot rows to emit, at each high watermark.
 
-    ``on_event``, ``on_change``, ``reset``: the pipeline's thread. ``register``, ``deliver``,
+    ``on_event``, ``on_row``, ``reset``: the pipeline's thread. ``register``, ``deliver``,
     ``abandon``: the reader's thread. Thread-safe between the two.
     """
 
@@ -226,21 +226,23 @@ class IncrementalCoordinator:
             if not window.done.is_set():
                 window.settle(Outcome.RETRY, "the replication session restarted")
 
-    def on_change(self, event: ChangeEvent, name: str) -> None:
-        """A row change of table ``name`` (its ``event.table.qualified``): what ``on_event`` does with a
-        ``ChangeEvent`` (it never returns rows for one), called directly per row by the pipeline."""
+    def on_row(self, event: ChangeEvent) -> ChangeEvent:
+        """A row change: what ``on_event`` does with a ``ChangeEvent`` (it never returns rows for one),
+        called directly per row by the pipeline's chain, which passes the row on."""
+        name = event.table.qualified
         self._tables.add(name)
         windows = self._by_table.get(name)
         if windows:
             for window in windows:
                 self._touch(window, event)
+        return event
 
     def on_event(self, event: Event) -> list[ChangeEvent]:
         """Every event of the stream, in commit order; returns the snapshot rows to produce right after it."""
         kind = type(event)
         if kind is ChangeEvent:
             assert isinstance(event, ChangeEvent)
-            self.on_change(event, event.table.qualified)
+            self.on_row(event)
             return []
         if kind is TxBegin:
             assert isinstance(event, TxBegin)

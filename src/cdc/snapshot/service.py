@@ -12,7 +12,7 @@ The pipeline's part, in order:
    truncates, messages, TxCommit); what it returns is produced right away,
    inside the current transaction. Watermark messages (``is_watermark``) are
    not published. For a row change the pipeline calls
-   ``coordinator.on_change(event, table)`` instead, the same work without the
+   ``coordinator.on_row(event)`` instead, the same work without the
    dispatch (it is per row; a row change never returns rows).
 4. ``stop()`` when the pipeline stops.
 """
