@@ -257,8 +257,7 @@ def _write_view(
     if keys is None:  # the view now matches this declaration whole: a later micro-batch may refresh it by keys
         _declaration_file(path).write_text(view.model_dump_json())
     _pending_file(path).unlink(missing_ok=True)
-    log.info("view_written", view=view.name, changed_keys=written, job=job, mode="keys" if keys else "whole",
-             keys=len(keys.values) if keys else None, reason=reason)  # fmt: skip
+    log.info("view_written", view=view.name, changed_keys=written, job=job, **_refreshed(keys, reason))
     return written
 
 
@@ -275,9 +274,13 @@ def _write_index(
     else:
         count = declared.update_index(index, documents, [declared.document_id(v[0]) for v in keys.values], path)
     _pending_file(path).unlink(missing_ok=True)
-    log.info("index_written", index=index.name, documents=count, job=job, mode="keys" if keys else "whole",
-             keys=len(keys.values) if keys else None, reason=reason)  # fmt: skip
+    log.info("index_written", index=index.name, documents=count, job=job, **_refreshed(keys, reason))
     return count
+
+
+def _refreshed(keys: TouchedKeys | None, reason: str) -> dict[str, object]:
+    """What ``view_written`` and ``index_written`` say of how: by keys (how many) or whole, and why."""
+    return {"mode": "keys" if keys else "whole", "keys": len(keys.values) if keys else None, "reason": reason}
 
 
 def _query(
@@ -386,17 +389,19 @@ def _pending_file(path: Path) -> Path:
     return path.with_name(f".{path.name}.pending")
 
 
-def mark_pending(cfg: JobConfig, touched: set[str]) -> set[str]:
+def mark_pending(cfg: JobConfig, touched: set[str], reads: Mapping[str, frozenset[str]] | None = None) -> set[str]:
     """Before tables are merged: mark every declared view and index that reads one of ``touched`` as pending
     until it is refreshed (``_write_view``, ``_write_index``); returns those that were pending already. A view
     left pending (a job stopped in between, or one that merges tables without building the views, such as
-    ``--views warehouse``) may miss changes a keyed refresh would not see: it is recomputed whole next."""
+    ``--views warehouse``) may miss changes a keyed refresh would not see: it is recomputed whole next.
+    ``reads``: the tables each declaration reads, where known already (the stream's ``Refresh`` plans)."""
     pending = set()
     for what, declaration, path in _declarations(cfg):
         marker = _pending_file(path)
+        known = (reads or {}).get(what)
         if marker.exists():
             pending.add(what)
-        elif set(declared_model.tables_read(declaration.sql, list(cfg.tables))) & touched:
+        elif (known if known is not None else set(declared_model.tables_read(declaration.sql, list(cfg.tables)))) & touched:
             path.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()
     return pending
@@ -458,7 +463,7 @@ def micro_batch_writer(
             for plan in plans.values():
                 if plan.lineage and set(changes) & plan.reads == {plan.lineage.table} and plan.lineage.table not in keys:
                     keys[plan.lineage.table] = _touched_keys(spark, cfg, plan.lineage, changes[plan.lineage.table])
-            interrupted = mark_pending(cfg, set(changes))
+            interrupted = mark_pending(cfg, set(changes), {what: plan.reads for what, plan in plans.items()})
             written = {n: merge_rows(spark, table_path(cfg.warehouse, c.table), c.rows, c.truncates, full=False)
                        for n, c in changes.items()}  # fmt: skip
             if plans and changes:
@@ -486,10 +491,13 @@ def _refresh_declared(
             log.info("declared_unchanged", declared=what, job=job, mode="unchanged", reason="the batch touched none of its tables")
             continue
         why = _by_keys(plan, path, declaration.model_dump_json(), touched, what in interrupted)
-        selected = keys.get(plan.lineage.table) if plan.lineage and why is None else None
-        if why is None and not isinstance(selected, TouchedKeys):
-            why = f"recomputed whole: {selected}"
-        by_keys = selected if why is None and isinstance(selected, TouchedKeys) else None
+        by_keys = None
+        if why is None and plan.lineage is not None:
+            selected = keys.get(plan.lineage.table)  # TouchedKeys, or why the batch's keys were not taken
+            if isinstance(selected, TouchedKeys):
+                by_keys = selected
+            else:
+                why = f"recomputed whole: {selected}"
         reason = why or plan.reason
         if isinstance(declaration, DeclaredView):
             _write_view(spark, cfg, declaration, frames, job=job, keys=by_keys, reason=reason)
