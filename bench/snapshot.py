@@ -46,7 +46,8 @@ from cdc.catalog import describe_tables
 from cdc.config import TableConfig
 from cdc.event import ChangeEvent, Op, TableSchema, TxBegin
 from cdc.lsn import Lsn
-from cdc.sink.delivery import AtLeastOnce, BulkProducer
+from cdc.sink.bulk import BulkProducer
+from cdc.sink.delivery import AtLeastOnce
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
 from cdc.sink.records import position_headers

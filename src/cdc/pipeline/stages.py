@@ -34,6 +34,7 @@ from cdc.event import ChangeEvent, Event, MessageEvent, Op, TruncateEvent, TxBeg
 from cdc.observe import Stats
 from cdc.sink.delivery import Delivery
 from cdc.sink.metadata import TransactionMetadata
+from cdc.sink.record import Record
 from cdc.sink.records import EventSerializer
 from cdc.snapshot.incremental import is_watermark
 from cdc.snapshot.service import Snapshots
@@ -173,12 +174,16 @@ class SnapshotStage(Stage):
     releases its chunk's rows, which are delivered right there, inside the watermark's transaction.
     Watermark messages themselves are consumed, never published."""
 
-    def __init__(self, snapshots: Snapshots, send_rows: Callable[[list[ChangeEvent]], None]) -> None:
+    def __init__(
+        self, snapshots: Snapshots, send_rows: Callable[[list[ChangeEvent]], None], send: Callable[[Record, str], None]
+    ) -> None:
         self._on_event = snapshots.on_event
         # A row change's part of on_event without its dispatch and the reader check (both run at every
         # other event): the chain calls it per row, as this stage's row step.
         self._on_row = snapshots.coordinator.on_row
         self._send_rows = send_rows
+        self._released_progress = snapshots.released_progress
+        self._send = send
 
     def row_step(self, table: str) -> Process:
         return self._on_row
@@ -189,7 +194,13 @@ class SnapshotStage(Stage):
         rows = self._on_event(event)
         if rows:  # a high watermark: the chunk's rows, inside its transaction
             self._send_rows(rows)
-        return None if is_watermark(event) else event
+        if is_watermark(event):
+            # Exactly once: the chunk's progress right after its rows, in the same Kafka transaction.
+            progress = self._released_progress()
+            if progress is not None:
+                self._send(progress, "snapshot progress")
+            return None
+        return event
 
 
 _EMIT_PREFIX = re.compile(r"pg_logical_emit_message\s*\(\s*(?:true|false)\s*,\s*'((?:[^']|'')*)'", re.IGNORECASE)

@@ -223,7 +223,7 @@ def make_chain(
     stages: list[Stage] = []
     if outbox is not None:
         stages.append(outbox)
-    stages.append(SnapshotStage(snapshots, send_rows))
+    stages.append(SnapshotStage(snapshots, send_rows, delivery.send))
     own = [p for p in (emitted_prefix(cfg.heartbeat.action_query),) if p is not None]
     outbox_prefix = cfg.outbox.message_prefix if router is not None else None
     stages.append(MessageFilter(cfg.messages.include, cfg.messages.exclude, own, outbox_prefix, stats))
@@ -272,12 +272,16 @@ def make_snapshots(
         slot=cfg.source.slot,
         slot_failover=cfg.source.slot_failover,
         tables=capture.tables,
-        output=ConfiguredOutput(cfg, dict(capture.partitions), make_serializer),
+        output=ConfiguredOutput(
+            cfg, dict(capture.partitions), make_serializer,
+            progress_topic if cfg.delivery.mode == "exactly_once" else None,
+        ),  # fmt: skip
         store=KafkaStore(cfg.kafka.bootstrap_servers, progress_topic, cfg.source.slot, extra=cfg.kafka.producer),
         types=types,
         topics_holding_records=holding,
         should_stop=should_stop,
         alive=alive,
+        in_transactions=cfg.delivery.mode == "exactly_once",
     )
 
 

@@ -27,6 +27,9 @@ Exactly once, the order of things:
    source transaction boundary), the position record (commit LSN and end LSN of
    the last included source transaction) is produced to the offsets topic, last.
 5. ``commit_transaction``; only after it returns is that end LSN confirmable.
+
+The initial snapshot's workers deliver exactly once with ``ChunkTransactions``:
+a chunk's rows and its progress record in one Kafka transaction per chunk.
 """
 
 from __future__ import annotations
@@ -293,10 +296,7 @@ class ExactlyOnce(_Producing):
         commit_records: int = 10_000,
         dead_letters: DeadLetters | None = None,
     ) -> None:
-        conf = dict(config)
-        conf["transactional.id"] = f"cdc-{slot}"
-        conf.setdefault("transaction.timeout.ms", 900_000)
-        conf["message.timeout.ms"] = min(int(conf.get("message.timeout.ms", 900_000)), int(conf["transaction.timeout.ms"]))
+        conf = _transactional(config, f"cdc-{slot}")
         # A source transaction stays in one Kafka transaction; past this age the broker would abort it
         # and fence the producer, which reports only "Local: Fatal error". Stopping first names it.
         self._tx_timeout_ms = int(conf["transaction.timeout.ms"])
@@ -411,16 +411,7 @@ class ExactlyOnce(_Producing):
         try:
             # step 4: the position record goes last
             self._producer.produce(self._offsets_topic, value, self._slot_key, partition=0)
-            while True:
-                try:
-                    self._producer.commit_transaction(60)  # step 5
-                    break
-                except KafkaException as e:
-                    err = e.args[0]
-                    if isinstance(err, KafkaError) and err.retriable() and not err.txn_requires_abort():
-                        log.warning("kafka_commit_retry", error=err.str())
-                        continue
-                    raise
+            _commit_transaction(self._producer)  # step 5
         except KafkaException as e:
             problem = _classify(e, "cannot commit the Kafka transaction")
             if isinstance(problem, RetryableSinkError):
@@ -465,43 +456,127 @@ class ExactlyOnce(_Producing):
         self._in_source_tx = False
 
 
-def _ignore(ok: bool) -> None:
-    """Exactly-once: a failed delivery surfaces at commit_transaction, not per record."""
+class ChunkTransactions(_Producing):
+    """Exactly once for the initial snapshot's workers: each chunk is one Kafka transaction holding its
+    rows and, produced last, the record that says the chunk is copied (``cdc.snapshot.state``). After a
+    crash at any moment a read_committed consumer sees a chunk's rows once or not at all, and the chunk
+    counts as copied exactly when they are there.
 
+    One producer per worker, ``transactional.id`` = ``cdc-<slot>-snapshot-<worker>``: the daemon's next
+    start (or the coordinator, when a worker dies) fences that id (``fence_transactions``), which ends
+    what the dead worker left open. It is also the worker's bulk producer (``produce``, ``wait``,
+    ``check``, ``drain``, as ``BulkProducer``): rows whose JSON the server built go into the same
+    transaction."""
 
-class BulkProducer:
-    """Records produced without a per-record callback, for writers that count a batch as delivered only
-    after draining it (the snapshot's chunks): librdkafka reports failures only
-    (``delivery.report.only.error``), to one producer-wide callback, so a record costs a ``produce`` call
-    and no Python work on acknowledgment. ``drain`` returns once everything produced is acknowledged, and
-    raises if anything failed. The size limit and dead letters stay with ``Delivery.send``: callers route
-    oversized records there."""
+    def __init__(self, config: Mapping[str, Any], *, transactional_id: str, max_record_bytes: int,
+                 dead_letters: DeadLetters | None = None) -> None:  # fmt: skip
+        conf = _transactional(config, transactional_id)
+        producer = Producer(conf, logger=librdkafka_logger())
+        super().__init__(producer, max_record_bytes, dead_letters)
+        try:
+            producer.init_transactions(60)
+        except KafkaException as e:
+            raise _classify(e, "cannot initialise the snapshot's transactional producer") from None
+        self.produce = producer.produce  # the bulk path: produce(topic, value, key, headers=...)
+        self._open = False
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        conf = dict(config)
-        conf["delivery.report.only.error"] = True
-        conf["on_delivery"] = self._report
-        self._producer = Producer(conf, logger=librdkafka_logger())
-        self.produce = self._producer.produce  # produce(topic, value, key, headers=...); BufferError: call wait()
-        self.failure: str | None = None
+    def begin(self, tx: TxBegin) -> bool:
+        if self._open:  # a chunk that did not finish (skipped mid-way): none of it may be committed
+            self._abort()
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as e:
+            raise _classify(e, "cannot begin a Kafka transaction for a snapshot chunk") from None
+        self._open = True
+        return True
 
-    def _report(self, err: KafkaError | None, msg: Message) -> None:
-        if err is not None and self.failure is None:
-            self.failure = f"delivery to {msg.topic()} failed: {err.str()} ({err.name()})"
+    def send(self, record: Record, describe: str) -> None:
+        self._produce(record, describe, _ignore)
 
-    def wait(self) -> None:
-        """The local queue is full: serve reports until there is room (and fail early if something failed)."""
-        self._producer.poll(0.05)
-        self.check()
+    def send_outside(self, record: Record) -> None:
+        raise SinkError("a snapshot chunk's records are all inside its transaction")
 
-    def check(self) -> None:
-        """Raise if a failure was reported (reports are served by ``wait`` and ``drain``; a poll here would
-        cost more than the early warning is worth on the per-row path)."""
+    def commit(self, tx: TxCommit) -> None:
+        if not self._open:
+            raise SinkError("a snapshot chunk's commit arrived without its begin")
+        try:
+            _commit_transaction(self._producer)
+        except KafkaException as e:
+            problem = _classify(e, "cannot commit a snapshot chunk's Kafka transaction")
+            if isinstance(problem, RetryableSinkError):
+                self._abort()
+            raise problem from None
+        self._open = False
         if self.failure is not None:
             raise DeliveryFailed(self.failure)
+
+    def _abort(self) -> None:
+        try:
+            self._producer.abort_transaction(60)
+        except KafkaException as e:
+            raise _classify(e, "cannot abort a snapshot chunk's Kafka transaction") from None
+        self._open = False
+        self.failure = None
+
+    def position(self, lsn: Lsn) -> None:
+        return None
+
+    def tick(self) -> None:
+        self._producer.poll(0)
+
+    def acknowledged(self) -> Lsn:
+        return Lsn(0)
+
+    def wait(self) -> None:
+        self._producer.poll(0.05)
+
+    def check(self) -> None:
+        return None  # a failed record fails the chunk's commit
 
     def drain(self, timeout: float) -> int:
         remaining: int = self._producer.flush(timeout)
-        if self.failure is not None:
-            raise DeliveryFailed(self.failure)
         return remaining
+
+    def reset(self) -> None:
+        return None
+
+
+def fence_transactions(config: Mapping[str, Any], transactional_id: str) -> None:
+    """End what a dead producer with this ``transactional.id`` left open: Kafka aborts its open transaction,
+    or completes it if it was already committing. Afterwards a read_committed read shows which."""
+    producer = Producer(_transactional(config, transactional_id), logger=librdkafka_logger())
+    try:
+        producer.init_transactions(60)
+    except KafkaException as e:
+        raise _classify(e, f"cannot fence the transactional id {transactional_id}") from None
+    finally:
+        producer.flush(0)
+    log.info("transactions_fenced", transactional_id=transactional_id)
+
+
+def _transactional(config: Mapping[str, Any], transactional_id: str) -> dict[str, Any]:
+    conf = dict(config)
+    conf["transactional.id"] = transactional_id
+    conf.setdefault("transaction.timeout.ms", 900_000)
+    conf["message.timeout.ms"] = min(int(conf.get("message.timeout.ms", 900_000)), int(conf["transaction.timeout.ms"]))
+    conf.pop("on_delivery", None)
+    conf.pop("delivery.report.only.error", None)
+    return conf
+
+
+def _commit_transaction(producer: Producer) -> None:
+    """``commit_transaction``, again while Kafka says the error is retriable and needs no abort."""
+    while True:
+        try:
+            producer.commit_transaction(60)
+            return
+        except KafkaException as e:
+            err = e.args[0]
+            if isinstance(err, KafkaError) and err.retriable() and not err.txn_requires_abort():
+                log.warning("kafka_commit_retry", error=err.str())
+                continue
+            raise
+
+
+def _ignore(ok: bool) -> None:
+    """Exactly-once: a failed delivery surfaces at commit_transaction, not per record."""

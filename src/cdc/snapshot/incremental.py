@@ -132,6 +132,9 @@ class Window:
         self.rows: dict[Key, Row] | None = None
         self.schema: TableSchema | None = None
         self.snapshot: XidSnapshot | None = None
+        # exactly once: the job's record as it stands once this window's rows are emitted (their count
+        # not yet in it), produced by the pipeline right after them (``IncrementalCoordinator.released``)
+        self.job_after: Any = None
         # set by the coordinator on the pipeline's thread
         self.lw_seq = -1
         self.touched: set[Key] = set()
@@ -179,6 +182,7 @@ class IncrementalCoordinator:
         self._xid: int | None = None
         self._tables: set[str] = set()  # tables changed by the current transaction
         self.retries = 0
+        self._released: Window | None = None
 
     # -- the reader's side ----------------------------------------------------------------------
 
@@ -222,9 +226,16 @@ class IncrementalCoordinator:
         self._closing.clear()
         self._xid = None
         self._tables = set()
+        self._released = None
         for window in windows:
             if not window.done.is_set():
                 window.settle(Outcome.RETRY, "the replication session restarted")
+
+    def released(self) -> Window | None:
+        """The window whose rows the last ``on_event`` returned (a high watermark that emitted, possibly no
+        rows at all), once; else None. The pipeline then produces its progress right after its rows."""
+        window, self._released = self._released, None
+        return window
 
     def on_row(self, event: ChangeEvent) -> ChangeEvent:
         """A row change: what ``on_event`` does with a ``ChangeEvent`` (it never returns rows for one),
@@ -341,6 +352,7 @@ class IncrementalCoordinator:
         window.dropped = len(rows) - len(out)
         window.hw_lsn = message.commit_lsn or message.lsn
         self._closing.append(window)
+        self._released = window
         return out
 
     def _retry_reason(

@@ -52,10 +52,11 @@ from cdc.event import PgType, TruncateEvent, TxBegin, TxCommit
 from cdc.lsn import Lsn
 from cdc.snapshot.config import SnapshotConfig
 from cdc.snapshot.errors import SnapshotError, SnapshotImportError, SnapshotInterrupted
-from cdc.snapshot.output import OutputFactory
+from cdc.snapshot.output import COORDINATOR, OutputFactory
 from cdc.snapshot.plan import Chunk, Chunking, SnapshotTable, TablePlan, describe_table, plan_table, session_setup
 from cdc.snapshot.progress import ProgressTracker
-from cdc.snapshot.state import InitialStatus, SnapshotState
+from cdc.sink.kafka import SinkError
+from cdc.snapshot.state import InitialStatus, SnapshotState, chunk_key
 from cdc.snapshot.worker import (
     ChunkDone,
     ChunkSkipped,
@@ -183,14 +184,17 @@ class InitialSnapshot:
                 chunks = [(tables[p.table], c) for p in plans.values() for c in p.chunks()]
                 count = max(1, min(self._settings.workers, len(chunks)))
                 spec = WorkerSpec(0, self._conninfo, name, self._output, point, xid, time.time_ns() // 1000,
-                                  self._log_format, self._log_level, self._settings.server_json)  # fmt: skip
+                                  self._log_format, self._log_level, self._settings.server_json,
+                                  record_chunks=self._with_slot)  # fmt: skip
                 workers = self._start_workers(spec, count, reports)
             finally:
                 exporter.close()  # every reader imported the snapshot (or never will)
             self._mark_truncated(tables, point, spec.commit_ts_us)
             result = self._copy(tables, plans, chunks, workers, reports, point)
         except BaseException:
+            started_workers = [*workers, COORDINATOR]
             self._kill(workers)
+            self._fence(started_workers)
             raise
         finally:
             if planner is not None:
@@ -256,7 +260,8 @@ class InitialSnapshot:
                 rows_estimated=plan.estimated_rows,
             )
         self._state.cover({name: t.oid for name, t in tables.items()})
-        self._state.set_initial(InitialStatus.COPYING, consistent_point=str(point))
+        # workers: how many transactional ids a restart fences (exactly once), at most this many
+        self._state.set_initial(InitialStatus.COPYING, consistent_point=str(point), workers=self._settings.workers)
         self._state.flush()
         return tables, plans
 
@@ -311,7 +316,7 @@ class InitialSnapshot:
         marked = [t.schema for name, t in tables.items() if name in self._truncate_first]
         if not marked:
             return
-        output = self._output()
+        output = self._output(COORDINATOR)  # exactly once: not a worker's transactional id
         output.delivery.begin(TxBegin(0, point, ts_us))
         event = TruncateEvent(tuple(marked), False, False, point, point, None, 0, ts_us)
         for record in output.serializer.records(event):
@@ -400,6 +405,11 @@ class InitialSnapshot:
                 lost = assigned.pop(wid, [])
                 log.error("snapshot_worker_died", worker=wid, exitcode=process.exitcode,
                           chunks=[t.chunk.id for t in lost], workers_left=len(workers))  # fmt: skip
+                for task, copied in self._committed_by(wid, lost):
+                    lost.remove(task)
+                    rows += copied
+                    self._state.chunk_done(task.table.name, task.chunk.index, copied)
+                    self._progress.chunk_done(task.table.name)
                 pending.extendleft(reversed(lost))  # another worker holds the same snapshot
                 if not workers:
                     raise SnapshotInterrupted(
@@ -419,6 +429,28 @@ class InitialSnapshot:
         return rows, complete, dropped, server_json_rows
 
     # -- workers --------------------------------------------------------------------------------
+
+    def _committed_by(self, worker: int, lost: list[ChunkTask]) -> list[tuple[ChunkTask, int]]:
+        """Exactly once: of a dead worker's chunks, those its transaction committed after all (it died
+        inside ``commit_transaction``), with their rows. Its transactional id is fenced first, which ends
+        its open transaction either way; the progress topic then says which."""
+        if not lost or not self._output.transactional:
+            return []
+        self._output.fence(worker)
+        stored = self._state.store.load()
+        found = [(task, stored.get(chunk_key(task.table.name, task.chunk.index))) for task in lost]
+        return [(task, int(value["rows"])) for task, value in found if value is not None]
+
+    def _fence(self, worker_ids: Collection[int]) -> None:
+        """Exactly once, on the way out of a failed or stopped copy: end the killed workers' open
+        transactions now, so that read_committed consumers are not held up until the next start."""
+        if not self._output.transactional:
+            return
+        for wid in worker_ids:
+            try:
+                self._output.fence(wid)
+            except SinkError as e:
+                log.warning("snapshot_fence_failed", worker=wid, error=str(e), then="the next start fences it")
 
     @staticmethod
     def _stop_workers(

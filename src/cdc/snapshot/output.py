@@ -6,27 +6,32 @@ picklable ``OutputFactory``. They are the same classes, with the same settings,
 as the pipeline's: the records are byte for byte what the stream would produce
 for the same values.
 
-Snapshot chunks are delivered at least once (idempotent producer, ``acks=all``),
-whatever the pipeline's delivery mode: a chunk counts as copied only once Kafka
-acknowledged all of it, and a chunk copied twice after a crash only repeats
-upserts of the same rows.
+At least once (idempotent producer, ``acks=all``), a chunk counts as copied
+only once Kafka acknowledged all of it, and a chunk copied twice after a crash
+only repeats upserts of the same rows. Exactly once (``delivery.mode:
+exactly_once``), each chunk is one Kafka transaction holding its rows and the
+record that says it is copied (``ChunkTransactions``, ``Output.chunk_record``),
+so a read_committed consumer sees each row of the snapshot once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from cdc.columns import ColumnPolicy, policies
 from cdc.config import Config, TableConfig
 from cdc.event import ChangeEvent, MessageEvent, TruncateEvent, TxBegin, TxCommit
-from cdc.sink.delivery import AtLeastOnce, BulkProducer, DeadLetters
+from cdc.sink.bulk import BulkProducer
+from cdc.sink.delivery import AtLeastOnce, ChunkTransactions, DeadLetters, fence_transactions
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import producer_config
 from cdc.sink.record import Record
+from cdc.snapshot.state import chunk_record
 
-__all__ = ["ConfiguredOutput", "JsonKafkaOutput", "Output", "OutputFactory", "RecordDelivery", "Serializer"]
+__all__ = ["COORDINATOR", "ConfiguredOutput", "JsonKafkaOutput", "Output", "OutputFactory", "RecordDelivery", "Serializer"]
 
 
 class Serializer(Protocol):
@@ -54,14 +59,25 @@ class Output:
     policy_tables: frozenset[str] = frozenset()  # the tables ``transform`` changes
     # JSON only: the producer for rows whose JSON the server builds (cdc.snapshot.sqljson), and the
     # size above which such a row goes through ``delivery`` instead (its size limit, dead letters)
-    bulk: BulkProducer | None = None
+    bulk: BulkProducer | ChunkTransactions | None = None
     max_record_bytes: int = 0
+    # exactly once: the record that says a chunk is copied (table, chunk index, rows), produced last in the
+    # chunk's own Kafka transaction; None: the coordinator records it once Kafka acknowledged the rows
+    chunk_record: Callable[[str, int, int], Record] | None = None
+
+
+COORDINATOR = -1  # the worker number of the coordinator's own output (its truncate markers)
 
 
 class OutputFactory(Protocol):
-    """Picklable; called once in each worker process."""
+    """Picklable; called once in each worker process, with the worker's number."""
 
-    def __call__(self) -> Output: ...
+    @property
+    def transactional(self) -> bool: ...  # chunks are Kafka transactions (exactly once)
+
+    def __call__(self, worker: int = 0) -> Output: ...
+
+    def fence(self, worker: int) -> None: ...  # transactional: end what that worker's producer left open
 
 
 @dataclass(frozen=True)
@@ -82,7 +98,14 @@ class JsonKafkaOutput:
         object.__setattr__(self, "_partitions", dict(self.partitions))
         object.__setattr__(self, "tables", tuple(self.tables))
 
-    def __call__(self) -> Output:
+    @property
+    def transactional(self) -> bool:
+        return False
+
+    def fence(self, worker: int) -> None:
+        return None
+
+    def __call__(self, worker: int = 0) -> Output:
         serializer = JsonSerializer(self.settings, self._partitions.__getitem__)
         dead = DeadLetters(self.dead_letter_topic) if self.dead_letter_topic else None
         delivery = AtLeastOnce(dict(self.producer), max_record_bytes=self.max_record_bytes, dead_letters=dead)
@@ -102,17 +125,44 @@ class ConfiguredOutput:
     config: Config
     partitions: Mapping[str, int]  # topic -> partition count, as ensure_topics returned it
     make_serializer: Callable[[Config, Callable[[str], int]], Serializer]
+    progress_topic: str | None = None  # set with delivery.mode exactly_once: where chunk records go
 
-    def __call__(self) -> Output:
+    @property
+    def transactional(self) -> bool:
+        return self.progress_topic is not None and self.config.delivery.mode == "exactly_once"
+
+    def _transactional_id(self, worker: int) -> str:
+        if worker == COORDINATOR:
+            return f"cdc-{self.config.source.slot}-snapshot-coordinator"
+        return f"cdc-{self.config.source.slot}-snapshot-{worker}"
+
+    def _producer(self) -> dict[str, Any]:
+        cfg = self.config
+        return producer_config(cfg.kafka.bootstrap_servers, cfg.kafka.producer, cfg.limits.max_record_bytes)
+
+    def fence(self, worker: int) -> None:
+        if self.transactional:
+            fence_transactions(self._producer(), self._transactional_id(worker))
+
+    def __call__(self, worker: int = 0) -> Output:
         cfg = self.config
         partitions = dict(self.partitions)
         serializer = self.make_serializer(cfg, partitions.__getitem__)
-        producer = producer_config(cfg.kafka.bootstrap_servers, cfg.kafka.producer, cfg.limits.max_record_bytes)
+        producer = self._producer()
         dead = DeadLetters(cfg.limits.dead_letter_topic) if cfg.limits.dead_letter_topic else None
-        delivery = AtLeastOnce(producer, max_record_bytes=cfg.limits.max_record_bytes, dead_letters=dead)
         salt = cfg.masking.salt.get_secret_value() if cfg.masking.salt is not None else None
         by_table = policies(cfg.tables, cfg.masking.fixed_value, salt)
-        bulk = BulkProducer(producer) if isinstance(serializer, JsonSerializer) else None
+        json = isinstance(serializer, JsonSerializer)
+        if self.transactional:
+            assert self.progress_topic is not None
+            chunks = ChunkTransactions(producer, transactional_id=self._transactional_id(worker),
+                                       max_record_bytes=cfg.limits.max_record_bytes, dead_letters=dead)  # fmt: skip
+            return Output(
+                serializer, chunks, _transform(by_table), frozenset(by_table), chunks if json else None,
+                cfg.limits.max_record_bytes, partial(chunk_record, self.progress_topic, cfg.source.slot),
+            )  # fmt: skip
+        delivery = AtLeastOnce(producer, max_record_bytes=cfg.limits.max_record_bytes, dead_letters=dead)
+        bulk = BulkProducer(producer) if json else None
         return Output(
             serializer, delivery, _transform(by_table), frozenset(by_table), bulk, cfg.limits.max_record_bytes
         )  # fmt: skip

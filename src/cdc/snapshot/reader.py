@@ -13,6 +13,14 @@ HW Commit end LSN. Before that, a crash would restart the stream before HW and
 replay changes older than the emitted rows after them; the chunk must then be
 read again, and it will be, since its progress was not recorded.
 
+With ``delivery.mode: exactly_once`` (``in_transactions``) the reader records no
+chunk progress itself: it hands the job as it stands after the chunk to the
+window (``Window.job_after``), and the pipeline produces that record right after
+the chunk's rows, in the same Kafka transaction (``Snapshots.released_progress``).
+A crash then either keeps both or neither: a chunk is never emitted twice, nor
+recorded without its rows. Its job's ``done`` travels the same way, with its last
+chunk (an empty table is read as one empty chunk, so that it has one).
+
 Also here: the signal table. Every ``signal_poll_s`` the reader reads it;
 a row ``(id, 'execute-snapshot', '{"data-collections": ["public.t"]}')`` not
 handled before becomes a job per table (refused, with the reason logged and
@@ -80,6 +88,21 @@ class _Unconfirmed:
     job: Job
 
 
+def _advanced(job: Job, current: JobRange, last: tuple[str, ...] | None, complete: bool) -> Job:
+    """The job as ``_chunk`` leaves it once this chunk is emitted (its rows not yet counted): the range
+    advanced to the chunk's last key, done when the chunk was its last; the job done with its last range."""
+    after = job.copy()
+    position = next(i for i, r in enumerate(job.ranges) if r is current)
+    moved = after.ranges[position]
+    if last is not None:
+        moved.last = last
+    if complete:
+        moved.done = True
+    if all(r.done for r in after.ranges):
+        after.status = JobStatus.DONE
+    return after
+
+
 class IncrementalReader:
     """Runs the DBLog jobs of ``state`` one chunk at a time; start() it once the pipeline streams."""
 
@@ -94,8 +117,12 @@ class IncrementalReader:
         settings: SnapshotConfig,
         types: Mapping[int, PgType] | None = None,
         progress: ProgressTracker | None = None,
+        in_transactions: bool = False,
     ) -> None:
+        """``in_transactions``: chunk progress is produced by the pipeline inside its Kafka transactions
+        (exactly once), not recorded here once Postgres confirmed it."""
         self._conninfo = conninfo
+        self._in_transactions = in_transactions
         self._slot = slot
         self._coordinator = coordinator
         self._state = state
@@ -287,7 +314,11 @@ class IncrementalReader:
 
     def _finish(self, job: Job, status: JobStatus, error: str | None) -> None:
         job.status, job.error = status, error
-        if status == JobStatus.DONE:
+        if status == JobStatus.DONE and self._in_transactions:
+            # "done" went out with the last chunk's rows (Window.job_after), in their transaction.
+            self._progress.set_state(job.table, "done")
+            log.info("snapshot_job_done", job=job.id, table=job.table, rows=job.rows)
+        elif status == JobStatus.DONE:
             # Its last chunk may still wait for confirmation: record "done" with it.
             self._unconfirmed.append(_Unconfirmed(self._unconfirmed[-1].end_lsn if self._unconfirmed else Lsn(0), job.copy()))
             self._progress.set_state(job.table, "done")
@@ -304,7 +335,7 @@ class IncrementalReader:
             table = describe_table(conn, info, self._types)
             current.upper = current.upper if current.upper is not None else max_key(conn, table)
             current.resolved = True
-            if current.upper is None:  # the table is empty: later rows come through the stream
+            if current.upper is None and not self._in_transactions:  # the table is empty: later rows come through the stream
                 current.done = True
                 return
         limit = self._settings.incremental_chunk_rows
@@ -325,7 +356,8 @@ class IncrementalReader:
         self._progress.rows(job.table, window_rows)
         self._progress.tick()
         assert window.hw_end_lsn is not None
-        self._unconfirmed.append(_Unconfirmed(window.hw_end_lsn, job.copy()))
+        if not self._in_transactions:
+            self._unconfirmed.append(_Unconfirmed(window.hw_end_lsn, job.copy()))
 
     def _read_window(
         self, conn: psycopg.Connection[Any], job: Job, current: JobRange, limit: int
@@ -357,6 +389,13 @@ class IncrementalReader:
                     rows.append(parse(line))
                     last_line = line
             conn.execute("COMMIT")
+            last: tuple[str, ...] | None = None
+            if last_line:
+                fields = split_line(last_line)
+                last = tuple((fields[i] or b"").decode() for i in positions)
+            complete = len(rows) < limit
+            if self._in_transactions:
+                window.job_after = _advanced(job, current, last, complete)
             self._coordinator.deliver(window.id, table.schema, rows, snapshot)
             conn.execute(emit, (watermark_content(self._slot, window.id, "high"),))
         except BaseException:
@@ -366,11 +405,7 @@ class IncrementalReader:
                 self._coordinator.abandon(window.id)
             raise
         self._await(conn, window)
-        last: tuple[str, ...] | None = None
-        if last_line:
-            fields = split_line(last_line)
-            last = tuple((fields[i] or b"").decode() for i in positions)
-        return len(rows), last, len(rows) < limit, window
+        return len(rows), last, complete, window
 
     def _parser(self, table: SnapshotTable) -> RowParser:
         cached = self._parsers.get(table.name)

@@ -33,10 +33,11 @@ from cdc.snapshot.errors import SnapshotError, SnapshotRefused
 from cdc.snapshot.incremental import IncrementalCoordinator
 from cdc.snapshot.initial import InitialResult, InitialSnapshot
 from cdc.snapshot.modes import SlotState, StartupPlan, decide
-from cdc.snapshot.output import OutputFactory
+from cdc.snapshot.output import COORDINATOR, OutputFactory
 from cdc.snapshot.plan import Chunking, describe_table
 from cdc.snapshot.progress import ProgressTracker, SnapshotProgress
 from cdc.snapshot.reader import IncrementalReader, new_job
+from cdc.sink.record import Record
 from cdc.snapshot.state import InitialStatus, Job, JobRange, JobReason, MemoryStore, ProgressStore, SnapshotState
 
 log = structlog.get_logger("cdc.snapshot")
@@ -61,11 +62,13 @@ class Snapshots:
         log_format: str = "json",
         log_level: str = "info",
         slot_failover: bool | None = None,
+        in_transactions: bool = False,
     ) -> None:
         """``topics_holding_records(table names) -> table names`` says which tables' topics already hold
         records (a new initial snapshot marks those truncated first); None: assume none do.
         ``should_stop`` is polled while the initial snapshot runs; ``alive`` is called there several
-        times a second (the health endpoint's heartbeat)."""
+        times a second (the health endpoint's heartbeat). ``in_transactions`` (exactly once): a DBLog
+        chunk's progress is produced with its rows, in the same Kafka transaction (``released_progress``)."""
         self.settings = settings
         self._conninfo = conninfo
         self._slot = slot
@@ -79,6 +82,8 @@ class Snapshots:
         self._log_format = log_format
         self._log_level = log_level
         self.state = SnapshotState(store)
+        if self._fence_interrupted_copy():
+            self.state = SnapshotState(store)  # read again: what the fenced transactions left is final now
         self.coordinator = IncrementalCoordinator(slot)
         self.reader = IncrementalReader(
             conninfo=conninfo,
@@ -88,11 +93,29 @@ class Snapshots:
             tables=self._tables,
             settings=settings,
             types=self._types,
+            in_transactions=in_transactions,
         )
+        self._in_transactions = in_transactions
         self.initial_result: InitialResult | None = None
         self._initial_progress: ProgressTracker | None = None
 
     # -- start-up -------------------------------------------------------------------------------
+
+    def _fence_interrupted_copy(self) -> bool:
+        """Exactly once: an initial copy that did not finish may have left chunk transactions open (workers
+        killed with the daemon). Fencing each worker's transactional id ends them: aborted, or committed if
+        they were committing, with their chunk records. Until then read_committed consumers would wait on
+        them, and the chunks' records would not be known."""
+        initial = self.state.initial()
+        if not self._output.transactional or initial is None:
+            return False
+        if initial.get("status") not in (InitialStatus.PENDING, InitialStatus.COPYING):
+            return False
+        count = max(int(initial.get("workers") or 0), self.settings.workers)
+        for worker in (*range(count), COORDINATOR):
+            self._output.fence(worker)
+        log.info("snapshot_interrupted_copy_fenced", workers=count)
+        return True
 
     def prepare(self, slot_state: SlotState) -> StartupPlan:
         initial = self.state.initial()
@@ -279,6 +302,17 @@ class Snapshots:
         if self.reader.failure is not None:
             raise SnapshotError(self.reader.failure)
         return self.coordinator.on_event(event)
+
+    def released_progress(self) -> Record | None:
+        """After ``on_event`` of a watermark: with ``in_transactions``, the progress record of the chunk its
+        high watermark released, to be produced right after the chunk's rows (in their transaction); else
+        None."""
+        window = self.coordinator.released()
+        if window is None or not self._in_transactions or window.job_after is None:
+            return None
+        job: Job = window.job_after
+        job.rows += window.emitted
+        return self.state.job_record(job)
 
     def request(self, table: str) -> str:
         """A snapshot of ``table`` while streaming; returns the job id. SnapshotRefused says why not."""

@@ -35,6 +35,7 @@ import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from cdc.lsn import Lsn
+from cdc.sink.record import Record
 from cdc.sink.kafka import (
     SinkError,
     TopicSpec,
@@ -60,6 +61,9 @@ __all__ = [
     "ProgressStore",
     "SnapshotState",
     "StoreError",
+    "chunk_key",
+    "chunk_record",
+    "progress_record",
     "topics_holding_records",
 ]
 
@@ -74,6 +78,7 @@ class ProgressStore(Protocol):
     def load(self) -> dict[str, dict[str, Any]]: ...
     def put(self, key: str, value: Mapping[str, Any] | None) -> None: ...
     def flush(self, timeout: float = 30.0) -> None: ...
+    def record(self, key: str, value: Mapping[str, Any]) -> Record | None: ...  # for another producer to write
 
 
 class MemoryStore:
@@ -94,6 +99,11 @@ class MemoryStore:
             self.data[key] = orjson.loads(orjson.dumps(value))
 
     def flush(self, timeout: float = 30.0) -> None:
+        return None
+
+    def record(self, key: str, value: Mapping[str, Any]) -> Record | None:
+        """None: nothing to produce; the value is kept here at once."""
+        self.put(key, value)
         return None
 
 
@@ -160,6 +170,10 @@ class KafkaStore:
             raise StoreError(str(e)) from None
         return state
 
+    def record(self, key: str, value: Mapping[str, Any]) -> Record:
+        """What ``put`` would write, as a record for another producer (a transactional one) to write."""
+        return progress_record(self._topic, self._prefix[:-1], key, value)
+
     def put(self, key: str, value: Mapping[str, Any] | None) -> None:
         payload = orjson.dumps(value) if value is not None else None
 
@@ -183,6 +197,20 @@ class KafkaStore:
                 raise StoreError(f"snapshot progress was not acknowledged by Kafka ({self._topic}) within {timeout:.0f}s")
         if self._failure is not None:
             raise StoreError(self._failure)
+
+
+def progress_record(topic: str, slot: str, key: str, value: Mapping[str, Any]) -> Record:
+    """The record a ``KafkaStore`` of ``slot`` on ``topic`` holds for ``key``."""
+    return Record(topic, f"{slot}/{key}".encode(), orjson.dumps(value), (), 0)
+
+
+def chunk_key(table: str, index: int) -> str:
+    return f"chunk/{table}/{index}"
+
+
+def chunk_record(topic: str, slot: str, table: str, index: int, rows: int) -> Record:
+    """The record that says chunk ``index`` of ``table`` is copied (``SnapshotState.chunk_done``)."""
+    return progress_record(topic, slot, chunk_key(table, index), {"rows": rows})
 
 
 def topics_holding_records(bootstrap_servers: str, extra: Mapping[str, Any], topics: Iterable[str], timeout: float = 30.0) -> set[str]:
@@ -405,7 +433,7 @@ class SnapshotState:
 
     def chunk_done(self, table: str, index: int, rows: int) -> None:
         with self._lock:
-            self._put(f"chunk/{table}/{index}", {"rows": rows})
+            self._put(chunk_key(table, index), {"rows": rows})
 
     def done_chunks(self, table: str) -> dict[int, int]:
         prefix = f"chunk/{table}/"
@@ -435,6 +463,14 @@ class SnapshotState:
     def save_job(self, job: Job) -> None:
         with self._lock:
             self._put(f"job/{job.id}", job.to_json())
+
+    def job_record(self, job: Job) -> Record | None:
+        """The job's record for the caller to produce (in a Kafka transaction) instead of ``save_job``; None
+        when the store keeps it without one."""
+        with self._lock:
+            value = job.to_json()
+            self._data[f"job/{job.id}"] = value
+            return self._store.record(f"job/{job.id}", value)
 
     # -- signals -------------------------------------------------------------------------------
 

@@ -79,6 +79,7 @@ class WorkerSpec:
     log_format: str = "json"
     log_level: str = "info"
     server_json: bool = True  # let the server build the rows' JSON where it can (cdc.snapshot.sqljson)
+    record_chunks: bool = True  # exactly once: a chunk's transaction ends with its progress record (not without a slot)
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,8 +174,13 @@ def run_worker(spec: WorkerSpec, parent_pid: int, tasks: multiprocessing.queues.
         reports.put(Ready(wid, str(e).strip()))
         conn.close()
         return
+    try:
+        output = spec.output(wid)
+    except SinkError as e:
+        reports.put(Ready(wid, f"cannot set up its Kafka producer: {e}"))
+        conn.close()
+        return
     reports.put(Ready(wid, None))
-    output = spec.output()
     readers: dict[str, _Reader] = {}
     server_json = spec.server_json and output.bulk is not None and _utf8(conn)
     try:
@@ -307,12 +313,19 @@ def _copy_chunk(
                     tick()
                     reports.put(Rows(wid, table.name, n - reported))
                     reported = n
+        _chunk_copied(output, spec, task, n)
         delivery.commit(TxCommit(xid or 0, point, point, ts, n))
     while delivery.drain(_DRAIN_TIMEOUT_S):
         log.warning("snapshot_waiting_for_kafka", worker=wid, table=table.name, chunk=task.chunk.index)
     if n > reported:
         reports.put(Rows(wid, table.name, n - reported))
     return n
+
+
+def _chunk_copied(output: Output, spec: WorkerSpec, task: ChunkTask, rows: int) -> None:
+    """Exactly once: the chunk's progress record, last in its transaction (the commit follows)."""
+    if output.chunk_record is not None and spec.record_chunks:
+        output.delivery.send(output.chunk_record(task.table.name, task.chunk.index, rows), "snapshot progress")
 
 
 _CLOCK_EVERY = 256  # rows between readings of the clock for the envelopes' processing time
@@ -388,6 +401,7 @@ def _copy_chunk_json(
                         break
                     except BufferError:
                         wait()
+        _chunk_copied(output, spec, task, n)
         delivery.commit(TxCommit(xid or 0, point, point, ts, n))
     while delivery.drain(_DRAIN_TIMEOUT_S) or bulk.drain(_DRAIN_TIMEOUT_S):
         log.warning("snapshot_waiting_for_kafka", worker=wid, table=table.name, chunk=task.chunk.index)
