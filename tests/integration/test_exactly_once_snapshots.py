@@ -11,6 +11,7 @@ from their first chunk, and exactly once delivered 2,569 snapshot records for ~2
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -189,3 +190,48 @@ def test_a_snapshot_requested_by_signal_killed_20_times_delivers_each_row_once(
     _finish(cfg, tmp_path, pg_dsn, slot_name, store)
     assert _killed_inside_a_job(cfg, tmp_path) >= 3, "fewer than three runs were killed inside the snapshot job"
     assert _check_once(consume_all, f"{topic_prefix}.public.items", pg_dsn, ROWS, "requested by signal") == 1.0
+
+
+def _workers_of(pid: int) -> list[int]:
+    """The snapshot worker processes of the daemon ``pid`` (multiprocessing's spawned children)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    found = []
+    for child in children:
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except FileNotFoundError:
+            continue
+        if b"spawn_main" in cmdline:
+            found.append(int(child))
+    return found
+
+
+def test_snapshot_workers_killed_mid_copy_leave_no_duplicate_and_no_open_transaction(
+    tmp_path: Path, services: Any, pg_dsn: str, slot_name: str, publication_name: str, topic_prefix: str, consume_all: Any
+) -> None:
+    """Two of three workers SIGKILLed while the daemon copies: their chunks go to the last worker once
+    their transactional ids are fenced (an open transaction would hold read_committed consumers up to
+    transaction.timeout.ms, 15 minutes), and each row is in the topic once."""
+    _fill(pg_dsn, ROWS // 2)
+    cfg = _config(tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix,
+                  workers=3, chunk_rows=500, server_json=False)  # fmt: skip
+    store = KafkaStore(services.kafka_bootstrap, f"{topic_prefix}.__cdc_snapshot", slot_name)
+    daemon = Connector(cfg, tmp_path / "daemon.log").start()
+    assert daemon.proc is not None
+    pid = daemon.proc.pid
+    try:
+        for at_least in (4, 12):
+            freeze_when(pid, store.load, lambda s, n=at_least: sum(k.startswith("chunk/") for k in s) >= n, 120,
+                        f"{at_least} chunks copied")  # fmt: skip
+            workers = _workers_of(pid)
+            assert len(workers) >= 2, workers
+            os.kill(workers[0], signal.SIGKILL)
+            os.kill(pid, signal.SIGCONT)
+        daemon.wait_streaming(pg_dsn, slot_name, timeout=120)
+    finally:
+        code = daemon.stop()
+    assert code == 0, daemon.output()[-4000:]
+    died = [e for e in daemon.log_events() if e.get("event") == "snapshot_worker_died"]
+    assert len(died) == 2, died
+    assert store.load()["initial"]["status"] == "done"
+    assert _check_once(consume_all, f"{topic_prefix}.public.items", pg_dsn, ROWS // 2, "workers killed") == 1.0
