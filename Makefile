@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-versions test-cluster unit integration services-up services-down lint clean flink-compat image spark-image quickstart quickstart-spark quickstart-down
+.PHONY: install demo test test-versions test-cluster exactly-once-full unit integration services-up services-down lint clean flink-compat image spark-image quickstart quickstart-spark quickstart-down
 
 $(STAMP): pyproject.toml scripts/system-deps.sh spark/jars-pom.xml
 	bash scripts/system-deps.sh
@@ -35,6 +35,14 @@ test: $(STAMP) lint
 	CDC_TEST_STOP_SERVICES=0 $(BIN)/python -m pytest -p no:cacheprovider -ra --durations=25 \
 		-n 2 -m "not cluster" tests
 	$(MAKE) --no-print-directory test-versions
+
+# Exactly once at full size: a 5,000,000-row source transaction with a 60 s Kafka transaction timeout,
+# and snapshots of 200,000 rows, each SIGKILLed 20 times (the suite runs the same tests smaller).
+exactly-once-full: $(STAMP)
+	CDC_TEST_BIG_TRANSACTION_ROWS=5000000 CDC_TEST_BIG_TRANSACTION_TIMEOUT_MS=60000 \
+	CDC_TEST_BIG_TRANSACTION_SPLIT_RECORDS=1000000 CDC_TEST_EOS_SNAPSHOT_ROWS=200000 \
+		$(BIN)/python -m pytest -p no:cacheprovider -s --timeout 7200 \
+		tests/integration/test_exactly_once_snapshots.py tests/integration/test_delivery.py::test_exactly_once_splits_a_source_transaction_over_the_kafka_timeout_and_resumes_inside_it_after_kills
 
 # The Spark jobs under spark-submit on a standalone master and worker started from the installed pyspark
 # (tests/integration/test_spark_cluster.py; about 90 s).

@@ -320,10 +320,10 @@ class DeliveryConfig(_Section):
     offsets_topic: str = Field(
         default="__cdc_offsets", description="compacted topic holding the committed position (exactly_once)"
     )
-    commit_interval_ms: int = Field(
-        default=100, ge=1, description="exactly_once: how long a Kafka transaction stays open to batch source ones"
-    )
+    commit_interval_ms: int = Field(default=100, ge=1, description="exactly_once: how long a Kafka transaction stays open to batch source ones")  # fmt: skip
     commit_records: int = Field(default=10_000, ge=1, description="exactly_once: records per Kafka transaction")
+    split_records: int = Field(default=1_000_000, ge=1024, description="exactly_once: a source transaction with more "
+        "records, or producing for half of transaction.timeout.ms, goes to Kafka in parts (read_committed sees the parts)")  # fmt: skip
 
 
 class _ValueEncoding(_Section):

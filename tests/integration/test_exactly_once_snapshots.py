@@ -31,7 +31,7 @@ from tests.support.snapshots import freeze_when
 pytestmark = pytest.mark.integration
 
 KILLS = 20
-ROWS = 60_000
+ROWS = int(os.environ.get("CDC_TEST_EOS_SNAPSHOT_ROWS", "60000"))  # make exactly-once-full: 200,000
 
 
 def _config(tmp_path: Path, services: Any, dsn: str, slot: str, publication: str, prefix: str, **snapshot: Any) -> Path:

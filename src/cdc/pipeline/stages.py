@@ -34,7 +34,6 @@ from cdc.event import ChangeEvent, Event, MessageEvent, Op, TruncateEvent, TxBeg
 from cdc.observe import Stats
 from cdc.sink.delivery import Delivery
 from cdc.sink.metadata import TransactionMetadata
-from cdc.sink.record import Record
 from cdc.sink.records import EventSerializer
 from cdc.snapshot.incremental import is_watermark
 from cdc.snapshot.service import Snapshots
@@ -174,16 +173,14 @@ class SnapshotStage(Stage):
     releases its chunk's rows, which are delivered right there, inside the watermark's transaction.
     Watermark messages themselves are consumed, never published."""
 
-    def __init__(
-        self, snapshots: Snapshots, send_rows: Callable[[list[ChangeEvent]], None], send: Callable[[Record, str], None]
-    ) -> None:
+    def __init__(self, snapshots: Snapshots, send_rows: Callable[[list[ChangeEvent]], None], delivery: Delivery) -> None:
         self._on_event = snapshots.on_event
         # A row change's part of on_event without its dispatch and the reader check (both run at every
         # other event): the chain calls it per row, as this stage's row step.
         self._on_row = snapshots.coordinator.on_row
         self._send_rows = send_rows
         self._released_progress = snapshots.released_progress
-        self._send = send
+        self._delivery = delivery
 
     def row_step(self, table: str) -> Process:
         return self._on_row
@@ -191,16 +188,25 @@ class SnapshotStage(Stage):
     def process(self, event: Event) -> Event | None:
         if type(event) is ChangeEvent:
             return self._on_row(event)
-        rows = self._on_event(event)
-        if rows:  # a high watermark: the chunk's rows, inside its transaction
-            self._send_rows(rows)
-        if is_watermark(event):
-            # Exactly once: the chunk's progress right after its rows, in the same Kafka transaction.
+        if not is_watermark(event):
+            rows = self._on_event(event)
+            if rows:
+                self._send_rows(rows)
+            return event
+        # A high watermark: the chunk's rows, inside its transaction, then (exactly once) the chunk's
+        # progress, in the same Kafka transaction as its rows.
+        delivery = self._delivery
+        delivery.keep_together(True)
+        try:
+            rows = self._on_event(event)
+            if rows:
+                self._send_rows(rows)
             progress = self._released_progress()
             if progress is not None:
-                self._send(progress, "snapshot progress")
-            return None
-        return event
+                delivery.send(progress, "snapshot progress")
+        finally:
+            delivery.keep_together(False)
+        return None
 
 
 _EMIT_PREFIX = re.compile(r"pg_logical_emit_message\s*\(\s*(?:true|false)\s*,\s*'((?:[^']|'')*)'", re.IGNORECASE)

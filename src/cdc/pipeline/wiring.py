@@ -223,7 +223,7 @@ def make_chain(
     stages: list[Stage] = []
     if outbox is not None:
         stages.append(outbox)
-    stages.append(SnapshotStage(snapshots, send_rows, delivery.send))
+    stages.append(SnapshotStage(snapshots, send_rows, delivery))
     own = [p for p in (emitted_prefix(cfg.heartbeat.action_query),) if p is not None]
     outbox_prefix = cfg.outbox.message_prefix if router is not None else None
     stages.append(MessageFilter(cfg.messages.include, cfg.messages.exclude, own, outbox_prefix, stats))
@@ -352,6 +352,7 @@ def make_delivery(cfg: Config) -> Delivery:
         max_record_bytes=cfg.limits.max_record_bytes,
         commit_interval_s=cfg.delivery.commit_interval_ms / 1000,
         commit_records=cfg.delivery.commit_records,
+        split_records=cfg.delivery.split_records,
         dead_letters=dead,
     )
 

@@ -28,12 +28,26 @@ Exactly once, the order of things:
    the last included source transaction) is produced to the offsets topic, last.
 5. ``commit_transaction``; only after it returns is that end LSN confirmable.
 
-The initial snapshot's workers deliver exactly once with ``ChunkTransactions``:
-a chunk's rows and its progress record in one Kafka transaction per chunk.
+A source transaction of any size: once the open Kafka transaction holds
+``split_records`` records, or has been open half of ``transaction.timeout.ms``,
+it is committed inside the source transaction, with a position that says so: the
+source transaction's commit LSN, the records of it already in Kafka, and a digest
+of the last one (``Position.records``, ``Position.last``). The confirmable LSN
+stays at the previous whole transaction. A restart (Postgres sends the whole
+transaction again) drops that many of its records, checks that the last one
+dropped is the recorded one, and goes on from there: no duplicate, no gap. A
+read_committed consumer then sees such a transaction in several Kafka commits.
+Where several records must stay in one Kafka transaction (a snapshot chunk's rows
+and its progress record), ``keep_together`` holds the split back.
+
+The initial snapshot's workers deliver exactly once with
+``cdc.sink.chunks.ChunkTransactions``: a chunk's rows and its progress record in
+one Kafka transaction per chunk.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -77,9 +91,10 @@ class Delivery(Protocol):
     def acknowledged(self) -> Lsn: ...
     def drain(self, timeout: float) -> int: ...  # deliver what is in flight; returns what is left
     def reset(self) -> None: ...  # after a lost replication connection, once drained
+    def keep_together(self, on: bool) -> None: ...  # exactly once: no Kafka commit inside what follows, until off
 
 
-class _Producing:
+class Producing:
     """What both strategies share: produce with accounting, the size limit, dead letters."""
 
     def __init__(self, producer: Producer, max_record_bytes: int, dead_letters: DeadLetters | None) -> None:
@@ -174,12 +189,12 @@ class _Producing:
             except BufferError:
                 self._producer.poll(0.05)
             except KafkaException as e:
-                raise _classify(e, f"cannot produce to {topic}") from None
+                raise classify(e, f"cannot produce to {topic}") from None
         self.inflight_bytes += size
         self.inflight_records += 1
 
 
-def _classify(e: KafkaException, what: str) -> SinkError:
+def classify(e: KafkaException, what: str) -> SinkError:
     err = e.args[0] if e.args else None
     if isinstance(err, KafkaError):
         text = f"{what}: {err.str()} ({err.name()})"
@@ -191,7 +206,7 @@ def _classify(e: KafkaException, what: str) -> SinkError:
     return SinkError(f"{what}: {e}")
 
 
-class AtLeastOnce(_Producing):
+class AtLeastOnce(Producing):
     """Idempotent producer; Postgres holds the durable position (the slot's confirmed LSN)."""
 
     def __init__(
@@ -200,7 +215,7 @@ class AtLeastOnce(_Producing):
         super().__init__(Producer(dict(config), logger=librdkafka_logger()), max_record_bytes, dead_letters)
         self._tracker = AckTracker()
         self._entry: Any = None
-        self._done: Any = _ignore
+        self._done: Any = ignore
 
     def begin(self, tx: TxBegin) -> bool:
         entry = self._tracker.begin()
@@ -228,7 +243,7 @@ class AtLeastOnce(_Producing):
             raise
 
     def send_outside(self, record: Record) -> None:
-        self._produce(record, record.topic, _ignore, critical=False)
+        self._produce(record, record.topic, ignore, critical=False)
 
     def commit(self, tx: TxCommit) -> None:
         if self._entry is None:
@@ -258,11 +273,20 @@ class AtLeastOnce(_Producing):
         self._tracker = AckTracker(self._tracker.acknowledged())
         self._entry = None
 
+    def keep_together(self, on: bool) -> None:
+        return None
+
 
 @dataclass(frozen=True, slots=True)
 class Position:
     commit_lsn: Lsn
-    end_lsn: Lsn
+    end_lsn: Lsn  # of the last whole source transaction in Kafka: what may be confirmed
+    records: int | None = None  # the transaction at commit_lsn is in Kafka up to this many records; None: whole
+    last: str | None = None  # digest of that last record (topic and key), checked when resuming after it
+
+
+def _digest(record: Record) -> str:
+    return hashlib.sha256(record.topic.encode() + b"\0" + record.key).hexdigest()[:32]
 
 
 def read_position(bootstrap: str, extra: Mapping[str, Any], topic: str, slot: str, timeout: float = 30.0) -> Position | None:
@@ -273,7 +297,9 @@ def read_position(bootstrap: str, extra: Mapping[str, Any], topic: str, slot: st
     def record(record_key: bytes | None, value: bytes | None) -> None:
         if record_key == key and value is not None:
             data = orjson.loads(value)
-            found.append(Position(Lsn(int(data["commit_lsn"])), Lsn(int(data["end_lsn"]))))
+            records = data.get("records")
+            found.append(Position(Lsn(int(data["commit_lsn"])), Lsn(int(data["end_lsn"])),
+                                  int(records) if records is not None else None, data.get("last")))  # fmt: skip
 
     read_to_end(
         bootstrap, extra, topic, group_id=f"cdc-offsets-reader-{slot}", what="the offsets topic", on_record=record, timeout=timeout
@@ -281,7 +307,7 @@ def read_position(bootstrap: str, extra: Mapping[str, Any], topic: str, slot: st
     return found[-1] if found else None
 
 
-class ExactlyOnce(_Producing):
+class ExactlyOnce(Producing):
     """Transactional producer: records and the committed position share one Kafka transaction."""
 
     def __init__(
@@ -294,19 +320,26 @@ class ExactlyOnce(_Producing):
         max_record_bytes: int,
         commit_interval_s: float = 0.1,
         commit_records: int = 10_000,
+        split_records: int = 1_000_000,
         dead_letters: DeadLetters | None = None,
     ) -> None:
-        conf = _transactional(config, f"cdc-{slot}")
-        # A source transaction stays in one Kafka transaction; past this age the broker would abort it
-        # and fence the producer, which reports only "Local: Fatal error". Stopping first names it.
+        conf = transactional_config(config, f"cdc-{slot}")
+        # Past transaction.timeout.ms the broker would abort the open transaction and fence the producer,
+        # which reports only "Local: Fatal error". A source transaction is split at half of it; one that
+        # cannot be split (keep_together) stops at 90% with an error that names it.
         self._tx_timeout_ms = int(conf["transaction.timeout.ms"])
         self._max_tx_age = 0.9 * self._tx_timeout_ms / 1000
+        self._split_age = 0.5 * self._tx_timeout_ms / 1000
+        self._split_records = split_records
+        self._together = False
+        self._source_records = 0  # records of the current source transaction produced (or dropped as in Kafka)
+        self._drop = 0  # records of the current source transaction still to drop: in Kafka before a restart
         producer = Producer(conf, logger=librdkafka_logger())
         super().__init__(producer, max_record_bytes, dead_letters)
         try:
             producer.init_transactions(60)  # step 1: fence zombies, finish or abort their transaction
         except KafkaException as e:
-            raise _classify(e, "cannot initialise the transactional producer") from None
+            raise classify(e, "cannot initialise the transactional producer") from None
         self._slot_key = slot.encode()
         self._offsets_topic = offsets_topic
         self._committed = start or Position(Lsn(0), Lsn(0))
@@ -322,25 +355,32 @@ class ExactlyOnce(_Producing):
         self._skipping = False
         self.kafka_commits = 0
         self.skipped_transactions = 0
-        log.info("exactly_once_resume", commit_lsn=str(self._committed.commit_lsn), end_lsn=str(self._committed.end_lsn))
+        self.splits = 0
+        log.info("exactly_once_resume", commit_lsn=str(self._committed.commit_lsn), end_lsn=str(self._committed.end_lsn),
+                 records=self._committed.records)  # fmt: skip
 
     @property
     def committed(self) -> Position:
         return self._committed
 
     def begin(self, tx: TxBegin) -> bool:
-        if tx.commit_lsn <= self._committed.commit_lsn:  # step 2: already in Kafka
-            self._skipping = True
+        committed = self._committed
+        if tx.commit_lsn < committed.commit_lsn or (tx.commit_lsn == committed.commit_lsn and committed.records is None):
+            self._skipping = True  # step 2: already in Kafka
             self.skipped_transactions += 1
             return False
         self._skipping = False
         self._in_source_tx = True
         self._source_tx = tx
+        self._source_records = 0
+        self._drop = (committed.records or 0) if tx.commit_lsn == committed.commit_lsn else 0
+        if self._drop:
+            log.info("exactly_once_resume_inside", xid=tx.xid, commit_lsn=str(tx.commit_lsn), records_in_kafka=self._drop)
         if not self._open:
             try:
                 self._producer.begin_transaction()
             except KafkaException as e:
-                raise _classify(e, "cannot begin a Kafka transaction") from None
+                raise classify(e, "cannot begin a Kafka transaction") from None
             self._open = True
             self._opened_at = time.monotonic()
             self._records = 0
@@ -349,35 +389,84 @@ class ExactlyOnce(_Producing):
     def send(self, record: Record, describe: str) -> None:
         if self._skipping:
             return
-        self._produce(record, describe, _ignore)
+        if self._drop:
+            self._dropped(record)
+            return
+        self._produce(record, describe, ignore)
         self._records += 1
-        if not self._records & 1023 and time.monotonic() - self._opened_at >= self._max_tx_age:
-            self._too_long()
+        self._source_records += 1
+        if not self._records & 1023 and (
+            self._records >= self._split_records or time.monotonic() - self._opened_at >= self._split_age
+        ):
+            self._split(record)
+
+    def keep_together(self, on: bool) -> None:
+        """While on, the open Kafka transaction is not split (records that only make sense together)."""
+        self._together = on
+
+    def _dropped(self, record: Record) -> None:
+        """A record of a split source transaction that is already in Kafka; the last one is checked."""
+        self._drop -= 1
+        self._source_records += 1
+        if not self._drop and self._committed.last is not None and _digest(record) != self._committed.last:
+            tx = self._source_tx
+            assert tx is not None
+            raise SinkError(
+                f"source transaction {tx.xid} (commit LSN {tx.commit_lsn}) was half in Kafka when the daemon "
+                f"stopped, up to its record {self._committed.records}, but that record is now another one "
+                f"({record.topic}): the configuration changed what this transaction produces (tables, columns, "
+                "format, outbox) since then. Fix: start once more with the configuration it ran with, until "
+                "this transaction is past (the log says exactly_once_resume_inside no more), then change it."
+            )
+
+    def _split(self, record: Record) -> None:
+        """Commit the open Kafka transaction inside the source transaction (see the module's notes)."""
+        if self._together:
+            if time.monotonic() - self._opened_at >= self._max_tx_age:
+                self._too_long()
+            return
+        tx = self._source_tx
+        assert tx is not None and self._in_source_tx
+        if self._last is not None:  # whole source transactions before this one share the Kafka transaction
+            done = self._last
+            end_lsn = done.end_lsn
+        else:
+            end_lsn = self._committed.end_lsn
+        position = Position(tx.commit_lsn, end_lsn, self._source_records, _digest(record))
+        self._commit_kafka(position)
+        self.splits += 1
+        log.info("kafka_transaction_split", xid=tx.xid, commit_lsn=str(tx.commit_lsn), records_in_kafka=self._source_records)
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as e:
+            raise classify(e, "cannot begin a Kafka transaction") from None
+        self._open = True
+        self._opened_at = time.monotonic()
+        self._records = 0
 
     def _too_long(self) -> None:
         tx = self._source_tx
         assert tx is not None
         raise SinkError(
             f"source transaction {tx.xid} (commit LSN {tx.commit_lsn}) has been producing for "
-            f"{time.monotonic() - self._opened_at:.0f}s, {self._records} records so far, and Kafka aborts a "
-            f"transaction open for transaction.timeout.ms={self._tx_timeout_ms} ms; with delivery.mode "
-            "exactly_once a source transaction is one Kafka transaction. None of it is visible to read_committed "
-            "consumers, and a restart sends it again from its start. Fix: raise "
-            "kafka.producer.transaction.timeout.ms above the time this transaction needs (the broker caps it at "
-            "its transaction.max.timeout.ms, 900000 by default), or stream this slot with delivery.mode "
-            "at_least_once."
+            f"{time.monotonic() - self._opened_at:.0f}s, {self._records} records so far, in a part that must stay "
+            f"in one Kafka transaction (a snapshot chunk), and Kafka aborts a transaction open for "
+            f"transaction.timeout.ms={self._tx_timeout_ms} ms. None of this Kafka transaction is visible to "
+            "read_committed consumers, and a restart sends it again. Fix: raise "
+            "kafka.producer.transaction.timeout.ms (the broker caps it at its transaction.max.timeout.ms, "
+            "900000 by default), or lower snapshot.incremental_chunk_rows."
         )
 
     def send_outside(self, record: Record) -> None:
         if self._open:
-            self._produce(record, record.topic, _ignore, critical=False)
+            self._produce(record, record.topic, ignore, critical=False)
             return
         try:
             self._producer.begin_transaction()
-            self._produce(record, record.topic, _ignore, critical=False)
+            self._produce(record, record.topic, ignore, critical=False)
             self._producer.commit_transaction(60)
         except KafkaException as e:
-            raise _classify(e, "cannot write a heartbeat in a Kafka transaction") from None
+            raise classify(e, "cannot write a heartbeat in a Kafka transaction") from None
 
     def commit(self, tx: TxCommit) -> None:
         if self._skipping:
@@ -402,18 +491,25 @@ class ExactlyOnce(_Producing):
         ):
             self._commit_kafka()
 
-    def _commit_kafka(self) -> None:
+    def _commit_kafka(self, inside: Position | None = None) -> None:
+        """Commit the open Kafka transaction: at the end of ``self._last``, or ``inside`` a source
+        transaction (a split)."""
         last = self._last
-        assert last is not None and self._open
-        value = orjson.dumps(
-            {"commit_lsn": int(last.commit_lsn), "end_lsn": int(last.end_lsn), "xid": last.xid, "slot": self._slot_key.decode()}
-        )
+        assert (last is not None or inside is not None) and self._open
+        if inside is not None:
+            assert self._source_tx is not None
+            position = {"commit_lsn": int(inside.commit_lsn), "end_lsn": int(inside.end_lsn), "xid": self._source_tx.xid,
+                        "records": inside.records, "last": inside.last}  # fmt: skip
+        else:
+            assert last is not None
+            position = {"commit_lsn": int(last.commit_lsn), "end_lsn": int(last.end_lsn), "xid": last.xid}
+        value = orjson.dumps({**position, "slot": self._slot_key.decode()})
         try:
             # step 4: the position record goes last
             self._producer.produce(self._offsets_topic, value, self._slot_key, partition=0)
-            _commit_transaction(self._producer)  # step 5
+            commit_transaction(self._producer)  # step 5
         except KafkaException as e:
-            problem = _classify(e, "cannot commit the Kafka transaction")
+            problem = classify(e, "cannot commit the Kafka transaction")
             if isinstance(problem, RetryableSinkError):
                 self._abort()
             raise problem from None
@@ -421,16 +517,20 @@ class ExactlyOnce(_Producing):
             raise DeliveryFailed(self.failure)
         self._open = False
         self._last = None
-        self._committed = Position(last.commit_lsn, last.end_lsn)
-        if last.end_lsn > self._acked:
-            self._acked = last.end_lsn
+        if inside is not None:
+            self._committed = inside
+        else:
+            assert last is not None
+            self._committed = Position(last.commit_lsn, last.end_lsn)
+        if self._committed.end_lsn > self._acked:
+            self._acked = self._committed.end_lsn
         self.kafka_commits += 1
 
     def _abort(self) -> None:
         try:
             self._producer.abort_transaction(60)
         except KafkaException as e:
-            raise _classify(e, "cannot abort the Kafka transaction") from None
+            raise classify(e, "cannot abort the Kafka transaction") from None
         self._open = False
         self._last = None
         self._in_source_tx = False
@@ -454,107 +554,10 @@ class ExactlyOnce(_Producing):
     def reset(self) -> None:
         self._skipping = False
         self._in_source_tx = False
+        self._drop = 0
 
 
-class ChunkTransactions(_Producing):
-    """Exactly once for the initial snapshot's workers: each chunk is one Kafka transaction holding its
-    rows and, produced last, the record that says the chunk is copied (``cdc.snapshot.state``). After a
-    crash at any moment a read_committed consumer sees a chunk's rows once or not at all, and the chunk
-    counts as copied exactly when they are there.
-
-    One producer per worker, ``transactional.id`` = ``cdc-<slot>-snapshot-<worker>``: the daemon's next
-    start (or the coordinator, when a worker dies) fences that id (``fence_transactions``), which ends
-    what the dead worker left open. It is also the worker's bulk producer (``produce``, ``wait``,
-    ``check``, ``drain``, as ``BulkProducer``): rows whose JSON the server built go into the same
-    transaction."""
-
-    def __init__(self, config: Mapping[str, Any], *, transactional_id: str, max_record_bytes: int,
-                 dead_letters: DeadLetters | None = None) -> None:  # fmt: skip
-        conf = _transactional(config, transactional_id)
-        producer = Producer(conf, logger=librdkafka_logger())
-        super().__init__(producer, max_record_bytes, dead_letters)
-        try:
-            producer.init_transactions(60)
-        except KafkaException as e:
-            raise _classify(e, "cannot initialise the snapshot's transactional producer") from None
-        self.produce = producer.produce  # the bulk path: produce(topic, value, key, headers=...)
-        self._open = False
-
-    def begin(self, tx: TxBegin) -> bool:
-        if self._open:  # a chunk that did not finish (skipped mid-way): none of it may be committed
-            self._abort()
-        try:
-            self._producer.begin_transaction()
-        except KafkaException as e:
-            raise _classify(e, "cannot begin a Kafka transaction for a snapshot chunk") from None
-        self._open = True
-        return True
-
-    def send(self, record: Record, describe: str) -> None:
-        self._produce(record, describe, _ignore)
-
-    def send_outside(self, record: Record) -> None:
-        raise SinkError("a snapshot chunk's records are all inside its transaction")
-
-    def commit(self, tx: TxCommit) -> None:
-        if not self._open:
-            raise SinkError("a snapshot chunk's commit arrived without its begin")
-        try:
-            _commit_transaction(self._producer)
-        except KafkaException as e:
-            problem = _classify(e, "cannot commit a snapshot chunk's Kafka transaction")
-            if isinstance(problem, RetryableSinkError):
-                self._abort()
-            raise problem from None
-        self._open = False
-        if self.failure is not None:
-            raise DeliveryFailed(self.failure)
-
-    def _abort(self) -> None:
-        try:
-            self._producer.abort_transaction(60)
-        except KafkaException as e:
-            raise _classify(e, "cannot abort a snapshot chunk's Kafka transaction") from None
-        self._open = False
-        self.failure = None
-
-    def position(self, lsn: Lsn) -> None:
-        return None
-
-    def tick(self) -> None:
-        self._producer.poll(0)
-
-    def acknowledged(self) -> Lsn:
-        return Lsn(0)
-
-    def wait(self) -> None:
-        self._producer.poll(0.05)
-
-    def check(self) -> None:
-        return None  # a failed record fails the chunk's commit
-
-    def drain(self, timeout: float) -> int:
-        remaining: int = self._producer.flush(timeout)
-        return remaining
-
-    def reset(self) -> None:
-        return None
-
-
-def fence_transactions(config: Mapping[str, Any], transactional_id: str) -> None:
-    """End what a dead producer with this ``transactional.id`` left open: Kafka aborts its open transaction,
-    or completes it if it was already committing. Afterwards a read_committed read shows which."""
-    producer = Producer(_transactional(config, transactional_id), logger=librdkafka_logger())
-    try:
-        producer.init_transactions(60)
-    except KafkaException as e:
-        raise _classify(e, f"cannot fence the transactional id {transactional_id}") from None
-    finally:
-        producer.flush(0)
-    log.info("transactions_fenced", transactional_id=transactional_id)
-
-
-def _transactional(config: Mapping[str, Any], transactional_id: str) -> dict[str, Any]:
+def transactional_config(config: Mapping[str, Any], transactional_id: str) -> dict[str, Any]:
     conf = dict(config)
     conf["transactional.id"] = transactional_id
     conf.setdefault("transaction.timeout.ms", 900_000)
@@ -564,7 +567,7 @@ def _transactional(config: Mapping[str, Any], transactional_id: str) -> dict[str
     return conf
 
 
-def _commit_transaction(producer: Producer) -> None:
+def commit_transaction(producer: Producer) -> None:
     """``commit_transaction``, again while Kafka says the error is retriable and needs no abort."""
     while True:
         try:
@@ -578,5 +581,5 @@ def _commit_transaction(producer: Producer) -> None:
             raise
 
 
-def _ignore(ok: bool) -> None:
+def ignore(ok: bool) -> None:
     """Exactly-once: a failed delivery surfaces at commit_transaction, not per record."""

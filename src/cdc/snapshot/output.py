@@ -25,7 +25,8 @@ from cdc.columns import ColumnPolicy, policies
 from cdc.config import Config, TableConfig
 from cdc.event import ChangeEvent, MessageEvent, TruncateEvent, TxBegin, TxCommit
 from cdc.sink.bulk import BulkProducer
-from cdc.sink.delivery import AtLeastOnce, ChunkTransactions, DeadLetters, fence_transactions
+from cdc.sink.chunks import ChunkTransactions, fence_transactions
+from cdc.sink.delivery import AtLeastOnce, DeadLetters
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import producer_config
 from cdc.sink.record import Record
