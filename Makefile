@@ -40,7 +40,8 @@ test: $(STAMP) lint
 # and snapshots of 200,000 rows, each SIGKILLed 20 times (the suite runs the same tests smaller).
 exactly-once-full: $(STAMP)
 	CDC_TEST_BIG_TRANSACTION_ROWS=5000000 CDC_TEST_BIG_TRANSACTION_TIMEOUT_MS=60000 \
-	CDC_TEST_BIG_TRANSACTION_SPLIT_RECORDS=1000000 CDC_TEST_EOS_SNAPSHOT_ROWS=200000 \
+	CDC_TEST_BIG_TRANSACTION_SPLIT_RECORDS=1000000 CDC_TEST_BIG_TRANSACTION_KILL_WITHIN_S=90 \
+	CDC_TEST_EOS_SNAPSHOT_ROWS=200000 \
 		$(BIN)/python -m pytest -p no:cacheprovider -s --timeout 7200 \
 		tests/integration/test_exactly_once_snapshots.py tests/integration/test_delivery.py::test_exactly_once_splits_a_source_transaction_over_the_kafka_timeout_and_resumes_inside_it_after_kills
 

@@ -158,6 +158,10 @@ def test_sigkill_at_random_moments_of_a_workload(
 BIG_ROWS = int(os.environ.get("CDC_TEST_BIG_TRANSACTION_ROWS", "150000"))
 BIG_TIMEOUT_MS = int(os.environ.get("CDC_TEST_BIG_TRANSACTION_TIMEOUT_MS", "6000"))
 BIG_SPLIT_RECORDS = int(os.environ.get("CDC_TEST_BIG_TRANSACTION_SPLIT_RECORDS", "10240"))
+# seconds after streaming starts (Postgres decodes the transaction again first) within which a kill lands
+BIG_KILL_WITHIN_S = float(os.environ.get("CDC_TEST_BIG_TRANSACTION_KILL_WITHIN_S", "3.0"))
+# 1: receive it streamed in progress (decoder.streaming, spooled until its commit)
+BIG_STREAMING = os.environ.get("CDC_TEST_BIG_TRANSACTION_STREAMING", "0") == "1"
 
 
 def test_exactly_once_splits_a_source_transaction_over_the_kafka_timeout_and_resumes_inside_it_after_kills(
@@ -178,6 +182,7 @@ def test_exactly_once_splits_a_source_transaction_over_the_kafka_timeout_and_res
         topic_prefix=topic_prefix,
         delivery={"mode": "exactly_once", "offsets_topic": f"{topic_prefix}.__offsets",
                   "split_records": BIG_SPLIT_RECORDS},
+        decoder={"streaming": BIG_STREAMING},
         status_interval_s=1.0,
     )  # fmt: skip
     first = Connector(cfg, tmp_path / "first.log").start()
@@ -193,13 +198,13 @@ def test_exactly_once_splits_a_source_transaction_over_the_kafka_timeout_and_res
     for i in range(KILLS - 1):
         c = Connector(cfg, tmp_path / f"run{i}.log").start()
         c.wait_streaming(pg_dsn, slot_name, timeout=120)
-        time.sleep(rng.uniform(0.2, 3.0))
+        time.sleep(rng.uniform(0.2, BIG_KILL_WITHIN_S))
         c.stop(signal.SIGKILL)
         splits += sum(e.get("event") == "kafka_transaction_split" for e in c.log_events())
     final = Connector(cfg, tmp_path / "final.log").start()
     try:
         final.wait_streaming(pg_dsn, slot_name, timeout=120)
-        wait_confirmed(pg_dsn, slot_name, end, timeout=600)
+        wait_confirmed(pg_dsn, slot_name, end, timeout=max(600, BIG_ROWS / 2000))
     finally:
         assert final.stop() == 0, final.output()[-4000:]
     splits += sum(e.get("event") == "kafka_transaction_split" for e in final.log_events())
@@ -219,3 +224,56 @@ def test_exactly_once_splits_a_source_transaction_over_the_kafka_timeout_and_res
     assert len(messages) == BIG_ROWS + 2, "changes missing"
     state = replay(messages)
     assert len(state) == BIG_ROWS + 1 and state[b'{"id":0}']["version"] == 2
+
+
+def test_exactly_once_refuses_to_resume_inside_a_split_transaction_after_a_configuration_change(
+    tmp_path: Path, services, pg_dsn, slot_name, publication_name, topic_prefix, consume_all
+):
+    """Resuming inside a split source transaction drops the records already in Kafka by count; a
+    configuration that makes the transaction produce other records (here: transaction metadata, a BEGIN
+    record first) would drop the wrong ones. The digest of the last record in Kafka catches it: the
+    daemon stops and says to start with the old configuration once, which then finishes it, each change
+    once."""
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, version int NOT NULL, pad text)")
+
+    def cfg(**extra: Any) -> Path:
+        return write_config(
+            tmp_path / "cdc.yaml",
+            source={"dsn": pg_dsn, "slot": slot_name, "publication": publication_name},
+            tables=["public.items"],
+            kafka={"bootstrap_servers": services.kafka_bootstrap},
+            topic_prefix=topic_prefix,
+            delivery={"mode": "exactly_once", "offsets_topic": f"{topic_prefix}.__offsets", "split_records": 1024},
+            status_interval_s=1.0,
+            **extra,
+        )
+
+    rows = 100_000
+    first = Connector(cfg(), tmp_path / "first.log").start()
+    first.wait_streaming(pg_dsn, slot_name)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO items SELECT i, 1, 'x' FROM generate_series(1, %s) i", (rows,))
+        end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+    deadline = time.monotonic() + 60
+    while not any(e.get("event") == "kafka_transaction_split" for e in first.log_events()):
+        assert time.monotonic() < deadline and first.proc is not None and first.proc.poll() is None, first.output()
+        time.sleep(0.05)
+    first.stop(signal.SIGKILL)
+
+    changed = Connector(cfg(transaction_metadata=True), tmp_path / "changed.log").start()
+    code = changed.wait_exit(90)
+    assert code == 1, changed.output()[-4000:]
+    [fatal] = [e for e in changed.log_events() if e.get("event") == "fatal"]
+    assert "the configuration changed what this transaction produces" in fatal["error"], fatal
+    assert "Fix: start once more with the configuration it ran with" in fatal["error"]
+
+    again = Connector(cfg(), tmp_path / "again.log").start()
+    try:
+        again.wait_streaming(pg_dsn, slot_name)
+        wait_confirmed(pg_dsn, slot_name, end, timeout=120)
+    finally:
+        assert again.stop() == 0, again.output()[-4000:]
+    messages = consume_all([f"{topic_prefix}.public.items"], timeout=60.0, isolation="read_committed")
+    keys = Counter(m.key() for m in messages)
+    assert len(keys) == rows and set(keys.values()) == {1}, "every change once"
