@@ -105,6 +105,8 @@ class ChunkTransactions(Producing):
         return None  # a failed record fails the chunk's commit
 
     def drain(self, timeout: float) -> int:
+        if self._open:  # a chunk that did not finish (its worker stops): abort it, or it would hold
+            self._abort()  # read_committed consumers up until transaction.timeout.ms
         remaining: int = self._producer.flush(timeout)
         return remaining
 
