@@ -36,6 +36,7 @@ from cdc.decoder.spool import Spool
 from cdc.decoder.stream import ReplicationStream
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.event import ChangeEvent, TableSchema
+from cdc.render.codec import log_choice
 from cdc.render.rows import RowRendering, TableRenderer
 from cdc.instance import InstanceLock
 from cdc.observe import Stats
@@ -170,6 +171,7 @@ def wire(
     decoder = ChangeDecoder(
         {**tables, **boxes}, types, spool=spool, renderer=TableRenderer(rendering_of(cfg, serializer, chain))
     )
+    log_choice(log)  # which row codec renders the rows: compiled, or the reference (and why)
 
     def transport() -> ReplicationStream:
         return ReplicationStream(

@@ -86,6 +86,21 @@ def _direct_renderer(pg_type: PgType, modifier: int, opts: TypeOptions) -> Calla
     return None
 
 
+def _direct_kind(pg_type: PgType, modifier: int, opts: TypeOptions) -> tuple[str, int] | None:
+    """The direct type of a column and its parameter (timestamptz: the precision; numeric: the scale), for
+    a compiled codec writing what ``_direct_renderer`` would (``RowRendering.direct``)."""
+    kind = direct_type(pg_type, modifier, opts)
+    if kind is None:
+        return None
+    if kind == "timestamptz":
+        return kind, time_precision(modifier)
+    if kind == "numeric":
+        typmod = numeric_typmod(modifier)
+        assert typmod is not None
+        return kind, typmod[1]
+    return kind, 0
+
+
 def _object_format(names: Sequence[str]) -> bytes:
     """``{"a":%b,"b":%b}``: a JSON object of these members, for bytes formatting (``%`` in names doubled)."""
     return b"{" + b",".join(orjson.dumps(name).replace(b"%", b"%%") + b":%b" for name in names) + b"}"
@@ -104,9 +119,11 @@ def json_row_rendering(
     ``null_texts``: per column, what a NULL (or a value the old tuple lacks) is written as."""
     render: list[Callable[[bytes], bytes] | None] = []
     typed: list[Callable[[Any], bytes]] = []
+    direct: list[tuple[str, int] | None] = []
     for column, (_, encode, _) in zip(table.columns, fields, strict=True):
         render.append(_direct_renderer(column.type, column.modifier, opts))
         typed.append(typed_renderer(orjson.dumps, encode))
+        direct.append(_direct_kind(column.type, column.modifier, opts))
     names = tuple(c.name for c in table.columns)
     key_index = tuple(names.index(name) for name, _, _ in key_fields)
     return RowRendering(
@@ -119,4 +136,6 @@ def json_row_rendering(
         key_typed=tuple(typed_renderer(orjson.dumps, encode) for _, encode, _ in key_fields),
         key_null=(b"null",) * len(key_index),
         key_format=_object_format(tuple(names[i] for i in key_index)),
+        format="json",
+        direct=tuple(direct),
     )

@@ -91,6 +91,11 @@ class RowRendering:
     written differently, as ``key_null``); the others go through ``key_typed``, as a key's encoding
     can differ (keys must be injective).
     Renderers raise ValueError on anything they do not cover; the decoder then takes its typed path.
+
+    ``format`` and ``direct`` are for a compiled codec (``cdc.render.codec``): per column, the direct
+    type (``text.direct_type``) and its parameter (timestamptz: the precision; numeric: the scale), or
+    None, which it may write itself in that format instead of calling ``render[i]``; empty: it calls
+    ``render[i]`` for every column.
     """
 
     names: tuple[str, ...]
@@ -102,18 +107,32 @@ class RowRendering:
     key_typed: tuple[Callable[[Any], bytes], ...]
     key_null: tuple[bytes | None, ...]
     key_format: bytes
+    format: str = ""
+    direct: tuple[tuple[str, int] | None, ...] = ()
 
 
 class TableRenderer:
     """The decoder's ``RowRenderer``: a rendered-row parser for each table ``rendering`` gives a
-    ``RowRendering`` for, typed rows for the others."""
+    ``RowRendering`` for, typed rows for the others. ``make_parser`` writes the parsers: by default the
+    codec ``cdc.render.codec`` chose (compiled or reference); the tests name one."""
 
-    def __init__(self, rendering: Callable[[TableSchema], RowRendering | None]) -> None:
+    def __init__(
+        self,
+        rendering: Callable[[TableSchema], RowRendering | None],
+        make_parser: Callable[[RowRendering, Sequence[Callable[[bytes], Any]]], RowParser] | None = None,
+    ) -> None:
         self._rendering = rendering
+        self._make_parser = make_parser
 
     def parser(self, table: TableSchema, converters: Sequence[Callable[[bytes], Any]]) -> RowParser | None:
         rendering = self._rendering(table)
-        return None if rendering is None else render_parser(rendering, converters)
+        if rendering is None:
+            return None
+        if self._make_parser is None:
+            from cdc.render.codec import row_parser  # the one place that chooses (it imports this module)
+
+            self._make_parser = row_parser
+        return self._make_parser(rendering, converters)
 
 
 def render_parser(rendering: RowRendering, parsers: Sequence[Callable[[bytes], Any]]) -> RowParser:
