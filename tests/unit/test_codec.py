@@ -28,7 +28,8 @@ from cdc.decoder.rows import Decline, RowParser
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.event import ChangeEvent, PgType, TableInfo, TypeKind
 from cdc.render import codec
-from cdc.render.rows import RenderedRow, RowRendering, TableRenderer, render_parser
+from cdc.render.codec import TableRenderer
+from cdc.render.rows import RenderedRow, RowRendering, render_parser
 from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.record import Record

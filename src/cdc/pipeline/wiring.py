@@ -36,8 +36,8 @@ from cdc.decoder.spool import Spool
 from cdc.decoder.stream import ReplicationStream
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.event import ChangeEvent, TableSchema
-from cdc.render.codec import log_choice
-from cdc.render.rows import RowRendering, TableRenderer
+from cdc.render.codec import TableRenderer, log_choice
+from cdc.render.rows import RowRendering
 from cdc.instance import InstanceLock
 from cdc.observe import Stats
 from cdc.outbox.route import OutboxRouter

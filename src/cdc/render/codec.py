@@ -1,7 +1,9 @@
 """Which row codec writes the decoder's rendered rows, chosen once, here: the compiled one
 (``cdc.render._compiled``, built from Cython when the package is installed on a machine with a C
 compiler) or the reference (``cdc.render.rows.render_parser``, pure Python). Both write the same bytes
-(``tests/unit/test_codec.py`` holds them to it), so the choice changes speed only.
+(``tests/unit/test_codec.py`` holds them to it), so the choice changes speed only. ``TableRenderer`` is the
+decoder's ``RowRenderer`` built from a choice of which tables may be rendered at all
+(``cdc.pipeline.wiring.rendering_of`` derives it from the stages), with the chosen codec's parsers.
 
 Set ``CDC_PURE_PYTHON=1`` to run on the reference although the compiled codec is installed (what the
 reference's run of the tests does). When the compiled codec is missing, the daemon runs on the
@@ -18,6 +20,7 @@ from typing import Any, Final, Literal
 import structlog
 
 from cdc.decoder.rows import Decline, RowParser
+from cdc.event import TableSchema
 from cdc.render.rows import RenderedRow, RowRendering, render_parser
 
 FORCE_REFERENCE_ENV: Final = "CDC_PURE_PYTHON"
@@ -102,3 +105,23 @@ def log_choice(log: Any = None) -> None:
         log.info("row_codec", implementation="reference", reason=_WHY_NOT)
     else:
         log.warning("row_codec_not_compiled", implementation="reference", reason=_WHY_NOT, fix=BUILD_FIX)
+
+
+class TableRenderer:
+    """The decoder's ``RowRenderer``: a rendered-row parser for each table ``rendering`` gives a
+    ``RowRendering`` for, typed rows for the others. ``make_parser`` writes the parsers: by default the
+    codec ``cdc.render.codec`` chose (compiled or reference); the tests name one."""
+
+    def __init__(
+        self,
+        rendering: Callable[[TableSchema], RowRendering | None],
+        make_parser: Callable[[RowRendering, Sequence[Callable[[bytes], Any]]], RowParser] | None = None,
+    ) -> None:
+        self._rendering = rendering
+        self._make_parser = make_parser
+
+    def parser(self, table: TableSchema, converters: Sequence[Callable[[bytes], Any]]) -> RowParser | None:
+        rendering = self._rendering(table)
+        if rendering is None:
+            return None
+        return (self._make_parser or row_parser)(rendering, converters)

@@ -3,9 +3,8 @@
 A ``RowRendering`` (made by a format's renderer, ``cdc.render.json`` or
 ``cdc.render.avro``) says how to write one table's columns; ``render_parser``
 turns it into a parser of the table's pgoutput tuples that returns a
-``RenderedRow``; ``TableRenderer`` is the decoder's ``RowRenderer`` built from a
-choice of which tables may be rendered at all (``cdc.pipeline.stages.Chain``
-derives it from the stages).
+``RenderedRow`` (the reference codec; ``cdc.render.codec`` chooses it or the
+compiled one, and holds ``TableRenderer``, the decoder's ``RowRenderer``).
 
 A rendered row has typed values for its key columns only, readable like a typed
 row's (``row[name]``, ``row.get(name)``, ``name in row``); asking it for any other
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from cdc.decoder.rows import Decline, RowParser
-from cdc.event import Row, TableSchema
+from cdc.event import Row
 
 Render = Callable[[bytes], bytes]
 
@@ -109,30 +108,6 @@ class RowRendering:
     key_format: bytes
     format: str = ""
     direct: tuple[tuple[str, int] | None, ...] = ()
-
-
-class TableRenderer:
-    """The decoder's ``RowRenderer``: a rendered-row parser for each table ``rendering`` gives a
-    ``RowRendering`` for, typed rows for the others. ``make_parser`` writes the parsers: by default the
-    codec ``cdc.render.codec`` chose (compiled or reference); the tests name one."""
-
-    def __init__(
-        self,
-        rendering: Callable[[TableSchema], RowRendering | None],
-        make_parser: Callable[[RowRendering, Sequence[Callable[[bytes], Any]]], RowParser] | None = None,
-    ) -> None:
-        self._rendering = rendering
-        self._make_parser = make_parser
-
-    def parser(self, table: TableSchema, converters: Sequence[Callable[[bytes], Any]]) -> RowParser | None:
-        rendering = self._rendering(table)
-        if rendering is None:
-            return None
-        if self._make_parser is None:
-            from cdc.render.codec import row_parser  # the one place that chooses (it imports this module)
-
-            self._make_parser = row_parser
-        return self._make_parser(rendering, converters)
 
 
 def render_parser(rendering: RowRendering, parsers: Sequence[Callable[[bytes], Any]]) -> RowParser:
