@@ -5,7 +5,7 @@
 ``RowCodec(rendering, parsers, pieces, key_pieces)`` is a ``RowParser``: ``codec(buf, pos)`` returns
 ``(RenderedRow, position after the tuple)``, or raises ``Decline`` (the decoder's general path takes the
 message) or IndexError (a length past the end: the general path too). Per column it either writes the
-encoding itself (JSON only, the common direct types: integers, text, bool, uuid, UTC timestamptz,
+encoding itself (in JSON or Avro, the common direct types: integers, text, bool, uuid, UTC timestamptz,
 fixed-scale numeric; ``rendering.direct``) or calls the reference's own Python function for it: the
 column's direct renderer, or its converter and typed renderer. Text a native writer does not cover (a
 non-ASCII string, a numeric of more than 18 digits, anything malformed) goes to the column's Python
@@ -36,7 +36,7 @@ cdef enum:
     KEY_TYPED = 2  # key_typed(typed value); a NULL declines
     KEY_TYPED_OR_NULL = 3  # key_null when NULL, else key_typed(typed value)
 
-_NATIVE_JSON = {"int": K_INT, "text": K_TEXT, "bool": K_BOOL, "uuid": K_UUID, "timestamptz": K_TSTZ, "numeric": K_NUMERIC}
+_NATIVE = {"int": K_INT, "text": K_TEXT, "bool": K_BOOL, "uuid": K_UUID, "timestamptz": K_TSTZ, "numeric": K_NUMERIC}
 
 cdef const char* _B64 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 
@@ -71,6 +71,8 @@ cdef class RowCodec:
     cdef tuple key_nulls
     cdef object row_class
     cdef object decline
+    cdef bint avro  # the natives write Avro binary (after ``prefixes[i]``, a union's branch), else JSON
+    cdef tuple prefixes
     # Scratch: the row's bytes as they are written, and where each column's encoding lies in them.
     cdef char* buf
     cdef Py_ssize_t cap
@@ -120,14 +122,18 @@ cdef class RowCodec:
         self.key_names = tuple(names[i] for i in rendering.key_index)
         self.row_class = row_class
         self.decline = decline
-        native = rendering.format == "json" and len(rendering.direct) == self.count
+        self.avro = rendering.format == "avro"
+        native = rendering.format in ("json", "avro") and len(rendering.direct) == self.count
+        if self.avro and len(rendering.prefix) != self.count:
+            native = False
+        self.prefixes = tuple(bytes(p) for p in rendering.prefix) if self.avro and native else (b"",) * self.count
         for i in range(self.count):
             self.key_of[i] = -1
             self.args[i] = 0
             if self.renders[i] is None:
                 self.kinds[i] = K_TYPED
-            elif native and rendering.direct[i] is not None and rendering.direct[i][0] in _NATIVE_JSON:
-                self.kinds[i] = _NATIVE_JSON[rendering.direct[i][0]]
+            elif native and rendering.direct[i] is not None and rendering.direct[i][0] in _NATIVE:
+                self.kinds[i] = _NATIVE[rendering.direct[i][0]]
                 self.args[i] = rendering.direct[i][1]
             else:
                 self.kinds[i] = K_PY
@@ -335,6 +341,113 @@ cdef class RowCodec:
         out[o] = 34
         return size + o + 1
 
+    cdef Py_ssize_t _long(self, Py_ssize_t size, int64_t n) except -1:
+        """Avro's zig-zag varint of ``n`` at ``size`` (write_long)."""
+        cdef uint64_t z = (<uint64_t>n << 1) ^ <uint64_t>(n >> 63)
+        self._reserve(size, 10)
+        while z >= 0x80:
+            self.buf[size] = <char>((z & 0x7F) | 0x80)
+            z >>= 7
+            size += 1
+        self.buf[size] = <char>z
+        return size + 1
+
+    cdef int _digits(self, const unsigned char* s, Py_ssize_t n, Py_ssize_t skip, int64_t* out) noexcept:
+        """An optionally negative run of up to 18 ASCII digits (``skip``: a position to pass over, or -1)
+        as ``*out``: 0, or -1 when it is not one (the reference decides then)."""
+        cdef Py_ssize_t i = 0, ndigits = 0
+        cdef bint negative = False
+        cdef int64_t value = 0
+        if n > 0 and s[0] == 45:
+            negative = True
+            i = 1
+        while i < n:
+            if i == skip:
+                i += 1
+                continue
+            if not _is_digit(s[i]) or ndigits == 18:
+                return -1
+            value = value * 10 + (s[i] - 48)
+            ndigits += 1
+            i += 1
+        if ndigits == 0:
+            return -1
+        out[0] = -value if negative else value
+        return 0
+
+    cdef Py_ssize_t _native_avro(self, Py_ssize_t size, int kind, int arg, bytes prefix, const unsigned char* s,
+                                 Py_ssize_t n) except -2:
+        """Write a direct type's Avro binary, after ``prefix`` (a nullable field's union branch), at ``size``;
+        the new size, or -1 when the text is not one this covers (avro._avro_direct's renderers)."""
+        cdef Py_ssize_t i, at, digits, length, start
+        cdef int64_t value = 0
+        cdef uint64_t bits
+        cdef char* out
+        if kind == K_INT:
+            if self._digits(s, n, -1, &value) < 0:
+                return -1
+            size = self._put(size, prefix)
+            return self._long(size, value)
+        if kind == K_TEXT:
+            for i in range(n):
+                if s[i] > 0x7F:
+                    return -1  # UTF-8 to validate: the reference
+            size = self._put(size, prefix)
+            size = self._long(size, n)
+            self._reserve(size, n)
+            memcpy(self.buf + size, s, n)
+            return size + n
+        if kind == K_BOOL:
+            if n != 1 or (s[0] != 116 and s[0] != 102):
+                return -1
+            size = self._put(size, prefix)
+            self._reserve(size, 1)
+            self.buf[size] = 1 if s[0] == 116 else 0
+            return size + 1
+        if kind == K_UUID:
+            if n != 36:
+                return -1
+            for i in range(36):
+                if i == 8 or i == 13 or i == 18 or i == 23:
+                    if s[i] != 45:
+                        return -1
+                elif not _is_hex(s[i]):
+                    return -1
+            size = self._put(size, prefix)
+            self._reserve(size, 37)
+            self.buf[size] = 0x48  # 36 as a zig-zag varint
+            memcpy(self.buf + size + 1, s, 36)
+            return size + 37
+        if kind == K_TSTZ:
+            # The JSON form, unquoted, after its length: written as JSON past the prefix and the length
+            # byte (always one: 20 to 27 characters), then moved over the quote.
+            start = self._put(size, prefix)
+            length = self._timestamptz(start + 1, arg, s, n)
+            if length < 0:
+                return -1
+            length = length - (start + 1) - 2  # without the quotes
+            self.buf[start] = <char>(length << 1)
+            for i in range(length):
+                self.buf[start + 1 + i] = self.buf[start + 2 + i]
+            return start + 1 + length
+        if kind == K_NUMERIC:
+            if arg and (n <= arg or s[n - arg - 1] != 46):
+                return -1
+            if self._digits(s, n, n - arg - 1 if arg else -1, &value) < 0:
+                return -1
+            bits = <uint64_t>(value if value >= 0 else ~value)
+            length = 1
+            while bits >= 0x80:
+                bits >>= 8
+                length += 1
+            size = self._put(size, prefix)
+            size = self._long(size, length)
+            self._reserve(size, length)
+            for i in range(length):
+                self.buf[size + length - 1 - i] = <char>((<uint64_t>value >> (8 * i)) & 0xFF)
+            return size + length
+        return -1
+
     def __call__(self, bytes data not None, Py_ssize_t pos):
         cdef const unsigned char* s = <const unsigned char*>PyBytes_AS_STRING(data)
         cdef Py_ssize_t total = PyBytes_GET_SIZE(data)
@@ -372,7 +485,10 @@ cdef class RowCodec:
                 else:
                     written = -1
                     if kind != K_PY:
-                        written = self._native(size, kind, self.args[i], s + start, length)
+                        if self.avro:
+                            written = self._native_avro(size, kind, self.args[i], <bytes>self.prefixes[i], s + start, length)
+                        else:
+                            written = self._native(size, kind, self.args[i], s + start, length)
                     text = None
                     if written >= 0:
                         size = written

@@ -20,6 +20,7 @@ from cdc.render.rows import RowRendering
 from cdc.render.text import (
     check_int_text,
     check_uuid_text,
+    direct_kind,
     direct_type,
     fixed_numeric_bytes,
     typed_renderer,
@@ -86,21 +87,6 @@ def _direct_renderer(pg_type: PgType, modifier: int, opts: TypeOptions) -> Calla
     return None
 
 
-def _direct_kind(pg_type: PgType, modifier: int, opts: TypeOptions) -> tuple[str, int] | None:
-    """The direct type of a column and its parameter (timestamptz: the precision; numeric: the scale), for
-    a compiled codec writing what ``_direct_renderer`` would (``RowRendering.direct``)."""
-    kind = direct_type(pg_type, modifier, opts)
-    if kind is None:
-        return None
-    if kind == "timestamptz":
-        return kind, time_precision(modifier)
-    if kind == "numeric":
-        typmod = numeric_typmod(modifier)
-        assert typmod is not None
-        return kind, typmod[1]
-    return kind, 0
-
-
 def _object_format(names: Sequence[str]) -> bytes:
     """``{"a":%b,"b":%b}``: a JSON object of these members, for bytes formatting (``%`` in names doubled)."""
     return b"{" + b",".join(orjson.dumps(name).replace(b"%", b"%%") + b":%b" for name in names) + b"}"
@@ -123,7 +109,7 @@ def json_row_rendering(
     for column, (_, encode, _) in zip(table.columns, fields, strict=True):
         render.append(_direct_renderer(column.type, column.modifier, opts))
         typed.append(typed_renderer(orjson.dumps, encode))
-        direct.append(_direct_kind(column.type, column.modifier, opts))
+        direct.append(direct_kind(column.type, column.modifier, opts))
     names = tuple(c.name for c in table.columns)
     key_index = tuple(names.index(name) for name, _, _ in key_fields)
     return RowRendering(

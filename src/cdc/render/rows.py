@@ -93,8 +93,8 @@ class RowRendering:
 
     ``format`` and ``direct`` are for a compiled codec (``cdc.render.codec``): per column, the direct
     type (``text.direct_type``) and its parameter (timestamptz: the precision; numeric: the scale), or
-    None, which it may write itself in that format instead of calling ``render[i]``; empty: it calls
-    ``render[i]`` for every column.
+    None, which it may write itself in that format instead of calling ``render[i]``, after ``prefix[i]``
+    (Avro: a nullable field's union branch); empty: it calls ``render[i]`` for every column.
     """
 
     names: tuple[str, ...]
@@ -108,6 +108,7 @@ class RowRendering:
     key_format: bytes
     format: str = ""
     direct: tuple[tuple[str, int] | None, ...] = ()
+    prefix: tuple[bytes, ...] = ()
 
 
 def render_parser(rendering: RowRendering, parsers: Sequence[Callable[[bytes], Any]]) -> RowParser:
