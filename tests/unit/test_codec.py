@@ -443,3 +443,27 @@ def test_the_chooser_names_the_codec_it_runs() -> None:
     assert codec.IMPLEMENTATION == ("reference" if forced else "compiled")
     assert codec.format_pieces(b'{"a%%b":%b,"c":%b}') == (b'{"a%b":', b',"c":', b"}")
     assert codec.format_pieces(b"%b%b") == (b"", b"", b"")
+
+
+def test_the_environment_variable_forces_the_reference_and_the_start_up_log_says_which_runs() -> None:
+    import subprocess
+    import sys
+
+    script = "from cdc.render import codec; print(codec.IMPLEMENTATION)"
+    env = {**os.environ, codec.FORCE_REFERENCE_ENV: "1"}
+    forced = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    env.pop(codec.FORCE_REFERENCE_ENV)
+    chosen = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert (forced.stdout.strip(), chosen.stdout.strip()) == ("reference", "compiled")
+
+
+def test_a_missing_compiled_codec_is_a_warning_that_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    from structlog.testing import capture_logs
+
+    monkeypatch.delenv(codec.FORCE_REFERENCE_ENV, raising=False)
+    monkeypatch.setattr(codec, "_COMPILED", None)
+    monkeypatch.setattr(codec, "_WHY_NOT", "cdc.render._compiled is not built: no module")
+    with capture_logs() as logs:
+        codec.log_choice()
+    assert [(e["event"], e["log_level"], e["implementation"]) for e in logs] == [("row_codec_not_compiled", "warning", "reference")]
+    assert "C compiler" in logs[0]["fix"]
