@@ -467,3 +467,17 @@ def test_a_missing_compiled_codec_is_a_warning_that_names_the_fix(monkeypatch: p
         codec.log_choice()
     assert [(e["event"], e["log_level"], e["implementation"]) for e in logs] == [("row_codec_not_compiled", "warning", "reference")]
     assert "C compiler" in logs[0]["fix"]
+
+
+def test_a_buffer_other_than_bytes_parses_as_bytes_do() -> None:
+    ser = JsonSerializer(JsonSettings(topic_prefix="p", database="db"), lambda topic: 1)
+    table = TableInfo("public", "b", 16384, "d", ("id",), ("id", "c"), frozenset({"id"}))
+    decoder = ChangeDecoder({"public.b": table}, {}, renderer=TableRenderer(ser.row_rendering, make_parser=render_parser))
+    decoder.feed(relation(name="b", columns=((1, "id", 20, -1), (0, "c", 25, -1))), 1)
+    rendering = ser.row_rendering(decoder.table(16384))
+    assert rendering is not None
+    parsers = [int, bytes.decode]
+    data = b"I" + tuple_data(b"5", b"text")
+    compiled = codec.compiled_parser(rendering, parsers)
+    expected = render_parser(rendering, parsers)(data, 1)
+    assert compiled(data, 1) == compiled(memoryview(data), 1) == compiled(bytearray(data), 1) == expected

@@ -448,7 +448,9 @@ cdef class RowCodec:
             return size + length
         return -1
 
-    def __call__(self, bytes data not None, Py_ssize_t pos):
+    def __call__(self, object buffer, Py_ssize_t pos):
+        # bytes from the decoder (feed, the spool); any other buffer as the reference takes it, copied.
+        cdef bytes data = buffer if type(buffer) is bytes else bytes(buffer)
         cdef const unsigned char* s = <const unsigned char*>PyBytes_AS_STRING(data)
         cdef Py_ssize_t total = PyBytes_GET_SIZE(data)
         cdef Py_ssize_t size = 0, start, length, written
