@@ -4,9 +4,11 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install demo test test-versions test-cluster exactly-once-full unit integration services-up services-down lint clean flink-compat image spark-image quickstart quickstart-spark quickstart-down
+.PHONY: install demo test test-versions test-cluster exactly-once-full unit unit-reference integration services-up services-down lint clean flink-compat image spark-image quickstart quickstart-spark quickstart-down
 
-$(STAMP): pyproject.toml scripts/system-deps.sh spark/jars-pom.xml
+# pip install builds the compiled row codec (setup.py: Cython, optional; without a C compiler the
+# install succeeds and the daemon runs on the pure-Python codec, saying so at start-up).
+$(STAMP): pyproject.toml setup.py src/cdc/render/_compiled.pyx scripts/system-deps.sh spark/jars-pom.xml
 	bash scripts/system-deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -34,6 +36,7 @@ PG_VERSION_TESTS := $(addprefix tests/integration/,test_decoder_types.py test_de
 test: $(STAMP) lint
 	CDC_TEST_STOP_SERVICES=0 $(BIN)/python -m pytest -p no:cacheprovider -ra --durations=25 \
 		-n 2 -m "not cluster" tests
+	$(MAKE) --no-print-directory unit-reference
 	$(MAKE) --no-print-directory test-versions
 
 # Exactly once at full size: a 5,000,000-row source transaction with a 60 s Kafka transaction timeout,
@@ -55,6 +58,11 @@ test-versions: $(STAMP)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -ra tests/unit
+
+# The unit tests again on the pure-Python row codec (CDC_PURE_PYTHON=1, see cdc.render.codec): the
+# reference must pass the suite on its own, as it runs wherever the compiled codec is not built (~1 min).
+unit-reference: $(STAMP)
+	CDC_PURE_PYTHON=1 $(BIN)/python -m pytest -p no:cacheprovider -q -ra -n 2 tests/unit
 
 integration: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -ra tests/integration

@@ -56,7 +56,7 @@ from decoder import DB, PUBLICATION, TABLE, create_slots, read_with_cdc, setup_d
 from cdc import dev
 from cdc.event import TxBegin, TxCommit
 from cdc.lsn import Lsn
-from cdc.render.rows import TableRenderer
+from cdc.render.codec import TableRenderer
 from cdc.sink.delivery import AtLeastOnce
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config

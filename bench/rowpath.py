@@ -21,7 +21,8 @@ told apart by a few percent even when the machine's speed is not steady (needs v
 
 ``--compare SRC`` alternates every run with another checkout's ``src`` (one with the same wiring
 API, e.g. a git worktree of an earlier commit) and prints the pairwise ratio, so two versions are
-measured in the same machine state. The runs are ABBA-ordered.
+measured in the same machine state. The runs are ABBA-ordered. ``--compare-reference`` does the
+same with this checkout on its pure-Python row codec (``CDC_PURE_PYTHON=1``) as the other side.
 """
 
 from __future__ import annotations
@@ -183,17 +184,26 @@ def drive(path: Path, fmt: str, profile: Path | None, rows: int | None = None) -
     else:
         daemon.run()
     rows = data["rows"]
+    from cdc.render import codec
+
     return {
         "us_cpu": (clock["cpu1"] - clock["cpu0"]) / rows * 1e6,
         "us_wall": (clock["wall1"] - clock["wall0"]) / rows * 1e6,
         "rows": rows,
+        "codec": codec.IMPLEMENTATION,
     }
+
+
+REFERENCE = "reference"  # --compare-reference: this checkout with CDC_PURE_PYTHON=1 (cdc.render.codec)
 
 
 def one_run(
     src: str | None, path: Path, fmt: str, profile: Path | None = None, rows: int | None = None, callgrind: Path | None = None
 ) -> dict[str, Any]:
     env = dict(os.environ)
+    env.pop("CDC_PURE_PYTHON", None)
+    if src == REFERENCE:
+        env["CDC_PURE_PYTHON"], src = "1", None
     env["PYTHONPATH"] = src if src is not None else str(HERE.parent / "src")
     command = [sys.executable, str(Path(__file__).resolve()), "--drive", str(path), "--format", fmt]
     if profile is not None:
@@ -236,6 +246,11 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=6)
     parser.add_argument("--format", default="json", choices=["json", "avro"])
     parser.add_argument("--compare", metavar="SRC", help="another checkout's src directory, run alternately")
+    parser.add_argument(
+        "--compare-reference",
+        action="store_true",
+        help="alternate with this checkout on its pure-Python row codec (CDC_PURE_PYTHON=1) instead of another checkout",
+    )
     parser.add_argument("--calls", action="store_true", help="one more run under cProfile: Python calls per row")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "cdc-bench-rowpath")
     parser.add_argument(
@@ -251,6 +266,10 @@ def main() -> int:
     if args.drive is not None:  # a child run
         print(json.dumps(drive(args.drive, args.format, args.profile_to, args.drive_rows)))
         return 0
+    if args.compare_reference:
+        if args.compare:
+            parser.error("--compare and --compare-reference are exclusive")
+        args.compare = REFERENCE
 
     if args.instructions and shutil.which("valgrind") is None:
         parser.error("--instructions needs valgrind: apt-get install valgrind")
@@ -268,6 +287,7 @@ def main() -> int:
     print(f"{args.rows:,} captured rows ({frames}); {os.cpu_count()} CPUs; load {os.getloadavg()[0]:.2f}")
     here: list[float] = []
     other: list[float] = []
+    codecs: dict[str, str] = {}
     for i in range(args.runs):
         order = ["here", "other"] if i % 4 in (0, 3) else ["other", "here"]
         for who in order:
@@ -275,9 +295,10 @@ def main() -> int:
                 continue
             result = one_run(None if who == "here" else args.compare, frames, args.format)
             (here if who == "here" else other).append(result["us_cpu"])
-        line = f"run {i + 1}: this checkout {here[-1]:.2f} µs a row"
+            codecs[who] = str(result.get("codec", "?"))
+        line = f"run {i + 1}: this checkout ({codecs['here']} codec) {here[-1]:.2f} µs a row"
         if args.compare:
-            line += f", {args.compare} {other[-1]:.2f}"
+            line += f", {args.compare} ({codecs['other']} codec) {other[-1]:.2f}"
         print(line)
     print(f"median main-thread CPU a row ({args.format}): this checkout {statistics.median(here):.2f} µs")
     if args.compare:

@@ -42,7 +42,7 @@ from cdc import dev
 from cdc.catalog import describe_tables
 from cdc.config import TableConfig
 from cdc.decoder.changes import ChangeDecoder
-from cdc.render.rows import TableRenderer
+from cdc.render.codec import TableRenderer
 from cdc.decoder.stream import ReplicationStream, protocol_for
 from cdc.event import ChangeEvent, TxBegin, TxCommit
 from cdc.lsn import Lsn

@@ -21,7 +21,8 @@ import pytest
 from cdc.catalog import TableInfo
 from cdc.decoder.changes import ChangeDecoder
 from cdc.event import ChangeEvent, PgType
-from cdc.render.rows import RenderedRow, TableRenderer
+from cdc.render.codec import TableRenderer
+from cdc.render.rows import RenderedRow
 from cdc.lsn import Lsn
 from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.json import JsonSerializer, JsonSettings

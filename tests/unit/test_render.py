@@ -21,7 +21,8 @@ from cdc.decoder.pgoutput import UNCHANGED
 from cdc.decoder.types import BUILTIN_TYPES, converter_for
 from cdc.event import ChangeEvent
 from cdc.render.json import _direct_renderer
-from cdc.render.rows import RenderedRow, TableRenderer
+from cdc.render.codec import TableRenderer
+from cdc.render.rows import RenderedRow
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.typemap import TypeOptions, column_schema
 from tests.support.accounts import COLUMNS, TABLES, feed, numeric_typmod

@@ -22,7 +22,7 @@ from cdc.catalog import (
 )
 from cdc.config import Config, ConfigError, TableConfig, load_config
 from cdc.decoder.types import BUILTIN_TYPES
-from cdc.render.rows import TableRenderer
+from cdc.render.codec import TableRenderer
 from cdc.snapshot.errors import SnapshotRefused
 from cdc.pipeline.checks import column_policies
 from cdc.pipeline.wiring import Components, log_selection, rendering_of, topic_specs

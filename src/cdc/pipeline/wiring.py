@@ -36,7 +36,8 @@ from cdc.decoder.spool import Spool
 from cdc.decoder.stream import ReplicationStream
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.event import ChangeEvent, TableSchema
-from cdc.render.rows import RowRendering, TableRenderer
+from cdc.render.codec import TableRenderer, log_choice
+from cdc.render.rows import RowRendering
 from cdc.instance import InstanceLock
 from cdc.observe import Stats
 from cdc.outbox.route import OutboxRouter
@@ -170,6 +171,7 @@ def wire(
     decoder = ChangeDecoder(
         {**tables, **boxes}, types, spool=spool, renderer=TableRenderer(rendering_of(cfg, serializer, chain))
     )
+    log_choice(log)  # which row codec renders the rows: compiled, or the reference (and why)
 
     def transport() -> ReplicationStream:
         return ReplicationStream(

@@ -12,6 +12,7 @@ from cdc.render.rows import RowRendering
 from cdc.render.text import (
     check_int_text,
     check_uuid_text,
+    direct_kind,
     direct_type,
     fixed_numeric_bytes,
     typed_renderer,
@@ -108,6 +109,8 @@ def avro_row_rendering(
     render: list[Callable[[bytes], bytes] | None] = []
     typed: list[Callable[[Any], bytes]] = []
     nulls: list[bytes | None] = []
+    direct: list[tuple[str, int] | None] = []
+    tags: list[bytes] = []
     for column, (name, field, encode, _) in zip(table.columns, value_fields, strict=True):
         write = value_writers[field]
         null = _try_null(write)
@@ -115,6 +118,8 @@ def avro_row_rendering(
         tag = b"" if null is None else (b"\x02" if null == b"\x00" else b"\x00")
         render.append(_tagged(_avro_direct(column.type, column.modifier, opts), tag))
         typed.append(typed_renderer(write, encode))
+        direct.append(direct_kind(column.type, column.modifier, opts))
+        tags.append(tag)
     names = tuple(c.name for c in table.columns)
     key_index = tuple(names.index(key_column) for key_column, _, _ in key_fields)
     key_typed: list[Callable[[Any], bytes]] = []
@@ -133,4 +138,7 @@ def avro_row_rendering(
         key_typed=tuple(key_typed),
         key_null=tuple(key_nulls),
         key_format=b"%b" * len(key_index),
+        format="avro",
+        direct=tuple(direct),
+        prefix=tuple(tags),
     )

@@ -20,6 +20,7 @@ from cdc.render.rows import RowRendering
 from cdc.render.text import (
     check_int_text,
     check_uuid_text,
+    direct_kind,
     direct_type,
     fixed_numeric_bytes,
     typed_renderer,
@@ -104,9 +105,11 @@ def json_row_rendering(
     ``null_texts``: per column, what a NULL (or a value the old tuple lacks) is written as."""
     render: list[Callable[[bytes], bytes] | None] = []
     typed: list[Callable[[Any], bytes]] = []
+    direct: list[tuple[str, int] | None] = []
     for column, (_, encode, _) in zip(table.columns, fields, strict=True):
         render.append(_direct_renderer(column.type, column.modifier, opts))
         typed.append(typed_renderer(orjson.dumps, encode))
+        direct.append(direct_kind(column.type, column.modifier, opts))
     names = tuple(c.name for c in table.columns)
     key_index = tuple(names.index(name) for name, _, _ in key_fields)
     return RowRendering(
@@ -119,4 +122,6 @@ def json_row_rendering(
         key_typed=tuple(typed_renderer(orjson.dumps, encode) for _, encode, _ in key_fields),
         key_null=(b"null",) * len(key_index),
         key_format=_object_format(tuple(names[i] for i in key_index)),
+        format="json",
+        direct=tuple(direct),
     )

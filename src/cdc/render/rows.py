@@ -3,9 +3,8 @@
 A ``RowRendering`` (made by a format's renderer, ``cdc.render.json`` or
 ``cdc.render.avro``) says how to write one table's columns; ``render_parser``
 turns it into a parser of the table's pgoutput tuples that returns a
-``RenderedRow``; ``TableRenderer`` is the decoder's ``RowRenderer`` built from a
-choice of which tables may be rendered at all (``cdc.pipeline.stages.Chain``
-derives it from the stages).
+``RenderedRow`` (the reference codec; ``cdc.render.codec`` chooses it or the
+compiled one, and holds ``TableRenderer``, the decoder's ``RowRenderer``).
 
 A rendered row has typed values for its key columns only, readable like a typed
 row's (``row[name]``, ``row.get(name)``, ``name in row``); asking it for any other
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from cdc.decoder.rows import Decline, RowParser
-from cdc.event import Row, TableSchema
+from cdc.event import Row
 
 Render = Callable[[bytes], bytes]
 
@@ -91,6 +90,11 @@ class RowRendering:
     written differently, as ``key_null``); the others go through ``key_typed``, as a key's encoding
     can differ (keys must be injective).
     Renderers raise ValueError on anything they do not cover; the decoder then takes its typed path.
+
+    ``format`` and ``direct`` are for a compiled codec (``cdc.render.codec``): per column, the direct
+    type (``text.direct_type``) and its parameter (timestamptz: the precision; numeric: the scale), or
+    None, which it may write itself in that format instead of calling ``render[i]``, after ``prefix[i]``
+    (Avro: a nullable field's union branch); empty: it calls ``render[i]`` for every column.
     """
 
     names: tuple[str, ...]
@@ -102,18 +106,9 @@ class RowRendering:
     key_typed: tuple[Callable[[Any], bytes], ...]
     key_null: tuple[bytes | None, ...]
     key_format: bytes
-
-
-class TableRenderer:
-    """The decoder's ``RowRenderer``: a rendered-row parser for each table ``rendering`` gives a
-    ``RowRendering`` for, typed rows for the others."""
-
-    def __init__(self, rendering: Callable[[TableSchema], RowRendering | None]) -> None:
-        self._rendering = rendering
-
-    def parser(self, table: TableSchema, converters: Sequence[Callable[[bytes], Any]]) -> RowParser | None:
-        rendering = self._rendering(table)
-        return None if rendering is None else render_parser(rendering, converters)
+    format: str = ""
+    direct: tuple[tuple[str, int] | None, ...] = ()
+    prefix: tuple[bytes, ...] = ()
 
 
 def render_parser(rendering: RowRendering, parsers: Sequence[Callable[[bytes], Any]]) -> RowParser:

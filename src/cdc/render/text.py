@@ -14,7 +14,7 @@ from cdc.event import PgType, TypeKind
 from cdc.sink.connect import Encoder
 from cdc.sink.encode import twos_complement
 from cdc.sink.errors import SerializationError
-from cdc.sink.typemap import TypeOptions, numeric_typmod
+from cdc.sink.typemap import TypeOptions, numeric_typmod, time_precision
 
 class RenderDeclined(ValueError):
     """A column's typed value could not be encoded: the typed path will raise the real error."""
@@ -96,6 +96,21 @@ def direct_type(pg_type: PgType, modifier: int, opts: TypeOptions) -> str | None
         if typmod is not None and typmod[1] >= 0:
             return "numeric"
     return None
+
+
+def direct_kind(pg_type: PgType, modifier: int, opts: TypeOptions) -> tuple[str, int] | None:
+    """The direct type of a column and its parameter (timestamptz: the precision; numeric: the scale), for
+    a compiled codec writing what a format's direct renderer would (``RowRendering.direct``)."""
+    kind = direct_type(pg_type, modifier, opts)
+    if kind is None:
+        return None
+    if kind == "timestamptz":
+        return kind, time_precision(modifier)
+    if kind == "numeric":
+        typmod = numeric_typmod(modifier)
+        assert typmod is not None
+        return kind, typmod[1]
+    return kind, 0
 
 
 def typed_renderer(write: Callable[[Any], bytes], encode: Encoder | None) -> Callable[[Any], bytes]:

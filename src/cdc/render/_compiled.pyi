@@ -1,0 +1,19 @@
+"""Type stub of the compiled row codec (``_compiled.pyx``); see ``cdc.render.codec``."""
+
+from collections.abc import Callable
+from typing import Any
+
+from cdc.render.rows import RowRendering
+
+class RowCodec:
+    rendered: bool
+    def __init__(
+        self,
+        rendering: RowRendering,
+        parsers: tuple[Callable[[bytes], Any], ...],
+        pieces: tuple[bytes, ...],
+        key_pieces: tuple[bytes, ...],
+        row_class: type[Any],
+        decline: type[BaseException],
+    ) -> None: ...
+    def __call__(self, buffer: bytes | bytearray | memoryview, pos: int) -> tuple[Any, int]: ...

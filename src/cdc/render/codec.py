@@ -1,0 +1,127 @@
+"""Which row codec writes the decoder's rendered rows, chosen once, here: the compiled one
+(``cdc.render._compiled``, built from Cython when the package is installed on a machine with a C
+compiler) or the reference (``cdc.render.rows.render_parser``, pure Python). Both write the same bytes
+(``tests/unit/test_codec.py`` holds them to it), so the choice changes speed only. ``TableRenderer`` is the
+decoder's ``RowRenderer`` built from a choice of which tables may be rendered at all
+(``cdc.pipeline.wiring.rendering_of`` derives it from the stages), with the chosen codec's parsers.
+
+Set ``CDC_PURE_PYTHON=1`` to run on the reference although the compiled codec is installed (what the
+reference's run of the tests does). When the compiled codec is missing, the daemon runs on the
+reference and says so at start-up (``log_choice``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any, Final, Literal
+
+import structlog
+
+from cdc.decoder.rows import Decline, RowParser
+from cdc.event import TableSchema
+from cdc.render.rows import RenderedRow, RowRendering, render_parser
+
+FORCE_REFERENCE_ENV: Final = "CDC_PURE_PYTHON"
+"""Set to anything but ``""`` or ``"0"``: the reference codec, compiled or not."""
+
+BUILD_FIX: Final = (
+    "reinstall the package where a C compiler and Python's headers are present (pip install -e . builds "
+    "cdc.render._compiled with Cython; e.g. apt-get install gcc python3-dev), or ignore this: the reference "
+    "writes the same records, more slowly"
+)
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    """The compiled module, or None and why not."""
+    if os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
+        return None, f"{FORCE_REFERENCE_ENV} is set"
+    try:
+        from cdc.render import _compiled
+    except ImportError as exc:
+        return None, f"cdc.render._compiled is not built: {exc}"
+    return _compiled, ""
+
+
+_COMPILED, _WHY_NOT = _load()
+
+IMPLEMENTATION: Final[Literal["compiled", "reference"]] = "compiled" if _COMPILED is not None else "reference"
+
+
+def format_pieces(fmt: bytes) -> tuple[bytes, ...]:
+    """A bytes format of ``%b`` slots only (``RowRendering.row_format``/``key_format``) split at its slots,
+    ``%%`` unescaped: ``fmt % values == pieces[0] + values[0] + pieces[1] + ... + pieces[-1]``."""
+    pieces: list[bytes] = []
+    current = bytearray()
+    i = 0
+    while i < len(fmt):
+        if fmt[i] == 0x25:  # '%'
+            following = fmt[i + 1 : i + 2]
+            if following == b"%":
+                current.append(0x25)
+            elif following == b"b":
+                pieces.append(bytes(current))
+                current.clear()
+            else:
+                raise ValueError(f"a row format holds a conversion other than %b or %%: {fmt!r}")
+            i += 2
+            continue
+        current.append(fmt[i])
+        i += 1
+    pieces.append(bytes(current))
+    return tuple(pieces)
+
+
+def compiled_parser(rendering: RowRendering, converters: Sequence[Callable[[bytes], Any]]) -> RowParser:
+    """The compiled codec's parser of one relation's tuples (ImportError when it is not built)."""
+    from cdc.render import _compiled
+
+    parser: RowParser = _compiled.RowCodec(
+        rendering,
+        tuple(converters),
+        format_pieces(rendering.row_format),
+        format_pieces(rendering.key_format),
+        RenderedRow,
+        Decline,
+    )
+    return parser
+
+
+def row_parser(rendering: RowRendering, converters: Sequence[Callable[[bytes], Any]]) -> RowParser:
+    """The chosen codec's parser of one relation's tuples into ``RenderedRow``s."""
+    if _COMPILED is not None:
+        return compiled_parser(rendering, converters)
+    return render_parser(rendering, converters)
+
+
+def log_choice(log: Any = None) -> None:
+    """Say at start-up which codec runs: an info event, or a warning naming the fix when the compiled one is
+    missing (not when ``CDC_PURE_PYTHON`` asked for the reference)."""
+    log = log if log is not None else structlog.get_logger(__name__)
+    if _COMPILED is not None:
+        log.info("row_codec", implementation="compiled", module=_COMPILED.__file__)
+    elif os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
+        log.info("row_codec", implementation="reference", reason=_WHY_NOT)
+    else:
+        log.warning("row_codec_not_compiled", implementation="reference", reason=_WHY_NOT, fix=BUILD_FIX)
+
+
+class TableRenderer:
+    """The decoder's ``RowRenderer``: a rendered-row parser for each table ``rendering`` gives a
+    ``RowRendering`` for, typed rows for the others. ``make_parser`` writes the parsers: by default the
+    codec ``cdc.render.codec`` chose (compiled or reference); the tests name one."""
+
+    def __init__(
+        self,
+        rendering: Callable[[TableSchema], RowRendering | None],
+        make_parser: Callable[[RowRendering, Sequence[Callable[[bytes], Any]]], RowParser] | None = None,
+    ) -> None:
+        self._rendering = rendering
+        self._make_parser = make_parser
+
+    def parser(self, table: TableSchema, converters: Sequence[Callable[[bytes], Any]]) -> RowParser | None:
+        rendering = self._rendering(table)
+        if rendering is None:
+            return None
+        return (self._make_parser or row_parser)(rendering, converters)

@@ -1,0 +1,483 @@
+"""The compiled row codec (``cdc.render._compiled``) against the reference (``cdc.render.rows.render_parser``):
+the same pgoutput bytes in, the same records out, byte for byte.
+
+Every type of the decoder's type tests (``tests/support/type_cases.py``) in the text form the server
+sends it, as a value column and as the key, through every op (insert, update with and without the old
+row, a key change, delete by key and by old row), with NULLs and unchanged-TOAST placeholders, in JSON
+with and without the schema block and in Avro; then edge values of the types the compiled codec writes
+itself, and hypothesis for the rest, malformed tuples included.
+
+The compiled module must be there: without it these tests fail (collection error), unless
+``CDC_PURE_PYTHON`` is set, the run of the suite on the reference, where they are skipped as such.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cdc.decoder.changes import ChangeDecoder
+from cdc.decoder.pgoutput import UNCHANGED, Unchanged
+from cdc.decoder.rows import Decline, RowParser
+from cdc.decoder.types import BUILTIN_TYPES
+from cdc.event import ChangeEvent, PgType, TableInfo, TypeKind
+from cdc.render import codec
+from cdc.render.codec import TableRenderer
+from cdc.render.rows import RenderedRow, RowRendering, render_parser
+from cdc.sink.avro import AvroSerializer, AvroSettings
+from cdc.sink.json import JsonSerializer, JsonSettings
+from cdc.sink.record import Record
+from tests.support.accounts import numeric_typmod
+from tests.support.pgoutput import begin, delete, insert, relation, tuple_data, update
+from tests.unit.test_avro import FakeRegistry
+
+try:
+    from cdc.render import _compiled
+except ImportError as exc:  # pragma: no cover - the reference's run, or a broken build
+    if os.environ.get(codec.FORCE_REFERENCE_ENV, "") in ("", "0"):
+        raise ImportError(
+            f"the compiled row codec is not built ({exc}): build it (pip install -e ., or "
+            "python -m Cython.Build.Cythonize -i src/cdc/render/_compiled.pyx), or set CDC_PURE_PYTHON=1 "
+            "to run the suite on the reference alone"
+        ) from exc
+    pytest.skip(f"{codec.FORCE_REFERENCE_ENV} is set and the compiled codec is not built", allow_module_level=True)
+
+BY = {t.name: t for t in BUILTIN_TYPES.values()}
+MOOD = PgType(90001, "mood", TypeKind.ENUM, "public", labels=("sad", "ok", "happy"))
+POSINT = PgType(90003, "posint", TypeKind.DOMAIN, "public", element=BY["int4"])
+CUSTOM = [
+    MOOD,
+    PgType(90002, "_mood", TypeKind.ARRAY, "public", element=MOOD),
+    POSINT,
+    PgType(90004, "email", TypeKind.DOMAIN, "public", element=BY["text"]),
+    PgType(90005, "price", TypeKind.DOMAIN, "public", element=BY["numeric"]),
+    PgType(90006, "small_posint", TypeKind.DOMAIN, "public", element=POSINT),
+    PgType(90007, "_posint", TypeKind.ARRAY, "public", element=POSINT),
+    PgType(90008, "hstore", TypeKind.BASE, "public"),
+    PgType(90009, "citext", TypeKind.BASE, "public"),
+    PgType(90010, "pair", TypeKind.COMPOSITE, "public"),
+    PgType(3614, "tsvector", TypeKind.BASE, "pg_catalog"),
+    PgType(3220, "pg_lsn", TypeKind.UNKNOWN, "pg_catalog"),
+]
+TYPES = {**BY, **{t.name: t for t in CUSTOM}}
+OIDS = {t.oid: t for t in CUSTOM}
+
+# (type, modifier, the text the server sends): every case of tests/support/type_cases.py, and edges.
+CASES: list[tuple[str, int, bytes]] = [
+    ("int2", -1, b"-32768"),
+    ("int4", -1, b"2147483647"),
+    ("int8", -1, b"-9223372036854775808"),
+    ("int8", -1, b"9223372036854775807"),
+    ("int8", -1, b"0"),
+    ("oid", -1, b"4294967295"),
+    ("numeric", -1, b"123456789012345678901234567890.123456789"),
+    ("numeric", numeric_typmod(10, 2), b"1.50"),
+    ("numeric", numeric_typmod(10, 2), b"-0.01"),
+    ("numeric", numeric_typmod(10, 2), b"0.00"),
+    ("numeric", numeric_typmod(18, 0), b"999999999999999999"),
+    ("numeric", numeric_typmod(18, 0), b"-999999999999999999"),
+    ("numeric", numeric_typmod(19, 0), b"-9223372036854775808"),
+    ("numeric", numeric_typmod(38, 6), b"12345678901234567890123456789012.123456"),
+    ("numeric", numeric_typmod(12, 2), b"-128.00"),
+    ("numeric", numeric_typmod(12, 2), b"1.27"),
+    ("numeric", numeric_typmod(12, 2), b"1.28"),
+    ("numeric", numeric_typmod(12, 2), b"NaN"),
+    ("numeric", numeric_typmod(12, 2), b"Infinity"),
+    ("numeric", -1, b"NaN"),
+    ("numeric", -1, b"Infinity"),
+    ("numeric", -1, b"-Infinity"),
+    ("float4", -1, b"1.5"),
+    ("float4", -1, b"NaN"),
+    ("float8", -1, b"0.1"),
+    ("float8", -1, b"5e-324"),
+    ("float8", -1, b"Infinity"),
+    ("float8", -1, b"-Infinity"),
+    ("text", -1, "quote ' backslash \\ newline \n tab \t é 😀".encode()),
+    ("text", -1, b""),
+    ("text", -1, b'100% "sure"'),
+    ("text", -1, b"del \x7f and bell \x07"),
+    ("text", -1, b"\xff\xfe"),  # not UTF-8: both decline to the typed path
+    ("varchar", 10, b"abc"),
+    ("bpchar", 9, b"ab   "),
+    ("name", -1, b"a_name"),
+    ("char", -1, b"c"),
+    ("bytea", -1, b"\\x00ff10"),
+    ("bytea", -1, b"\\x"),
+    ("bool", -1, b"t"),
+    ("bool", -1, b"f"),
+    ("bool", -1, b"true"),
+    ("date", -1, b"2024-02-29"),
+    ("date", -1, b"1900-03-01"),
+    ("date", -1, b"0044-03-15 BC"),
+    ("date", -1, b"5874897-12-31"),
+    ("date", -1, b"infinity"),
+    ("date", -1, b"-infinity"),
+    ("time", -1, b"23:59:59.999999"),
+    ("time", -1, b"24:00:00"),
+    ("timetz", -1, b"12:34:56.789+05:30"),
+    ("timetz", -1, b"00:00:01-08"),
+    ("timestamp", -1, b"2024-01-31 12:34:56.123456"),
+    ("timestamp", -1, b"0044-03-15 12:00:00 BC"),
+    ("timestamp", -1, b"infinity"),
+    ("timestamp", -1, b"-infinity"),
+    ("timestamptz", -1, b"2024-01-31 10:34:56.5+00"),
+    ("timestamptz", 0, b"2024-01-31 10:34:56+00"),
+    ("timestamptz", 3, b"2024-01-31 10:34:56.5+00"),
+    ("timestamptz", 3, b"2024-01-31 10:34:56+00"),
+    ("timestamptz", 6, b"9999-12-31 23:59:59.999999+00"),
+    ("timestamptz", 2, b"0001-01-01 00:00:00.01+00"),
+    ("timestamptz", -1, b"0100-01-01 00:00:00+00 BC"),
+    ("timestamptz", -1, b"10000-01-01 00:00:00+00"),
+    ("timestamptz", -1, b"infinity"),
+    ("timestamptz", -1, b"-infinity"),
+    ("timestamptz", -1, b"2024-01-31 12:34:56.5+02"),  # a session not in UTC
+    ("timestamptz", -1, b"2024-01-31 12:34:56.+00"),
+    ("interval", -1, b"1 year 2 mons -3 days 04:05:06.789"),
+    ("interval", -1, b"-1 days -00:00:01.5"),
+    ("interval", -1, b"00:00:00"),
+    ("uuid", -1, b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),
+    ("uuid", -1, b"A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11"),
+    ("uuid", -1, b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a1"),
+    ("json", -1, b'{"b": 1,  "a": [1, 2.50, null]}'),
+    ("jsonb", -1, b'{"a": [1, 2.50, null], "b": 1}'),
+    ("xml", -1, b'<a href="x">b &amp; c</a>'),
+    ("money", -1, b"$1,234.56"),
+    ("money", -1, b"-$1,234,567.89"),
+    ("inet", -1, b"192.168.0.1/24"),
+    ("inet", -1, b"::1"),
+    ("cidr", -1, b"10.0.0.0/8"),
+    ("macaddr", -1, b"08:00:2b:01:02:03"),
+    ("macaddr8", -1, b"08:00:2b:01:02:03:04:05"),
+    ("bit", 4, b"1010"),
+    ("varbit", -1, b"101"),
+    ("int4range", -1, b"[1,10)"),
+    ("int4range", -1, b"empty"),
+    ("numrange", -1, b"(1.5,)"),
+    ("daterange", -1, b"[2024-01-01,2024-02-01)"),
+    ("tstzrange", -1, b'["2024-01-01 00:00:00+00","2024-02-01 00:00:00+00")'),
+    ("int4multirange", -1, b"{[1,3),[5,7)}"),
+    ("point", -1, b"(1.5,-2)"),
+    ("line", -1, b"{1,-1,0}"),
+    ("lseg", -1, b"[(0,0),(1,1)]"),
+    ("box", -1, b"(1,1),(0,0)"),
+    ("path", -1, b"((0,0),(1,1),(2,0))"),
+    ("polygon", -1, b"((0,0),(1,0),(1,1))"),
+    ("circle", -1, b"<(0,0),1.5>"),
+    ("mood", -1, b"happy"),
+    ("_mood", -1, b"{sad,NULL,happy}"),
+    ("posint", -1, b"42"),
+    ("email", -1, b"a@example.org"),
+    ("price", numeric_typmod(10, 2), b"9.90"),
+    ("small_posint", -1, b"7"),
+    ("_posint", -1, b"{1,2}"),
+    ("hstore", -1, b'"a"=>"1", "b"=>NULL, "c d"=>"e\\"f"'),
+    ("citext", -1, b"MiXeD"),
+    ("_int4", -1, b"{1,NULL,3}"),
+    ("_int4", -1, b"{}"),
+    ("_int4", -1, b"{{1,2},{3,4}}"),
+    ("_int4", -1, b"{{{1},{2}},{{3},{4}}}"),
+    ("_int4", -1, b"[0:1]={7,8}"),
+    ("_text", -1, b'{"a,b","c\\"d",NULL,"NULL","","e\\\\f"," sp "}'),
+    ("_numeric", -1, b"{1.5,NaN,-0.001}"),
+    ("_float8", -1, b"{1.5,Infinity,NaN}"),
+    ("_bool", -1, b"{t,f,NULL}"),
+    ("_date", -1, b"{2024-01-01,infinity}"),
+    ("_timestamptz", -1, b'{"2024-01-31 12:00:00+00"}'),
+    ("_uuid", -1, b"{a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11}"),
+    ("_bytea", -1, b'{"\\\\x00ff",NULL}'),
+    ("_jsonb", -1, b'{"{\\"a\\": 1}","[1, \\"x\\"]"}'),
+    ("_interval", -1, b'{"1 day","-00:00:01"}'),
+    ("_box", -1, b"{(1,1),(0,0);(2,2),(1,1)}"),
+    ("_point", -1, b'{"(1,2)","(3,4)"}'),
+    ("_varchar", 9, b"{ab,cd}"),
+    ("pair", -1, b'(1,"x y")'),
+    ("tsvector", -1, b"'cat':2 'fat':1"),
+    ("pg_lsn", -1, b"16/B374D848"),
+]
+
+Value = bytes | None | Unchanged
+Make = Callable[[RowRendering, Sequence[Callable[[bytes], Any]]], RowParser]
+CLOCK = 1_700_000_000_123_456_789
+
+
+def test_the_cases_cover_every_type_of_the_decoders_type_tests() -> None:
+    from tests.support.type_cases import CASES as TYPE_CASES
+
+    named = {t.split("(")[0].strip().strip('"') for _, t, _, _ in TYPE_CASES}
+    aliases = {"char": "bpchar", '"char"': "char", "mood[]": "_mood", "posint[]": "_posint", "int4[][]": "_int4"}
+    wanted = {aliases.get(n, n) for n in named}
+    wanted = {"_" + n[:-2] if n.endswith("[]") else n for n in wanted}
+    assert wanted - {name for name, _, _ in CASES} == set()
+
+
+def serializers() -> list[tuple[str, Callable[[], Any]]]:
+    def json(schemas: bool) -> Callable[[], Any]:
+        return lambda: JsonSerializer(
+            JsonSettings(topic_prefix="p", database="db", schemas_enable=schemas), lambda topic: 2, clock_ns=lambda: CLOCK
+        )
+
+    def avro() -> AvroSerializer:
+        return AvroSerializer(AvroSettings(topic_prefix="p", database="db"), lambda topic: 2, FakeRegistry(), clock_ns=lambda: CLOCK)
+
+    return [("json", json(False)), ("json+schema", json(True)), ("avro", avro)]
+
+
+def run(make: Make | None, new_serializer: Callable[[], Any], table: TableInfo, columns: Any, identity: bytes,
+        payloads: Sequence[bytes]) -> tuple[list[Any], list[type], list[bool]]:  # fmt: skip
+    """The records (or the error) of each payload after the Relation, the row types, and whether each relation's
+    parser is the compiled codec."""
+    ser = new_serializer()
+    renderer = None if make is None else TableRenderer(ser.row_rendering, make_parser=make)
+    decoder = ChangeDecoder({table.schema + "." + table.name: table}, OIDS, renderer=renderer)
+    decoder.feed(relation(name=table.name, identity=identity, columns=columns), 0x100)
+    decoder.feed(begin(), 0x101)
+    out: list[Any] = []
+    rows: list[type] = []
+    for i, payload in enumerate(payloads):
+        try:
+            events = list(decoder.feed(payload, 0x200 + i))
+            out.append([ser.records(e) for e in events if isinstance(e, ChangeEvent)])
+            rows += [type(r) for e in events if isinstance(e, ChangeEvent) for r in (e.before, e.after) if r is not None]
+        except Exception as exc:  # noqa: BLE001 - the two implementations must fail alike too
+            out.append((type(exc).__name__, str(exc)))
+    compiled = [isinstance(rel.parse, _compiled.RowCodec) for rel in decoder._relations.values()]  # noqa: SLF001
+    return out, rows, compiled
+
+
+def compare(table: TableInfo, columns: Any, identity: bytes, payloads: Sequence[bytes]) -> dict[str, int]:
+    """Both codecs over ``payloads`` in every format: the same records; the rendered rows seen, by format."""
+    rendered = {}
+    for label, new in serializers():
+        reference, ref_rows, ref_compiled = run(render_parser, new, table, columns, identity, payloads)
+        compiled, rows, is_compiled = run(codec.compiled_parser, new, table, columns, identity, payloads)
+        assert compiled == reference, label
+        assert rows == ref_rows, label
+        assert ref_compiled == [False] and is_compiled == [True], label  # the codec under test did run
+        rendered[label] = rows.count(RenderedRow)
+    return rendered
+
+
+def columns_of(type_name: str, modifier: int, key: bool) -> tuple[tuple[int, str, int, int], ...]:
+    oid = TYPES[type_name].oid
+    if key:  # the case's column is the key
+        return ((1, "c", oid, modifier), (0, "note", 25, -1))
+    return ((1, "id", 20, -1), (0, "c", oid, modifier))
+
+
+@pytest.mark.parametrize("not_null", [False, True])
+@pytest.mark.parametrize(("type_name", "modifier", "text"), CASES)
+def test_a_value_column_of_every_type_renders_the_same_in_both(type_name: str, modifier: int, text: bytes, not_null: bool) -> None:
+    table = TableInfo("public", "t", 16384, "d", ("id",), ("id", "c"), frozenset({"id", "c"} if not_null else {"id"}))
+    row = tuple_data(b"1", text)
+    payloads = [
+        insert(16384, row),
+        insert(16384, tuple_data(b"2", None)),
+        update(16384, row),
+        update(16384, tuple_data(b"1", UNCHANGED)),  # an unchanged TOASTed value: the typed path, in both
+        update(16384, tuple_data(b"3", text), key=tuple_data(b"1", None)),  # a key change
+        delete(16384, key=tuple_data(b"3", None)),
+    ]
+    compare(table, columns_of(type_name, modifier, False), b"d", payloads)
+    full = [update(16384, row, old=tuple_data(b"1", text)), update(16384, tuple_data(b"1", UNCHANGED), old=row), delete(16384, old=row)]
+    compare(table, columns_of(type_name, modifier, False), b"f", full)
+
+
+@pytest.mark.parametrize(("type_name", "modifier", "text"), CASES)
+def test_a_key_column_of_every_type_renders_the_same_in_both(type_name: str, modifier: int, text: bytes) -> None:
+    table = TableInfo("public", "t", 16384, "d", ("c",), ("c", "note"), frozenset({"c"}))
+    payloads = [
+        insert(16384, tuple_data(text, b"n")),
+        insert(16384, tuple_data(None, b"n")),  # a NULL key: an error, the same one
+        update(16384, tuple_data(text, UNCHANGED)),
+        update(16384, tuple_data(text, b"m"), key=tuple_data(b"other", None)),
+        delete(16384, key=tuple_data(text, None)),
+        delete(16384, old=tuple_data(text, b"m")),
+    ]
+    compare(table, columns_of(type_name, modifier, True), b"d", payloads)
+
+
+def test_a_wide_row_of_every_type_renders_the_same_in_both() -> None:
+    types = [(f"c{i}", name, modifier, text) for i, (name, modifier, text) in enumerate(CASES)]
+    names = ("id", *(n for n, _, _, _ in types))
+    table = TableInfo("public", "wide", 16384, "d", ("id",), names, frozenset({"id"}))
+    columns = ((1, "id", 20, -1), *((0, n, TYPES[t].oid, m) for n, t, m, _ in types))
+    good = [text for _, name, _, text in types]
+    payloads = [
+        insert(16384, tuple_data(b"1", *good)),
+        insert(16384, tuple_data(b"2", *(None for _ in types))),
+        update(16384, tuple_data(b"1", *(UNCHANGED if i % 3 == 0 else t for i, t in enumerate(good)))),
+        delete(16384, key=tuple_data(b"1", *(None for _ in types))),
+    ]
+    compare(table, columns, b"d", payloads)
+    # The same row without the texts no codec renders (they send the whole row to the typed path): rendered.
+    renders = [i for i, (_, name, modifier, text) in enumerate(types) if compare(
+        TableInfo("public", "one", 16384, "d", ("id",), ("id", "c"), frozenset({"id"})), columns_of(name, modifier, False),
+        b"d", [insert(16384, tuple_data(b"1", text))])["json"] > 0]  # fmt: skip
+    assert len(renders) > 60
+    kept = [types[i] for i in renders]
+    table = TableInfo("public", "wide", 16384, "d", ("id",), ("id", *(n for n, _, _, _ in kept)), frozenset({"id"}))
+    columns = ((1, "id", 20, -1), *((0, n, TYPES[t].oid, m) for n, t, m, _ in kept))
+    rows = [insert(16384, tuple_data(b"1", *(t for _, _, _, t in kept))), delete(16384, old=tuple_data(b"1", *(t for _, _, _, t in kept)))]
+    assert compare(table, columns, b"d", rows)["json"] == 2
+
+
+# -- hypothesis: the natively written types' texts, valid and not, and malformed tuples ------------------
+
+DIRECT = [
+    ("int8", -1),
+    ("int4", -1),
+    ("text", -1),
+    ("varchar", 20),
+    ("bool", -1),
+    ("uuid", -1),
+    ("timestamptz", -1),
+    ("timestamptz", 0),
+    ("timestamptz", 3),
+    ("numeric", numeric_typmod(12, 2)),
+    ("numeric", numeric_typmod(18, 0)),
+    ("numeric", numeric_typmod(30, 4)),
+    ("jsonb", -1),
+    ("float8", -1),
+]
+
+
+def _timestamptz_texts() -> st.SearchStrategy[bytes]:
+    fraction = st.one_of(st.just(""), st.text("0123456789", min_size=0, max_size=7).map(lambda d: "." + d))
+    return st.builds(
+        lambda y, mo, d, h, mi, s, f, z: f"{y:04d}-{mo:02d}-{d:02d} {h:02d}:{mi:02d}:{s:02d}{f}{z}".encode(),
+        st.integers(1, 12000), st.integers(1, 12), st.integers(1, 28), st.integers(0, 23), st.integers(0, 59),
+        st.integers(0, 59), fraction, st.sampled_from(["+00", "+00", "+02", "-00", "+00 BC", ""]),
+    )  # fmt: skip
+
+
+def _numeric_texts() -> st.SearchStrategy[bytes]:
+    def text(unscaled: int, scale: int) -> bytes:
+        digits = str(abs(unscaled)).rjust(scale + 1, "0")
+        body = digits[: len(digits) - scale] + "." + digits[-scale:] if scale else digits
+        return (("-" if unscaled < 0 else "") + body).encode()
+
+    return st.builds(text, st.integers(-(10**22), 10**22) | st.integers(-(2**63), 2**63), st.sampled_from([0, 2, 4]))
+
+
+TEXTS = st.one_of(
+    st.integers(-(2**64), 2**64).map(lambda n: str(n).encode()),
+    st.text(max_size=12).map(str.encode),
+    st.binary(max_size=12),
+    st.uuids().map(lambda u: str(u).encode()),
+    st.uuids().map(lambda u: str(u).upper().encode()),
+    st.sampled_from([b"t", b"f", b"", b"-", b"NaN", b"Infinity", b"infinity", b"-0", b"007", b".5", b"-.50", b"1.", b"1e3"]),
+    _timestamptz_texts(),
+    _numeric_texts(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(DIRECT), st.one_of(TEXTS, st.none(), st.just(UNCHANGED))), min_size=1, max_size=6),
+    st.integers(0, 5),
+    st.sampled_from([0, 1, 2]),
+)
+def test_random_rows_of_the_direct_types_render_the_same_in_both(cols: list[Any], key_at: int, fmt: int) -> None:
+    key_at = key_at % len(cols)
+    names = tuple(f"c{i}" for i in range(len(cols)))
+    columns = tuple((int(i == key_at), names[i], TYPES[t].oid, m) for i, ((t, m), _) in enumerate(cols))
+    table = TableInfo("public", "h", 16384, "d", (names[key_at],), names, frozenset({names[key_at]}))
+    values: list[Value] = [v for _, v in cols]
+    key_only: list[Value] = [v if i == key_at else None for i, v in enumerate(values)]
+    payloads = [insert(16384, tuple_data(*values)), delete(16384, key=tuple_data(*key_only)), update(16384, tuple_data(*values), old=tuple_data(*values))]
+    label, new = serializers()[fmt]
+    reference = run(render_parser, new, table, columns, b"d", payloads)
+    compiled = run(codec.compiled_parser, new, table, columns, b"d", payloads)
+    assert compiled[:2] == reference[:2], label
+    assert reference[2] == [False] and compiled[2] == [True]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_malformed_tuples_fail_or_decline_alike(data: st.DataObject) -> None:
+    # The parsers alone, over tuple bytes cut, extended or overwritten: both return the same row and
+    # position, or both decline (an error the decoder sends to its general path).
+    ser = JsonSerializer(JsonSettings(topic_prefix="p", database="db"), lambda topic: 1)
+    names = ("id", "name", "amount", "at", "u")
+    table = TableInfo("public", "m", 16384, "d", ("id",), names, frozenset({"id"}))
+    columns = ((1, "id", 20, -1), (0, "name", 25, -1), (0, "amount", 1700, numeric_typmod(12, 2)), (0, "at", 1184, -1), (0, "u", 2950, -1))
+    decoder = ChangeDecoder({"public.m": table}, {}, renderer=TableRenderer(ser.row_rendering, make_parser=render_parser))
+    decoder.feed(relation(name="m", columns=columns), 1)
+    schema = decoder.table(16384)
+    rendering = ser.row_rendering(schema)
+    assert rendering is not None
+    from cdc.decoder.types import parser_for
+
+    parsers = [parser_for(c.type) for c in schema.columns]
+    good = tuple_data(b"7", b"x", b"1.50", b"2024-01-31 10:00:00+00", b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11")
+    buf = bytearray(b"I" + good)
+    cut = data.draw(st.integers(1, len(buf)))
+    buf = buf[:cut] + data.draw(st.binary(max_size=6))
+    for _ in range(data.draw(st.integers(0, 3))):
+        at = data.draw(st.integers(0, len(buf) - 1)) if buf else 0
+        if buf:
+            buf[at] = data.draw(st.integers(0, 255))
+    payload = bytes(buf)
+
+    def outcome(parse: RowParser) -> Any:
+        try:
+            row, end = parse(payload, 1)
+        except (Decline, IndexError, struct.error, ValueError, ArithmeticError, KeyError):
+            return "declined"
+        if end > len(payload):  # the reference reads a length past the end as a short slice: the caller declines
+            return "declined"
+        assert isinstance(row, RenderedRow)
+        return (row.data, row.key_data, row.key, end)
+
+    assert outcome(codec.compiled_parser(rendering, parsers)) == outcome(render_parser(rendering, parsers))
+
+
+def test_the_chooser_names_the_codec_it_runs() -> None:
+    forced = os.environ.get(codec.FORCE_REFERENCE_ENV, "") not in ("", "0")
+    assert codec.IMPLEMENTATION == ("reference" if forced else "compiled")
+    assert codec.format_pieces(b'{"a%%b":%b,"c":%b}') == (b'{"a%b":', b',"c":', b"}")
+    assert codec.format_pieces(b"%b%b") == (b"", b"", b"")
+
+
+def test_the_environment_variable_forces_the_reference_and_the_start_up_log_says_which_runs() -> None:
+    import subprocess
+    import sys
+
+    script = "from cdc.render import codec; print(codec.IMPLEMENTATION)"
+    env = {**os.environ, codec.FORCE_REFERENCE_ENV: "1"}
+    forced = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    env.pop(codec.FORCE_REFERENCE_ENV)
+    chosen = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert (forced.stdout.strip(), chosen.stdout.strip()) == ("reference", "compiled")
+
+
+def test_a_missing_compiled_codec_is_a_warning_that_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    from structlog.testing import capture_logs
+
+    monkeypatch.delenv(codec.FORCE_REFERENCE_ENV, raising=False)
+    monkeypatch.setattr(codec, "_COMPILED", None)
+    monkeypatch.setattr(codec, "_WHY_NOT", "cdc.render._compiled is not built: no module")
+    with capture_logs() as logs:
+        codec.log_choice()
+    assert [(e["event"], e["log_level"], e["implementation"]) for e in logs] == [("row_codec_not_compiled", "warning", "reference")]
+    assert "C compiler" in logs[0]["fix"]
+
+
+def test_a_buffer_other_than_bytes_parses_as_bytes_do() -> None:
+    ser = JsonSerializer(JsonSettings(topic_prefix="p", database="db"), lambda topic: 1)
+    table = TableInfo("public", "b", 16384, "d", ("id",), ("id", "c"), frozenset({"id"}))
+    decoder = ChangeDecoder({"public.b": table}, {}, renderer=TableRenderer(ser.row_rendering, make_parser=render_parser))
+    decoder.feed(relation(name="b", columns=((1, "id", 20, -1), (0, "c", 25, -1))), 1)
+    rendering = ser.row_rendering(decoder.table(16384))
+    assert rendering is not None
+    parsers = [int, bytes.decode]
+    data = b"I" + tuple_data(b"5", b"text")
+    compiled = codec.compiled_parser(rendering, parsers)
+    expected = render_parser(rendering, parsers)(data, 1)
+    assert compiled(data, 1) == compiled(memoryview(data), 1) == compiled(bytearray(data), 1) == expected
