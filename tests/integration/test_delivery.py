@@ -173,9 +173,11 @@ def test_exactly_once_splits_a_source_transaction_over_the_kafka_timeout_and_res
     5,000,000 rows and a 60 s transaction timeout."""
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, version int NOT NULL, pad text)")
+    # streamed: the server streams a transaction once it holds logical_decoding_work_mem of changes
+    dsn = psycopg.conninfo.make_conninfo(pg_dsn, options="-c logical_decoding_work_mem=64kB") if BIG_STREAMING else pg_dsn
     cfg = write_config(
         tmp_path / "cdc.yaml",
-        source={"dsn": pg_dsn, "slot": slot_name, "publication": publication_name},
+        source={"dsn": dsn, "slot": slot_name, "publication": publication_name},
         tables=["public.items"],
         kafka={"bootstrap_servers": services.kafka_bootstrap, "partitions": 3,
                "producer": {"transaction.timeout.ms": BIG_TIMEOUT_MS}},
@@ -212,7 +214,11 @@ def test_exactly_once_splits_a_source_transaction_over_the_kafka_timeout_and_res
         e for i in range(KILLS - 1) for e in Connector(cfg, tmp_path / f"run{i}.log").log_events()
         if e.get("event") == "exactly_once_resume_inside"
     ] + [e for e in final.log_events() if e.get("event") == "exactly_once_resume_inside"]  # fmt: skip
-    print(f"splits={splits} resumed_inside={len(resumed_inside)}")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = %s", (slot_name,)).fetchone()
+    streamed = int(row[0]) if row and row[0] is not None else 0
+    print(f"splits={splits} resumed_inside={len(resumed_inside)} transactions streamed by the server={streamed}")
+    assert streamed > 0 or not BIG_STREAMING, "the server streamed nothing: the streaming path was not tested"
     assert splits >= 2 and resumed_inside, "the transaction was neither split nor resumed from inside"
 
     messages = consume_all([f"{topic_prefix}.public.items"], timeout=180.0, isolation="read_committed")
