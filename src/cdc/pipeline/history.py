@@ -2,9 +2,10 @@
 
 1. Start-up (``SchemaHistory.load``): the versions already in ``<topic_prefix>.__cdc_schema`` are read, as
    read_committed consumers see them.
-2. Start-up and reload (``publish_missing``), before any record of a table is written (the initial
-   snapshot included): a table with no version gets the catalog's at position ``0/0:0``, produced and
-   acknowledged before the daemon goes on.
+2. Start-up and reload (``publish_catalog``), before any record of a table is written (the initial
+   snapshot included): a table with no version gets the catalog's at position ``0/0:0``; one whose
+   catalog types are not those of its version in force gets them at the server's current WAL position
+   (they changed while no daemon streamed). Produced and acknowledged before the daemon goes on.
 3. Streaming (``SchemaHistoryStage``): the decoder announces each Relation message of a captured table
    (``RelationEvent``: the columns hold from the next change of its transaction). When the types differ
    from the version in force at that position, the new version is sent with ``Delivery.send`` inside
@@ -27,6 +28,7 @@ import structlog
 from confluent_kafka import KafkaError, Producer
 
 from cdc.event import Event, PgType, RelationEvent, TableInfo, TableSchema
+from cdc.lsn import Lsn
 from cdc.pipeline.stages import Stage
 from cdc.schema_history import BEGINNING, TOPIC_SUFFIX, History, Position, SchemaHistoryError, SchemaVersion, decode, topic_for
 from cdc.sink.delivery import Delivery, RetryableSinkError
@@ -132,22 +134,31 @@ class SchemaHistory:
             return None
         return version
 
-    def publish_missing(
+    def publish_catalog(
         self,
         conn: psycopg.Connection[Any],
         tables: Iterable[TableInfo],
         types: Mapping[int, PgType],
-    ) -> list[str]:
-        """For each table without a version, the catalog's at ``0/0:0``, produced and acknowledged now.
+    ) -> list[SchemaVersion]:
+        """The catalog's columns of each table where they are not the version in force now, produced and
+        acknowledged before this returns (start-up, and tables a reload adds; before any of their records).
 
-        Returns the tables that got one. Raises ``SinkError`` when Kafka does not acknowledge them."""
-        known = self.history.tables()
+        A table without any version gets it at ``0/0:0`` (it covers the records already in its topic). One
+        whose types changed while no daemon streamed gets it at the server's WAL position read first: a
+        snapshot starting now reads those types, at a later position. Records the stream replays from before
+        that position come with Relation messages of their own types, which the stage compares with the
+        version in force at their positions. Raises ``SinkError`` when Kafka does not acknowledge them."""
+        row = conn.execute(
+            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END)::text"
+        ).fetchone()
+        now: Position = (int(Lsn.parse(str(row[0]))), 0) if row is not None and row[0] is not None else BEGINNING
         versions = []
         for info in tables:
-            if info.qualified in known:
-                continue
             schema = describe_table(conn, info, types).schema
-            versions.append(SchemaVersion.of(schema, BEGINNING))
+            position = now if self.history.versions(info.qualified) else BEGINNING
+            version = self.differs(schema, position)
+            if version is not None:
+                versions.append(version)
         if not versions:
             return []
         if self.write_now is None:
@@ -155,8 +166,8 @@ class SchemaHistory:
         self.write_now([self.record(v) for v in versions])
         for version in versions:
             self.history.add(version)
-        log.info("schema_history_started", topic=self.topic, tables=[v.table for v in versions], position="0/0:0")
-        return [v.table for v in versions]
+            log.info("schema_history_from_catalog", table=version.table, position=_position_text(version.position))
+        return versions
 
 
 class SchemaHistoryStage(Stage):
@@ -186,9 +197,8 @@ class SchemaHistoryStage(Stage):
             self._history.write_now([record])
         self._send(record, _WHAT)
         self._history.history.add(version)
-        log.info(
-            "schema_version_published",
-            table=version.table,
-            position=f"{position[0] >> 32:X}/{position[0] & 0xFFFFFFFF:X}:{position[1]}",
-            columns=len(version.columns),
-        )
+        log.info("schema_version_published", table=version.table, position=_position_text(position), columns=len(version.columns))
+
+
+def _position_text(position: Position) -> str:
+    return f"{Lsn(position[0])}:{position[1]}"

@@ -172,7 +172,7 @@ class Reloader:
             types = load_types(conn, [o for o in oids if o not in BUILTIN_TYPES])
             if c.history is not None:  # an added table's types are in the schema history before its first record
                 try:
-                    c.history.publish_missing(conn, tables.values(), types)
+                    c.history.publish_catalog(conn, [t for n, t in tables.items() if n not in capture.tables], types)
                 except (SinkError, LookupError) as e:
                     log.error("reload_rejected", reason=reason, error=str(e))
                     return

@@ -161,7 +161,7 @@ def wire(
         history = SchemaHistory.load(
             cfg.topic_prefix, cfg.kafka.bootstrap_servers, cfg.kafka.producer, write_now=acknowledged_writer(history_producer_config(cfg))
         )
-        history.publish_missing(conn, [*tables.values(), *boxes.values()], types)
+        history.publish_catalog(conn, [*tables.values(), *boxes.values()], types)
         apply_publication(conn, publication)
     topics = Topics(capture)
     snapshots = make_snapshots(capture, serializer, types, progress_topic, stats, should_stop)
