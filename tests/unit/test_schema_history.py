@@ -3,7 +3,9 @@ announcements and the stage that publishes a version only where the column types
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 import orjson
 import pytest
 
@@ -24,6 +26,7 @@ from cdc.event import (
 )
 from cdc.lsn import Lsn
 from cdc.pipeline.history import SchemaHistory, SchemaHistoryStage
+from cdc.pipeline.stages import Chain, Deliver, Stage
 from cdc.schema_history import BEGINNING, History, SchemaHistoryError, SchemaVersion, decode, topic_for
 from cdc.sink.record import Record
 from tests.support.pgoutput import begin, commit, insert, relation, stream_commit, stream_start, tuple_data
@@ -256,3 +259,24 @@ def test_the_stage_passes_every_other_event_on_and_sees_no_rows() -> None:
     assert stage.process(message) is message and stage.process(begin_event) is begin_event
     assert stage.sees_rows("public.orders") is False and stage.typed_rows("public.orders") is False
     assert sent.records == []
+
+
+class Spy(Stage):
+    def __init__(self) -> None:
+        self.seen: list[object] = []
+
+    def process(self, event: Event) -> Event | None:
+        self.seen.append(event)
+        return event
+
+
+def test_in_the_chain_an_announcement_stops_at_the_stage_and_rows_never_meet_it() -> None:
+    stage, _, sent = stage_with()
+    spy = Spy()
+    deliver = Deliver(SimpleNamespace(records=lambda e: []), sent, SimpleNamespace(events=Counter()))  # type: ignore[arg-type]
+    chain = Chain([stage, spy], deliver)
+
+    chain.other(RelationEvent(schema(), Lsn(C1), 1, 900))
+
+    assert spy.seen == [] and len(sent.records) == 1
+    assert chain.rows_of("public.orders") == (spy.process,)  # the row path holds the other stages only
