@@ -16,6 +16,8 @@ micro-batches share them:
    record stays, on its own.
 3. ``decode_rows(latest, table, encoding, avro)``: the ``after`` of each row parsed and converted to
    typed columns (see ``decode``); a present value that does not convert makes the record ``bad``.
+   JSON without the schema block: each Decimal at the scale of its table's version in force at the
+   record's ``(commit LSN, ordinal)``, from the schema history (``schema_history``, ``cdc_views.history``).
 
 ``Changes.of(...)`` then persists the decoded records, takes the truncate markers (a marker at offset
 o of partition p discards every record of p below o), collects bad records, and fails with

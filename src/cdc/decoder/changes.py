@@ -18,7 +18,8 @@ Schema changes while streaming, as PostgreSQL reports them:
 
 - ADD / DROP / RENAME COLUMN, ALTER COLUMN TYPE: the server sends a new Relation
   message before the next change of the table; the events after it carry the new
-  columns. A rewrite (ALTER ... TYPE ... USING) is not decoded: rows it changed and
+  columns (``announce_relations``: each also a RelationEvent, for the schema history).
+  A rewrite (ALTER ... TYPE ... USING) is not decoded: rows it changed and
   no later statement touched keep their old values in the events (re-snapshot the
   table for those).
 - Renaming or dropping a configured key column stops with ChangeError (the key
