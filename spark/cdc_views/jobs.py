@@ -50,6 +50,7 @@ from cdc_views.reader import (
     latest,
     read_stream,
     reduce_topics,
+    schema_history,
 )
 from cdc_views.tables import Encoding, TableShape
 from cdc_views.warehouse import ensure_table, merge_rows, table_path, table_schema, written_rows
@@ -171,11 +172,12 @@ def rebuild(spark: SparkSession, cfg: JobConfig, wanted: Sequence[View] = ALL_VI
     names = list(cfg.tables)
     topics = {n: cfg.topic(n) for n in names}
     log.info("rebuild.started", views=list(wanted), topics=list(topics.values()), warehouse=str(cfg.warehouse))
+    history = schema_history(cfg.source, cfg.topic_prefix, cfg.encoding)  # before the records it must cover
     reduced, avro = reduce_topics(spark, cfg.source, list(topics.values()), cfg.encoding, cfg.registry_client())
     changes: dict[str, Changes] = {}
     try:
         by_topic = Changes.of_topics(
-            reduced, {topics[n]: cfg.tables[n] for n in names}, cfg.encoding, cfg.on_bad_record, avro
+            reduced, {topics[n]: cfg.tables[n] for n in names}, cfg.encoding, cfg.on_bad_record, avro, history
         )
         reduced.unpersist()  # the decoded records are persisted now: the views read those
         changes = {n: by_topic[topics[n]] for n in names}
@@ -451,13 +453,16 @@ def micro_batch_writer(
 
     def write(batch: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
+        # Read after the batch's offsets were fixed: it covers the batch (the connector acknowledges a version
+        # before it produces the records that use it).
+        history = schema_history(cfg.source, cfg.topic_prefix, cfg.encoding)
         avro = avro_schemas(batch, cfg.encoding, registry)
         reduced = latest(envelopes(batch, cfg.encoding, avro)).persist(StorageLevel.MEMORY_AND_DISK)
         changes: dict[str, Changes] = {}
         try:
             present = [by_topic[r[0]] for r in reduced.select("topic").distinct().collect() if r[0] in by_topic]
             found = Changes.of_topics(reduced, {topics[n]: cfg.tables[n] for n in present}, cfg.encoding,
-                                      cfg.on_bad_record, avro)  # fmt: skip
+                                      cfg.on_bad_record, avro, history)  # fmt: skip
             changes = {n: found[topics[n]] for n in present}
             keys: dict[str, TouchedKeys | str] = {}  # before the merge: the warehouse still has the old rows
             for plan in plans.values():

@@ -16,6 +16,8 @@ micro-batches share them:
    record stays, on its own.
 3. ``decode_rows(latest, table, encoding, avro)``: the ``after`` of each row parsed and converted to
    typed columns (see ``decode``); a present value that does not convert makes the record ``bad``.
+   JSON without the schema block: each Decimal at the scale of its table's version in force at the
+   record's ``(commit LSN, ordinal)``, from the schema history (``schema_history``, ``cdc_views.history``).
 
 ``Changes.of(...)`` then persists the decoded records, takes the truncate markers (a marker at offset
 o of partition p discards every record of p below o), collects bad records, and fails with
@@ -54,9 +56,10 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, IntegerType, LongType, MapType, StringType, StructField, StructType
 
-from cdc.sink.wire import COMMIT_LSN_HEADER, LEGACY_TRUNCATE_KEY_FIELD, LSN_HEADER
+from cdc.sink.wire import COMMIT_LSN_HEADER, LEGACY_TRUNCATE_KEY_FIELD, LSN_HEADER, ORDINAL_HEADER
 from cdc_views.decode import decode, failed, row_schema
-from cdc_views.tables import Encoding, TableShape
+from cdc_views.history import SchemaHistory, TableVersions
+from cdc_views.tables import Encoding, Kind, TableShape
 
 if TYPE_CHECKING:
     from cdc.sink.registry import RegistryClient
@@ -199,6 +202,7 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
     has_headers = "headers" in raw.columns
     lsn_header = _header(LSN_HEADER).cast(LongType()) if has_headers else F.lit(None).cast(LongType())
     commit_header = _header(COMMIT_LSN_HEADER).cast(LongType()) if has_headers else F.lit(None).cast(LongType())
+    ordinal_header = _header(ORDINAL_HEADER).cast(LongType()) if has_headers else F.lit(None).cast(LongType())
     if encoding.format == "avro":
         if avro is None:
             raise ValueError("format avro: envelopes() needs the records' schemas (AvroSchemas.scan)")
@@ -211,6 +215,7 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
             schema_id(F.col("value")).alias("vid"),
             lsn_header.alias("lsn_header"),
             commit_header.alias("commit_header"),
+            ordinal_header.alias("ordinal"),
         )  # fmt: skip
         kid, vid = F.col("kid"), F.col("vid")
         decoded = ids.select(
@@ -224,7 +229,7 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
             F.col("value").isNull().alias("tombstone"),
             "env",
             F.col("value").alias("after"),
-            "lsn_header", "commit_header",
+            "lsn_header", "commit_header", "ordinal",
             F.when(F.col("value").isNotNull(), avro.value_problem(vid, F.col("env"))).alias("value_problem"),
             F.lit(None).cast(_SCALES).alias("after_scales"),  # Avro: the writer schema says (cdc_views.avro)
         )  # fmt: skip
@@ -246,6 +251,7 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
             parsed.alias("env"),
             lsn_header.alias("lsn_header"),
             commit_header.alias("commit_header"),
+            ordinal_header.alias("ordinal"),
             (_after_scales(value) if encoding.schemas_enable else F.lit(None).cast(_SCALES)).alias("after_scales"),
         )  # fmt: skip
         df = parsed_df.select(
@@ -255,7 +261,7 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
             _json_marker_key(F.col("key_map")).alias("is_marker"),
             "tombstone", "env",
             F.col("env.after").alias("after"),
-            "lsn_header", "commit_header",
+            "lsn_header", "commit_header", "ordinal",
             F.lit(None).cast(StringType()).alias("value_problem"),
             "after_scales",
         )  # fmt: skip
@@ -272,6 +278,7 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
         op.alias("op"),
         lsn.alias("lsn"),
         F.coalesce(F.col("commit_header"), lsn).alias("commit_lsn"),
+        F.coalesce(F.col("ordinal"), F.lit(0)).alias("ordinal"),
         F.col("env.source.ts_ms").alias("ts_ms"),
         F.col("after"),
         F.col("after_scales"),
@@ -363,14 +370,22 @@ def latest(env: DataFrame) -> DataFrame:
 
 
 def decode_rows(
-    reduced: DataFrame, table: TableShape, encoding: Encoding, avro: AvroSchemas | None = None, *, topic: str = ""
+    reduced: DataFrame,
+    table: TableShape,
+    encoding: Encoding,
+    avro: AvroSchemas | None = None,
+    *,
+    topic: str = "",
+    history: TableVersions | None = None,
 ) -> DataFrame:
     """Rows with typed columns; ``record`` becomes ``bad`` (with the column named) where a value fails.
 
     Avro: ``reduced`` holds ``topic`` only; its rows are resolved to the topic's latest value schema.
+    ``history``: JSON without the schema block, each Decimal read at the scale of the table's version in
+    force at the record's position (``cdc_views.history``); a Decimal no readable version covers fails.
     """
     typed: list[Column] = []
-    failures: list[tuple[Column, str]] = []
+    failures: list[tuple[Column, str | Column]] = []
     if encoding.format == "avro":
         if avro is None:
             raise ValueError("format avro: decode_rows() needs the records' schemas (AvroSchemas.scan)")
@@ -390,17 +405,27 @@ def decode_rows(
         missing = "'after' is missing or does not decode with the topic's latest value schema"
     else:
         parsed = reduced.withColumn("_row", F.from_json(F.col("after"), row_schema(table.columns)))
+        versions = history if history is not None and any(c.kind is Kind.DECIMAL for c in table.columns) else None
+        if versions is not None:
+            parsed = parsed.withColumn("_version", versions.index(F.col("commit_lsn"), F.col("ordinal")))
         for column in table.columns:
             raw = F.col("_row").getField(column.name)
             scale = F.element_at(F.col("after_scales"), F.lit(column.name)) if encoding.schemas_enable else None
-            value = decode(raw, column, encoding, scale=scale)
+            if versions is not None and column.kind is Kind.DECIMAL:
+                index = F.col("_version")
+                problem = versions.problem(index, F.col("commit_lsn"), F.col("ordinal"))
+                value = F.when(problem.isNull(), decode(raw, column, encoding, scale=versions.scale(column.name, index)))
+                failures.append((raw.isNotNull() & problem.isNotNull(), F.concat(F.lit(f"column {column.name!r}: "), problem)))
+            else:
+                value = decode(raw, column, encoding, scale=scale)
             typed.append(value.alias(column.name))
             failures.append((failed(raw, value, column), column.name))
         missing = "'after' is not a JSON object"
     row_ok = (F.col("record") == "row") & F.col("_row").isNotNull()
     reason: Column = F.lit(None).cast(StringType())
     for condition, name in reversed(failures):
-        reason = F.when(condition, F.lit(f"column {name!r}: value cannot be converted")).otherwise(reason)
+        why = name if isinstance(name, Column) else F.lit(f"column {name!r}: value cannot be converted")
+        reason = F.when(condition, why).otherwise(reason)
     reason = F.when(F.col("record") == "row", F.when(F.col("_row").isNull(), F.lit(missing)).otherwise(reason))
     decoded = parsed.select(
         "topic", "partition", "offset", "key", "record", "reason", "op", "lsn", "commit_lsn", "ts_ms",
@@ -445,9 +470,10 @@ class Changes:
         topic: str,
         on_bad_record: OnBadRecord = "fail",
         avro: AvroSchemas | None = None,
+        history: SchemaHistory | None = None,
     ) -> Changes:
         """From one topic's reduced records (``latest``); persist ``reduced``: it is read twice."""
-        return cls.of_topics(reduced, {topic: table}, encoding, on_bad_record, avro)[topic]
+        return cls.of_topics(reduced, {topic: table}, encoding, on_bad_record, avro, history)[topic]
 
     @classmethod
     def of_topics(
@@ -457,17 +483,26 @@ class Changes:
         encoding: Encoding,
         on_bad_record: OnBadRecord = "fail",
         avro: AvroSchemas | None = None,
+        history: SchemaHistory | None = None,
     ) -> dict[str, Changes]:
         """For each ``topic: table`` of ``reduced`` (several topics), checked in one Spark job.
 
         ``UndecodableRecords`` (for the first topic that has any) unless ``on_bad_record='skip'``.
-        ``avro``: the schemas of the records ``reduced`` came from (format avro).
+        ``avro``: the schemas of the records ``reduced`` came from (format avro). ``history``: the schema
+        history (``read_history``), which JSON without the schema block needs for Decimals.
         """
         # Persisted, each record is decoded once for the check and the rows; and a filter on ``record``
         # (a function of every decoded column) is not pushed below the decoding, where Spark would
         # inline the from_json/from_avro of ``after`` once per reference to it.
         decoded = {
-            t: decode_rows(reduced.where(F.col("topic") == t), table, encoding, avro, topic=t).persist(
+            t: decode_rows(
+                reduced.where(F.col("topic") == t),
+                table,
+                encoding,
+                avro,
+                topic=t,
+                history=history.of(table.qualified) if history is not None else None,
+            ).persist(
                 StorageLevel.MEMORY_AND_DISK
             )
             for t, table in tables.items()
@@ -565,12 +600,25 @@ def table_changes(
     encoding: Encoding,
     on_bad_record: OnBadRecord = "fail",
     registry: RegistryClient | None = None,
+    history: SchemaHistory | None = None,
 ) -> Changes:
-    """A batch read of one table's topic from offset 0, reduced to its latest state (not cached)."""
+    """A batch read of one table's topic from offset 0, reduced to its latest state (not cached).
+
+    JSON without the schema block: give ``history`` (``schema_history(source, topic_prefix, encoding)``)."""
     raw = read_batch(spark, source, [topic])
     avro = avro_schemas(raw, encoding, registry)
     reduced = latest(envelopes(raw, encoding, avro))
-    return Changes.of(reduced, table, encoding, topic=topic, on_bad_record=on_bad_record, avro=avro)
+    return Changes.of(reduced, table, encoding, topic=topic, on_bad_record=on_bad_record, avro=avro, history=history)
+
+
+def schema_history(source: KafkaSource, topic_prefix: str, encoding: Encoding) -> SchemaHistory | None:
+    """The schema history when ``encoding``'s records need it (``cdc_views.history.needed``), else None;
+    read before the records, so that it covers every record read after it."""
+    from cdc_views.history import needed, read_history  # noqa: PLC0415
+
+    if not needed(encoding):
+        return None
+    return read_history(source.bootstrap, source.settings, topic_prefix)
 
 
 def reduce_topics(

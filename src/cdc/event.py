@@ -268,4 +268,18 @@ class TxCommit:
     event_count: int
 
 
-Event = ChangeEvent | TruncateEvent | MessageEvent | TxBegin | TxCommit
+@dataclass(frozen=True, slots=True)
+class RelationEvent:
+    """A captured table's columns as a Relation message announced them, inside a transaction: they hold
+    from its change number ``ordinal`` on (the next change's ordinal; the message itself takes none).
+
+    The decoder emits these only when asked (``announce_relations``); the schema history stage publishes a
+    version when the column types differ from the one in force (``cdc.schema_history``)."""
+
+    table: TableSchema
+    commit_lsn: Lsn
+    ordinal: int
+    xid: int | None
+
+
+Event = ChangeEvent | TruncateEvent | MessageEvent | TxBegin | TxCommit | RelationEvent

@@ -20,6 +20,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc import dev
+from cdc.schema_history import ColumnType, SchemaVersion
+from cdc.schema_history import topic_for as schema_history_topic
 from tests.support.spark import (
     SHOP_DECLARED,
     CapturedDatabase,
@@ -116,14 +118,19 @@ def test_records_that_do_not_decode_fail_the_job_unless_told_to_skip(
     spark: Any, services: dev.Endpoints, shop: CapturedDatabase, tmp_path: Path
 ) -> None:
     prefix = f"bad_{secrets.token_hex(3)}"
-    topic = f"{prefix}.public.customers"
+    topic, history = f"{prefix}.public.customers", schema_history_topic(prefix)
     admin = AdminClient({"bootstrap.servers": services.kafka_bootstrap})
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+    for created in admin.create_topics([NewTopic(topic, 1, 1), NewTopic(history, 1, 1)]).values():
+        created.result(timeout=30)
+    # balance is numeric(12,2) from position 150:0 on; the record at LSN 100 has no version in force
+    balance = ColumnType("balance", "numeric", "pg_catalog", 1700, ((12 << 16) | 2) + 4, 12, 2)
+    version = SchemaVersion("public.customers", (150, 0), (balance,))
     good = b'{"before":null,"after":{"id":%d,"name":"n%d","email":null,"created_at":"2024-05-01T12:00:00.000001Z",' \
            b'"born":19000,"balance":"AQI=","tier":null},"source":{"lsn":%d},"op":"c"}'  # fmt: skip
     producer = Producer({"bootstrap.servers": services.kafka_bootstrap})
     try:
-        producer.produce(topic, key=b'{"id":1}', value=good % (1, 1, 100))
+        producer.produce(history, key=version.key(), value=version.value())
+        producer.produce(topic, key=b'{"id":1}', value=good % (1, 1, 100))  # offset 0: before the first version
         producer.produce(topic, key=b'{"id":2}', value=b"{not json")  # offset 1
         producer.produce(topic, key=b'{"id":3}', value=good.replace(b'"AQI="', b'{"x":1}') % (3, 3, 300))  # offset 2
         producer.produce(topic, key=b'{"id":4}', value=good % (4, 4, 400))
@@ -133,15 +140,19 @@ def test_records_that_do_not_decode_fail_the_job_unless_told_to_skip(
 
         with pytest.raises(UndecodableRecords) as failure:
             jobs.rebuild(spark, cfg, ["warehouse"])
-        assert failure.value.count == 2
-        assert [(b.partition, b.offset) for b in failure.value.examples] == [(0, 1), (0, 2)]
+        assert failure.value.count == 3
+        assert [(b.partition, b.offset) for b in failure.value.examples] == [(0, 0), (0, 1), (0, 2)]
         assert "not a Debezium envelope" in str(failure.value) and "'balance'" in str(failure.value)
+        unknown = failure.value.examples[0].reason
+        assert unknown.startswith(f"column 'balance': no version of public.customers in the schema history topic {history} ")
+        assert "(commit LSN 100, ordinal 0)" in unknown and "Fix: run a connector that publishes the schema history" in unknown
 
         skipping = jobs.JobConfig(cfg.source, prefix, shapes, cfg.warehouse, Encoding(), "skip")
         summary = jobs.rebuild(spark, skipping, ["warehouse"])
-        assert summary["bad_records_skipped"] == {"public.customers": 2}
+        assert summary["bad_records_skipped"] == {"public.customers": 3}
         rows = spark.read.format("delta").load(str(cfg.warehouse / "tables" / "public.customers"))
-        assert sorted(r["id"] for r in rows.collect()) == [1, 4]
+        assert sorted(r["id"] for r in rows.collect()) == [4]
         assert {str(r["balance"]) for r in rows.collect()} == {"2.58"}  # base64 AQI= is 258, scale 2
     finally:
-        admin.delete_topics([topic], operation_timeout=30)[topic].result(timeout=60)
+        for deleted in admin.delete_topics([topic, history], operation_timeout=30).values():
+            deleted.result(timeout=60)

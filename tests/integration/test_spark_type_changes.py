@@ -1,8 +1,10 @@
-"""Exact after type changes: numeric precision and scale both ways, int to bigint, a longer varchar, an
-added and a dropped column, while the connector runs, in Avro (each record read with its writer schema)
-and JSON with schemas (each Decimal read at the scale its record's own schema block states). Before,
-records written before ALTER COLUMN ... TYPE numeric(14,3) were read at the new scale: 57.95 became
-0.5795 or 5.795 and verify found thousands of differences."""
+"""Exact after type changes: numeric precision and scale both ways, int to bigint, a longer varchar, a
+varchar become text, an added and a dropped column, while the connector runs, in Avro (each record read
+with its writer schema), JSON with schemas (each Decimal read at the scale its record's own schema block
+states) and plain JSON (each Decimal read at the scale of the table's version in force at the record's
+position, from the schema history topic). Before, records written before ALTER COLUMN ... TYPE
+numeric(14,3) were read at the new scale: 57.95 became 0.5795 or 5.795 and verify found thousands of
+differences."""
 
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ STEPS = [
     "UPDATE orders SET qty = 5000000000 WHERE id = 2",
     "ALTER TABLE orders ALTER COLUMN code TYPE varchar(20)",
     "UPDATE orders SET code = 'a longer code 1' WHERE id = 4",
+    "ALTER TABLE orders ALTER COLUMN code TYPE text",
+    "UPDATE orders SET code = 'now text, longer than twenty characters' WHERE id = 8",
     "ALTER TABLE orders ADD COLUMN extra int",
     "UPDATE orders SET extra = 1 WHERE id = 6",
     "ALTER TABLE orders DROP COLUMN note",
@@ -53,16 +57,16 @@ STEPS = [
 ]
 
 
-@pytest.fixture(scope="module", params=["avro", "json_schemas"])
+@pytest.fixture(scope="module", params=["avro", "json_schemas", "json"])
 def changed(
     request: pytest.FixtureRequest, services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[CapturedDatabase, Encoding, Any]]:
     fmt = request.param
-    extra: dict[str, Any] = (
-        {"format": "avro", "schema_registry": {"url": services.schema_registry_url}}
-        if fmt == "avro"
-        else {"json": {"schemas_enable": True}}
-    )
+    extra: dict[str, Any] = {
+        "avro": {"format": "avro", "schema_registry": {"url": services.schema_registry_url}},
+        "json_schemas": {"json": {"schemas_enable": True}},
+        "json": {},
+    }[fmt]
     name = f"types_{fmt}_{secrets.token_hex(3)}"
     with captured_database(services, tmp_path_factory.mktemp("types"), name, STEPS[:1], TABLES, **extra) as shop:
         shop.run(STEPS[1:])
@@ -71,7 +75,7 @@ def changed(
             from cdc.sink.registry import RegistrySettings  # noqa: PLC0415
 
             registry = RegistrySettings(url=services.schema_registry_url)
-        encoding = Encoding(format="avro") if fmt == "avro" else Encoding(schemas_enable=True)
+        encoding = {"avro": Encoding(format="avro"), "json_schemas": Encoding(schemas_enable=True), "json": Encoding()}[fmt]
         yield shop, encoding, registry
 
 
@@ -84,3 +88,4 @@ def test_every_value_equals_the_database_after_type_changes(spark: Any, changed:
     assert report.ok, report.render()
     rows = {r["id"]: r for r in spark.read.format("delta").load(str(cfg.warehouse / "tables" / "public.orders")).collect()}
     assert str(rows[10]["total"]) == "58.06" and rows[2]["qty"] == 5_000_000_000 and len(rows) == 41
+    assert rows[8]["code"] == "now text, longer than twenty characters" and rows[4]["code"] == "a longer code 1"

@@ -18,7 +18,8 @@ Schema changes while streaming, as PostgreSQL reports them:
 
 - ADD / DROP / RENAME COLUMN, ALTER COLUMN TYPE: the server sends a new Relation
   message before the next change of the table; the events after it carry the new
-  columns. A rewrite (ALTER ... TYPE ... USING) is not decoded: rows it changed and
+  columns (``announce_relations``: each also a RelationEvent, for the schema history).
+  A rewrite (ALTER ... TYPE ... USING) is not decoded: rows it changed and
   no later statement touched keep their old values in the events (re-snapshot the
   table for those).
 - Renaming or dropping a configured key column stops with ChangeError (the key
@@ -68,6 +69,7 @@ from cdc.event import (
     MessageEvent,
     Op,
     PgType,
+    RelationEvent,
     Row,
     TableInfo,
     TableSchema,
@@ -125,8 +127,13 @@ class ChangeDecoder(StreamedTransactions):
         *,
         spool: Spool | None = None,
         renderer: RowRenderer | None = None,
+        announce_relations: bool = False,
     ) -> None:
         self._tables = tables
+        # A RelationEvent for each Relation message of a captured table inside a transaction (the schema
+        # history stage publishes the column types from it); off, a Relation only updates the cache.
+        self._announce = announce_relations
+        self._then: Event | None = None  # an event handle() releases after the one it returned
         self._renderer = renderer
         self._types: dict[int, PgType] = {**CATALOG_TEXT_TYPES, **BUILTIN_TYPES, **types}
         self._relations: dict[int, _Relation] = {}
@@ -182,6 +189,7 @@ class ChangeDecoder(StreamedTransactions):
         self._uncaptured.clear()
         self._xid = None
         self._ordinal = 0
+        self._then = None
         self._block = None
         self._streamed.clear()
         self._replaying = False
@@ -220,7 +228,10 @@ class ChangeDecoder(StreamedTransactions):
         if mtype is pg.StreamStart or mtype is pg.StreamCommit or mtype is pg.StreamAbort or mtype is pg.StreamStop:
             return self._stream_control(message, lsn)
         event = self.handle(message, lsn)
-        return NO_EVENTS if event is None else (event,)
+        if event is None:
+            return NO_EVENTS
+        then, self._then = self._then, None  # a recreated table's truncate marker, then its columns
+        return (event,) if then is None else (event, then)
 
     # -- one message of an ordinary transaction ---------------------------------------------------
 
@@ -281,6 +292,11 @@ class ChangeDecoder(StreamedTransactions):
                 self._uncaptured.pop(message.relation_id, None)
                 rel = self._relations[message.relation_id] = self._build_relation(message, self._seq)
                 qualified = rel.schema.qualified
+                columns_event = (
+                    RelationEvent(rel.schema, self._commit_lsn, self._ordinal + 1, self._xid)
+                    if self._announce and self._xid is not None
+                    else None
+                )
                 if self._oids.get(qualified, message.relation_id) != message.relation_id:
                     # The same name, another table: it was dropped and created again while we streamed. Its
                     # topic still holds the old table's rows (a DROP sends no deletes): a truncate marker
@@ -289,10 +305,12 @@ class ChangeDecoder(StreamedTransactions):
                     self.recreated.add(qualified)
                     log.warning("table_recreated", table=qualified, oid=message.relation_id)
                     self._ordinal += 1
+                    if columns_event is not None:  # the new table's columns hold from the change after the marker
+                        self._then = RelationEvent(rel.schema, self._commit_lsn, self._ordinal + 1, self._xid)
                     return TruncateEvent(
                         (rel.schema,), False, False, self._commit_lsn, lsn, self._xid, self._ordinal, self._commit_ts
                     )
-                return None
+                return columns_event
             case pg.Type(type_oid=oid, namespace=ns, name=name):
                 if oid not in self._types:
                     announced = _announced_type(oid, ns, name)

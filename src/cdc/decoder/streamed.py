@@ -70,6 +70,7 @@ class StreamedTransactions:
     _commit_lsn: Lsn
     _commit_ts: int
     _ordinal: int
+    _then: Event | None  # an event handle() releases after the one it returned
 
     def handle(self, message: pg.Message, lsn: Lsn) -> Event | None:
         raise NotImplementedError
@@ -204,6 +205,10 @@ class StreamedTransactions:
                 event = handle(decode(payload, in_stream=True), lsn)
                 if event is not None:
                     yield event
+                    then = self._then
+                    if then is not None:
+                        self._then = None
+                        yield then
             count = self._ordinal
             self._xid, self._ordinal = None, 0
             # What the server now takes as sent: each table's last Relation in this transaction,

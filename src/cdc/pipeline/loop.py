@@ -51,6 +51,7 @@ class Pipeline:
         self._stop = False
         self.streaming_since: float | None = None  # monotonic; None while the session is not streaming
         self._side_conn: psycopg.Connection[tuple[object, ...]] | None = None  # the heartbeat action's
+        self._sessions = 0  # replication sessions started
 
     @property
     def config(self) -> Config:
@@ -96,6 +97,11 @@ class Pipeline:
                 messages=True,  # watermarks
             )
             c.decoder.reset()
+            if c.history is not None and self._sessions:
+                # What the last session sent but Kafka never took (an aborted transaction, a failed
+                # delivery) is not published: the versions are read again, and Relation messages resent.
+                c.history.refresh(cfg.kafka.bootstrap_servers, cfg.kafka.producer)
+            self._sessions += 1
             c.snapshots.reset()  # windows open in the last session are read again
             c.snapshots.start()  # DBLog jobs and the signal table
             stats.streaming = True

@@ -26,6 +26,7 @@ from cdc.render.codec import TableRenderer
 from cdc.snapshot.errors import SnapshotRefused
 from cdc.pipeline.checks import column_policies
 from cdc.pipeline.wiring import Components, log_selection, rendering_of, topic_specs
+from cdc.sink.kafka import SinkError
 
 log = structlog.get_logger("cdc.pipeline")
 
@@ -169,6 +170,12 @@ class Reloader:
                 return
             oids = column_type_oids(conn, [t.oid for t in (*tables.values(), *capture.outbox_tables.values())])
             types = load_types(conn, [o for o in oids if o not in BUILTIN_TYPES])
+            if c.history is not None:  # an added table's types are in the schema history before its first record
+                try:
+                    c.history.publish_catalog(conn, [t for n, t in tables.items() if n not in capture.tables], types)
+                except (SinkError, LookupError) as e:
+                    log.error("reload_rejected", reason=reason, error=str(e))
+                    return
             old_tables = capture.tables
             capture.tables = tables
             capture.config = candidate

@@ -38,10 +38,12 @@ from cdc.decoder.types import BUILTIN_TYPES
 from cdc.event import ChangeEvent, TableSchema
 from cdc.render.codec import TableRenderer, log_choice
 from cdc.render.rows import RowRendering
+from cdc.schema_history import topic_for as schema_history_topic
 from cdc.instance import InstanceLock
 from cdc.observe import Stats
 from cdc.outbox.route import OutboxRouter
 from cdc.pipeline.checks import column_policies, connect_source, source_checks
+from cdc.pipeline.history import SchemaHistory, SchemaHistoryStage, acknowledged_writer
 from cdc.pipeline.routing import OutboxStage, StandaloneMessages
 from cdc.pipeline.stages import (
     Chain,
@@ -96,6 +98,7 @@ class Components:
     chain: Chain
     topics: Topics
     router: OutboxRouter | None
+    history: SchemaHistory | None = None  # the schema history topic's versions (None: not published)
 
 
 class Topics:
@@ -155,6 +158,11 @@ def wire(
                 [*topic_specs(cfg, tables, serializer, router), TopicSpec(progress_topic, 1, cfg.kafka.replication_factor)],
             )
         )
+        # Every table's column types are in the schema history before any of its records is written.
+        history = SchemaHistory.load(
+            cfg.topic_prefix, cfg.kafka.bootstrap_servers, cfg.kafka.producer, write_now=acknowledged_writer(history_producer_config(cfg))
+        )
+        history.publish_catalog(conn, [*tables.values(), *boxes.values()], types)
         apply_publication(conn, publication)
     topics = Topics(capture)
     snapshots = make_snapshots(capture, serializer, types, progress_topic, stats, should_stop)
@@ -167,9 +175,13 @@ def wire(
         spool_root = cfg.decoder.spool_dir or Path(tempfile.gettempdir()) / "cdc-spool"
         spool = Spool(spool_root / cfg.source.slot)
     delivery = make_delivery(cfg)
-    chain = make_chain(capture, serializer, delivery, snapshots, router, topics, stats)
+    chain = make_chain(capture, serializer, delivery, snapshots, router, topics, stats, history)
     decoder = ChangeDecoder(
-        {**tables, **boxes}, types, spool=spool, renderer=TableRenderer(rendering_of(cfg, serializer, chain))
+        {**tables, **boxes},
+        types,
+        spool=spool,
+        renderer=TableRenderer(rendering_of(cfg, serializer, chain)),
+        announce_relations=True,  # the schema history stage publishes the types they announce
     )
     log_choice(log)  # which row codec renders the rows: compiled, or the reference (and why)
 
@@ -190,7 +202,7 @@ def wire(
         outbox_tables=sorted(boxes),
         outbox_message_prefix=cfg.outbox.message_prefix,
     )
-    return Components(capture, transport, decoder, serializer, delivery, snapshots, plan, chain, topics, router)
+    return Components(capture, transport, decoder, serializer, delivery, snapshots, plan, chain, topics, router, history)
 
 
 def make_chain(
@@ -201,13 +213,16 @@ def make_chain(
     router: OutboxRouter | None,
     topics: Topics,
     stats: Stats,
+    history: SchemaHistory | None = None,
 ) -> Chain:
-    """The stages in the order an event meets them: the outbox takes its rows and messages first (an
+    """The stages in the order an event meets them: the schema history takes the decoder's Relation
+    announcements (it sees no rows), the outbox takes its rows and messages first (an
     outbox row reaches the rest only with produce_change_topic), the snapshot coordinator sees every
     event in commit order, messages outside transactions go out on their own, column policies shape what
     is left, and transaction metadata counts it."""
     cfg = capture.config
     deliver = Deliver(serializer, delivery, stats)
+    history_stage = SchemaHistoryStage(history, delivery) if history is not None else None
     outbox = (
         OutboxStage(router, delivery, cfg, stats, topics.exists, topics.create_outbox_topic)
         if router is not None
@@ -215,14 +230,21 @@ def make_chain(
     )
 
     def send_rows(rows: list[ChangeEvent]) -> None:
-        """Snapshot rows the coordinator released at a high watermark: same policies, serializer, delivery."""
+        """Snapshot rows the coordinator released at a high watermark: same policies, serializer, delivery.
+        Their columns were read from the catalog at the chunk's read: in the schema history first."""
+        announced: TableSchema | None = None
         for row in rows:
+            if history_stage is not None and row.table is not announced:
+                announced = row.table
+                history_stage.observe(announced, (int(row.commit_lsn), row.ordinal))
             table = row.table.qualified
             policy = capture.policies.get(table)
             deliver.row(policy.apply(row) if policy is not None else row, table)
             stats.snapshot_rows[table] += 1
 
     stages: list[Stage] = []
+    if history_stage is not None:
+        stages.append(history_stage)
     if outbox is not None:
         stages.append(outbox)
     stages.append(SnapshotStage(snapshots, send_rows, delivery))
@@ -340,6 +362,11 @@ def make_router(cfg: Config) -> OutboxRouter | None:
     return OutboxRouter(cfg.outbox, cfg.topic_prefix, registry=registry)
 
 
+def history_producer_config(cfg: Config) -> dict[str, Any]:
+    """The producer settings the schema history's start-up versions are written with (not transactional)."""
+    return producer_config(cfg.kafka.bootstrap_servers, cfg.kafka.producer, cfg.limits.max_record_bytes)
+
+
 def make_delivery(cfg: Config) -> Delivery:
     producer = producer_config(cfg.kafka.bootstrap_servers, cfg.kafka.producer, cfg.limits.max_record_bytes)
     dead = DeadLetters(cfg.limits.dead_letter_topic) if cfg.limits.dead_letter_topic else None
@@ -398,6 +425,8 @@ def topic_specs(
         specs.extend(outbox_topic_spec(cfg, t) for t in router.startup_topics())
     if cfg.delivery.mode == "exactly_once":
         specs.append(TopicSpec(cfg.delivery.offsets_topic, 1, cfg.kafka.replication_factor))
+    # Every version of every table's column types (cdc.schema_history): compacted, keyed by table and position.
+    specs.append(TopicSpec(schema_history_topic(cfg.topic_prefix), 1, cfg.kafka.replication_factor))
     # Logical messages (pg_logical_emit_message) go here as Debezium does; keyed by prefix, so not compacted.
     specs.append(TopicSpec(f"{cfg.topic_prefix}.message", 1, cfg.kafka.replication_factor, compacted=False))
     if cfg.transaction_metadata:
