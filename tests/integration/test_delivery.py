@@ -155,9 +155,9 @@ def test_sigkill_at_random_moments_of_a_workload(
         assert skipped, "no restart resumed from a committed position"
 
 
-BIG_ROWS = int(os.environ.get("CDC_TEST_BIG_TRANSACTION_ROWS", "150000"))
+BIG_ROWS = int(os.environ.get("CDC_TEST_BIG_TRANSACTION_ROWS", "100000"))
 BIG_TIMEOUT_MS = int(os.environ.get("CDC_TEST_BIG_TRANSACTION_TIMEOUT_MS", "6000"))
-BIG_SPLIT_RECORDS = int(os.environ.get("CDC_TEST_BIG_TRANSACTION_SPLIT_RECORDS", "10240"))
+BIG_SPLIT_RECORDS = int(os.environ.get("CDC_TEST_BIG_TRANSACTION_SPLIT_RECORDS", "8192"))
 # seconds after streaming starts (Postgres decodes the transaction again first) within which a kill lands
 BIG_KILL_WITHIN_S = float(os.environ.get("CDC_TEST_BIG_TRANSACTION_KILL_WITHIN_S", "3.0"))
 # 1: receive it streamed in progress (decoder.streaming, spooled until its commit)
