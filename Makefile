@@ -44,7 +44,7 @@ test: $(STAMP) lint
 exactly-once-full: $(STAMP)
 	CDC_TEST_BIG_TRANSACTION_ROWS=5000000 CDC_TEST_BIG_TRANSACTION_TIMEOUT_MS=60000 \
 	CDC_TEST_BIG_TRANSACTION_SPLIT_RECORDS=1000000 CDC_TEST_BIG_TRANSACTION_KILL_WITHIN_S=90 \
-	CDC_TEST_EOS_SNAPSHOT_ROWS=200000 \
+	CDC_TEST_EOS_SNAPSHOT_ROWS=200000 CDC_TEST_EOS_SNAPSHOT_CHUNK=200 \
 		$(BIN)/python -m pytest -p no:cacheprovider -s --timeout 7200 \
 		tests/integration/test_exactly_once_snapshots.py tests/integration/test_delivery.py::test_exactly_once_splits_a_source_transaction_over_the_kafka_timeout_and_resumes_inside_it_after_kills
 

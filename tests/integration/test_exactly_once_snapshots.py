@@ -31,7 +31,10 @@ from tests.support.snapshots import freeze_when
 pytestmark = pytest.mark.integration
 
 KILLS = 20
-ROWS = int(os.environ.get("CDC_TEST_EOS_SNAPSHOT_ROWS", "40000"))  # make exactly-once-full: 200,000
+# DBLog rows a window: small, so that the snapshot jobs run for seconds and the kills land inside them
+# (a job of 20,000 rows in 200-row windows was over in two seconds, before most kills)
+CHUNK = int(os.environ.get("CDC_TEST_EOS_SNAPSHOT_CHUNK", "20"))
+ROWS = int(os.environ.get("CDC_TEST_EOS_SNAPSHOT_ROWS", "20000"))  # make exactly-once-full: 200,000
 
 
 def _config(tmp_path: Path, services: Any, dsn: str, slot: str, publication: str, prefix: str, **snapshot: Any) -> Path:
@@ -55,15 +58,20 @@ def _fill(dsn: str, rows: int) -> None:
 
 
 def _kill_at_random_moments(cfg: Path, tmp_path: Path, rng: random.Random, kills: int, dsn: str, slot: str) -> None:
-    """A quarter of the kills anywhere in the first 3 s (start-up included), the rest within 1.5 s of
-    streaming, where the snapshot jobs run."""
+    """A quarter of the kills anywhere in the first 3 s (start-up included), the rest within a second of
+    the run's snapshot job starting (of streaming, once no job is left)."""
     for i in range(kills):
         c = Connector(cfg, tmp_path / f"run{i}.log").start()
         if rng.random() < 0.25:
             time.sleep(rng.uniform(0.3, 3.0))
         else:
             c.wait_streaming(dsn, slot)
-            time.sleep(rng.uniform(0.05, 1.5))
+            deadline = time.monotonic() + 2  # a run with no job left logs neither
+            while time.monotonic() < deadline and not any(
+                e.get("event") in ("snapshot_job_running", "snapshot_job_done") for e in c.log_events()
+            ):
+                time.sleep(0.05)
+            time.sleep(rng.uniform(0.05, 1.0))
         assert c.proc is not None
         if c.proc.poll() is not None:
             raise AssertionError(f"run {i} exited with {c.proc.returncode} before its kill:\n{c.output()[-4000:]}")
@@ -136,7 +144,7 @@ def test_an_initial_snapshot_and_its_resumed_jobs_killed_20_times_deliver_each_r
 ) -> None:
     _fill(pg_dsn, ROWS)
     cfg = _config(tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix,
-                  workers=2, chunk_rows=1_000, incremental_chunk_rows=200)  # fmt: skip
+                  workers=2, chunk_rows=1_000, incremental_chunk_rows=CHUNK)  # fmt: skip
     store = KafkaStore(services.kafka_bootstrap, f"{topic_prefix}.__cdc_snapshot", slot_name)
     rng = random.Random(19)
 
@@ -170,7 +178,7 @@ def test_a_snapshot_requested_by_signal_killed_20_times_delivers_each_row_once(
     _fill(pg_dsn, ROWS)
     cfg = _config(tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix,
                   mode="no_data", signal_table="public.cdc_signal", signal_poll_s=0.3,
-                  incremental_chunk_rows=200)  # fmt: skip
+                  incremental_chunk_rows=CHUNK)  # fmt: skip
     store = KafkaStore(services.kafka_bootstrap, f"{topic_prefix}.__cdc_snapshot", slot_name)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE public.cdc_signal (id text PRIMARY KEY, type text NOT NULL, data text)")
