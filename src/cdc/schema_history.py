@@ -30,7 +30,7 @@ the topic with ``cdc_views.history``.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -228,18 +228,14 @@ class History:
 
     def in_force(self, table: str, position: Position) -> SchemaVersion | None:
         """The version of ``table`` with the greatest position at or before ``position``; None before the first."""
-        positions = self._positions.get(table)
-        if not positions:
-            return None
-        at = bisect.bisect_right(positions, position)
-        return self._versions[table][at - 1] if at else None
+        return self._last(table, bisect.bisect_right, position)
 
     def before(self, table: str, position: Position) -> SchemaVersion | None:
         """The version of ``table`` with the greatest position strictly before ``position``."""
-        positions = self._positions.get(table)
-        if not positions:
-            return None
-        at = bisect.bisect_left(positions, position)
+        return self._last(table, bisect.bisect_left, position)
+
+    def _last(self, table: str, cut: Callable[[list[Position], Position], int], position: Position) -> SchemaVersion | None:
+        at = cut(self._positions.get(table, []), position)
         return self._versions[table][at - 1] if at else None
 
     def versions(self, table: str) -> Sequence[SchemaVersion]:

@@ -377,14 +377,17 @@ class ExactlyOnce(Producing):
         if self._drop:
             log.info("exactly_once_resume_inside", xid=tx.xid, commit_lsn=str(tx.commit_lsn), records_in_kafka=self._drop)
         if not self._open:
-            try:
-                self._producer.begin_transaction()
-            except KafkaException as e:
-                raise classify(e, "cannot begin a Kafka transaction") from None
-            self._open = True
-            self._opened_at = time.monotonic()
-            self._records = 0
+            self._begin_kafka()
         return True
+
+    def _begin_kafka(self) -> None:
+        try:
+            self._producer.begin_transaction()
+        except KafkaException as e:
+            raise classify(e, "cannot begin a Kafka transaction") from None
+        self._open = True
+        self._opened_at = time.monotonic()
+        self._records = 0
 
     def send(self, record: Record, describe: str) -> None:
         if self._skipping:
@@ -427,22 +430,13 @@ class ExactlyOnce(Producing):
             return
         tx = self._source_tx
         assert tx is not None and self._in_source_tx
-        if self._last is not None:  # whole source transactions before this one share the Kafka transaction
-            done = self._last
-            end_lsn = done.end_lsn
-        else:
-            end_lsn = self._committed.end_lsn
+        # whole source transactions before this one may share the Kafka transaction: confirmable up to them
+        end_lsn = self._last.end_lsn if self._last is not None else self._committed.end_lsn
         position = Position(tx.commit_lsn, end_lsn, self._source_records, _digest(record))
         self._commit_kafka(position)
         self.splits += 1
         log.info("kafka_transaction_split", xid=tx.xid, commit_lsn=str(tx.commit_lsn), records_in_kafka=self._source_records)
-        try:
-            self._producer.begin_transaction()
-        except KafkaException as e:
-            raise classify(e, "cannot begin a Kafka transaction") from None
-        self._open = True
-        self._opened_at = time.monotonic()
-        self._records = 0
+        self._begin_kafka()
 
     def _too_long(self) -> None:
         tx = self._source_tx
