@@ -476,8 +476,8 @@ def _copy_chunk_json(
 
 def _row_headers(point: Lsn, xid: int | None) -> tuple[dict[str, str | bytes | None] | None, bool]:
     """The position headers of this snapshot's rows as ``position_headers`` makes them (the one place that
-    says what a record carries), as a dict to copy per row, and whether the row's ordinal goes in it;
-    None when they are none."""
+    says what a record carries; the rendered path takes its headers from here alone), as a dict to copy per
+    row, and whether the row's ordinal goes in it; None when they are none."""
     headers: dict[str, str | bytes | None] = dict(position_headers(point, point, xid, 0))
     return (headers or None), ORDINAL_HEADER in headers
 
@@ -535,12 +535,13 @@ def _copy_chunk_rendered(
                     continue
                 key = key_head + row.key_data + key_end
                 value = value_head + row.data + tail
-                if len(value) > limit:
-                    delivery.send(Record(topic, key, value, position_headers(point, point, xid, ordinal)), table.name)
-                    continue
                 if with_ordinal:
                     headers = position.copy()  # type: ignore[union-attr]
                     headers[ORDINAL_HEADER] = b"%d" % ordinal
+                if len(value) > limit:  # the same headers, in position_headers' order
+                    pairs: Any = tuple(headers.items()) if headers else ()
+                    delivery.send(Record(topic, key, value, pairs), table.name)
+                    continue
                 while True:
                     try:
                         produce(topic, value, key, headers=headers)
