@@ -1,7 +1,8 @@
 """Step 1 of the reading (``cdc_views.reader``): Kafka records -> one classified row per record.
 
 ``envelopes(raw, encoding, avro)`` gives each record's key text (the row identity), the LSNs from the
-``cdc.lsn``/``cdc.commit_lsn`` headers (the envelope's ``source.lsn`` when a header is missing), ``op``, ``after`` (JSON: its text; Avro:
+``cdc.lsn``/``cdc.commit_lsn`` headers (the envelope's ``source.lsn`` when a header is absent; a header
+that is present but not an integer makes the record ``bad``), ``op``, ``after`` (JSON: its text; Avro:
 the value's bytes), and what the record is: ``row``, ``delete``, ``truncate`` or ``bad`` with a
 reason. The steps after it are in ``cdc_views.reader``.
 """
@@ -35,7 +36,16 @@ _WRAPPED_ENVELOPE = StructType([StructField("payload", _ENVELOPE)])  # json.sche
 
 def _header(name: str) -> Column:
     matches = F.filter(F.col("headers"), lambda h: h["key"] == F.lit(name))
-    return F.element_at(matches, 1)["value"].cast(StringType())
+    return F.try_element_at(matches, F.lit(1))["value"].cast(StringType())  # null when absent (ANSI: no error)
+
+
+def _long_header(name: str, has_headers: bool) -> tuple[Column, Column]:
+    """(value, problem) of a header holding an integer: null when absent; a problem when present but not one."""
+    if not has_headers:
+        return F.lit(None).cast(LongType()), F.lit(None).cast(StringType())
+    text = _header(name)
+    value = text.try_cast(LongType())
+    return value, F.when(text.isNotNull() & value.isNull(), F.lit(f"header {name} is not an integer"))
 
 
 def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = None) -> DataFrame:
@@ -45,9 +55,10 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
     ``after`` is then the value's bytes, decoded by ``decode_rows`` for the latest records only.
     """
     has_headers = "headers" in raw.columns
-    lsn_header = _header(LSN_HEADER).cast(LongType()) if has_headers else F.lit(None).cast(LongType())
-    commit_header = _header(COMMIT_LSN_HEADER).cast(LongType()) if has_headers else F.lit(None).cast(LongType())
-    ordinal_header = _header(ORDINAL_HEADER).cast(LongType()) if has_headers else F.lit(None).cast(LongType())
+    (lsn_header, lsn_bad), (commit_header, commit_bad), (ordinal_header, ordinal_bad) = (
+        _long_header(name, has_headers) for name in (LSN_HEADER, COMMIT_LSN_HEADER, ORDINAL_HEADER)
+    )
+    header_problem = F.coalesce(lsn_bad, commit_bad, ordinal_bad).alias("header_problem")
     if encoding.format == "avro":
         if avro is None:
             raise ValueError("format avro: envelopes() needs the records' schemas (AvroSchemas.scan)")
@@ -61,6 +72,7 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
             lsn_header.alias("lsn_header"),
             commit_header.alias("commit_header"),
             ordinal_header.alias("ordinal"),
+            header_problem,
         )  # fmt: skip
         kid, vid = F.col("kid"), F.col("vid")
         decoded = ids.select(
@@ -74,7 +86,7 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
             F.col("value").isNull().alias("tombstone"),
             "env",
             F.col("value").alias("after"),
-            "lsn_header", "commit_header", "ordinal",
+            "lsn_header", "commit_header", "ordinal", "header_problem",
             F.when(F.col("value").isNotNull(), avro.value_problem(vid, F.col("env"))).alias("value_problem"),
             F.lit(None).cast(_SCALES).alias("after_scales"),  # Avro: the writer schema says (cdc_views.avro)
         )  # fmt: skip
@@ -97,6 +109,7 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
             lsn_header.alias("lsn_header"),
             commit_header.alias("commit_header"),
             ordinal_header.alias("ordinal"),
+            header_problem,
             (_after_scales(value) if encoding.schemas_enable else F.lit(None).cast(_SCALES)).alias("after_scales"),
         )  # fmt: skip
         df = parsed_df.select(
@@ -106,7 +119,7 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
             _json_marker_key(F.col("key_map")).alias("is_marker"),
             "tombstone", "env",
             F.col("env.after").alias("after"),
-            "lsn_header", "commit_header", "ordinal",
+            "lsn_header", "commit_header", "ordinal", "header_problem",
             F.lit(None).cast(StringType()).alias("value_problem"),
             "after_scales",
         )  # fmt: skip
@@ -146,10 +159,11 @@ def _after_scales(value: Column) -> Column:
     (``parameters.scale``). A record written before ``ALTER COLUMN ... TYPE numeric(p, s)`` carries its
     old scale: read at today's scale from the catalog it would be off by a power of ten."""
     fields = F.from_json(F.get_json_object(value, "$.schema.fields"), _SCHEMA_FIELDS)
-    after = F.element_at(F.filter(fields, lambda f: f["field"] == "after"), 1)["fields"]
+    after = F.try_element_at(F.filter(fields, lambda f: f["field"] == "after"), F.lit(1))["fields"]
     with_scale = F.filter(after, lambda c: c["parameters"].getItem("scale").isNotNull())
+    # a scale that is not an integer is null here, then reported by decode_rows (not read at a guessed scale)
     return F.map_from_entries(
-        F.transform(with_scale, lambda c: F.struct(c["field"], c["parameters"].getItem("scale").cast(IntegerType())))
+        F.transform(with_scale, lambda c: F.struct(c["field"], c["parameters"].getItem("scale").try_cast(IntegerType())))
     )
 
 
@@ -168,6 +182,7 @@ def _classify(op: Column, *, check_after: bool) -> tuple[Column, Column]:
     checks: list[tuple[Column, str, str | Column | None]] = [
         (F.col("key_missing"), "bad", "null key (a change topic's records are all keyed)"),
         (F.col("key_problem").isNotNull(), "bad", F.col("key_problem")),
+        (F.col("header_problem").isNotNull(), "bad", F.col("header_problem")),
         (F.col("tombstone") & is_marker, "bad", "tombstone with a truncate marker's key"),
         (F.col("tombstone"), "delete", None),
         (F.col("value_problem").isNotNull(), "bad", F.col("value_problem")),

@@ -6,8 +6,8 @@ micro-batches share them:
 
 1. ``envelopes(raw, encoding, avro)`` (``cdc_views.envelope``): one row per record: the key's text
    (the row identity), the LSNs from the ``cdc.lsn``/``cdc.commit_lsn`` headers (the envelope's
-   ``source.lsn`` when a header is missing), ``op``, ``after`` (JSON: its text; Avro: the value's
-   bytes), and what the record is:
+   ``source.lsn`` when a header is absent; one present but not an integer makes the record bad),
+   ``op``, ``after`` (JSON: its text; Avro: the value's bytes), and what the record is:
    ``row`` (c/u/r), ``delete`` (d or a tombstone), ``truncate`` (a marker: op ``t`` with the
    table's key fields all null, ``{"id":null}``; topics written before that shape carry the key
    ``{"__cdc_truncate_partition":p}``, still recognised) or ``bad`` (key or value that is not what
@@ -234,7 +234,8 @@ def decode_rows(
             value, bad = column_value(F.col("_row"), row_type, column, encoding)
             typed.append(value.alias(column.name))
             failures.append((bad, column.name))
-        missing = "'after' is missing or does not decode with the topic's latest value schema"
+        missing = ("'after' is missing or does not decode with the topic's latest value schema (or a decimal"
+                   " written before a type change does not fit the latest precision)")
     else:
         parsed = reduced.withColumn("_row", F.from_json(F.col("after"), row_schema(table.columns)))
         versions = history if history is not None and any(c.kind is Kind.DECIMAL for c in table.columns) else None
@@ -250,6 +251,9 @@ def decode_rows(
                 failures.append((raw.isNotNull() & problem.isNotNull(), F.concat(F.lit(f"column {column.name!r}: "), problem)))
             else:
                 value = decode(raw, column, encoding, scale=scale)
+                if scale is not None and column.kind is Kind.DECIMAL and encoding.decimal_handling == "precise":
+                    no_scale = F.lit(f"column {column.name!r}: the record's schema block states no Decimal scale")
+                    failures.append((raw.isNotNull() & scale.isNull(), no_scale))
             typed.append(value.alias(column.name))
             failures.append((failed(raw, value, column), column.name))
         missing = "'after' is not a JSON object"
