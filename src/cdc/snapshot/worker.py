@@ -357,12 +357,8 @@ def _copy_chunk(
                     tick()
                     reports.put(Rows(wid, table.name, n - reported))
                     reported = n
-        _chunk_copied(output, spec, task, n)
-        delivery.commit(TxCommit(xid or 0, point, point, ts, n))
-    while delivery.drain(_DRAIN_TIMEOUT_S) or (bulk is not None and bulk.drain(_DRAIN_TIMEOUT_S)):
-        log.warning("snapshot_waiting_for_kafka", worker=wid, table=table.name, chunk=task.chunk.index)
-    if n > reported:
-        reports.put(Rows(wid, table.name, n - reported))
+        _end_chunk(output, spec, task, n)
+    _drain_chunk(output, task, wid, n - reported, reports)
     return n
 
 
@@ -390,10 +386,25 @@ def _bulk_sender(bulk: Any, delivery: Any, limit: int) -> Callable[[Record, str]
     return bulk_send
 
 
-def _chunk_copied(output: Output, spec: WorkerSpec, task: ChunkTask, rows: int) -> None:
-    """Exactly once: the chunk's progress record, last in its transaction (the commit follows)."""
+def _end_chunk(output: Output, spec: WorkerSpec, task: ChunkTask, rows: int) -> None:
+    """The chunk's end inside its savepoint, on every path: exactly once, its progress record last in its
+    transaction; then the commit (the transaction's, or at least once the delivery's bookkeeping)."""
+    delivery = output.delivery
     if output.chunk_record is not None and spec.record_chunks:
-        output.delivery.send(output.chunk_record(task.table.name, task.chunk.index, rows), "snapshot progress")
+        delivery.send(output.chunk_record(task.table.name, task.chunk.index, rows), "snapshot progress")
+    delivery.commit(TxCommit(spec.xid or 0, spec.consistent_point, spec.consistent_point, spec.commit_ts_us, rows))
+
+
+def _drain_chunk(
+    output: Output, task: ChunkTask, wid: int, unreported: int, reports: multiprocessing.queues.Queue[Report]
+) -> None:
+    """The chunk counts once Kafka has everything of it: the delivery's records and the bulk producer's; then
+    the rows not yet reported go to the coordinator."""
+    delivery, bulk = output.delivery, output.bulk
+    while delivery.drain(_DRAIN_TIMEOUT_S) or (bulk is not None and bulk.drain(_DRAIN_TIMEOUT_S)):
+        log.warning("snapshot_waiting_for_kafka", worker=wid, table=task.table.name, chunk=task.chunk.index)
+    if unreported:
+        reports.put(Rows(wid, task.table.name, unreported))
 
 
 _CLOCK_EVERY = 256  # rows between readings of the clock for the envelopes' processing time
@@ -465,12 +476,8 @@ def _copy_chunk_json(
                         break
                     except BufferError:
                         wait()
-        _chunk_copied(output, spec, task, n)
-        delivery.commit(TxCommit(xid or 0, point, point, ts, n))
-    while delivery.drain(_DRAIN_TIMEOUT_S) or bulk.drain(_DRAIN_TIMEOUT_S):
-        log.warning("snapshot_waiting_for_kafka", worker=wid, table=table.name, chunk=task.chunk.index)
-    if n > reported:
-        reports.put(Rows(wid, table.name, n - reported))
+        _end_chunk(output, spec, task, n)
+    _drain_chunk(output, task, wid, n - reported, reports)
     return n
 
 
@@ -548,10 +555,6 @@ def _copy_chunk_rendered(
                         break
                     except BufferError:
                         wait()
-        _chunk_copied(output, spec, task, n)
-        delivery.commit(TxCommit(xid or 0, point, point, ts, n))
-    while delivery.drain(_DRAIN_TIMEOUT_S) or bulk.drain(_DRAIN_TIMEOUT_S):
-        log.warning("snapshot_waiting_for_kafka", worker=wid, table=table.name, chunk=task.chunk.index)
-    if n > reported:
-        reports.put(Rows(wid, table.name, n - reported))
+        _end_chunk(output, spec, task, n)
+    _drain_chunk(output, task, wid, n - reported, reports)
     return n
