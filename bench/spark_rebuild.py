@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     source = KafkaSource(bootstrap)
     topic = f"{prefix}.public.bench_orders"
     if args.fresh_topic and topic in source.existing_topics():
-        AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])[topic].result(60)
+        admin = AdminClient({"bootstrap.servers": bootstrap})  # kept: a temporary is destroyed before the result
+        admin.delete_topics([topic])[topic].result(60)
         time.sleep(2)
     publish_history(bootstrap, prefix)
     if topic not in source.existing_topics():
