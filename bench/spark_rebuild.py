@@ -6,9 +6,12 @@ One command::
     .venv/bin/python bench/spark_rebuild.py --records 500000     # a quicker run
 
 It starts the local services (``cdc.dev``, state in ``.cdc-dev/bench``) unless ``--bootstrap`` is
-given, produces a synthetic topic with the connector's own ``JsonSerializer`` (realistic Debezium
-envelopes and headers: inserts, updates, deletes with their tombstones, a truncate marker per
-partition early on), then, in one Spark session (local mode, ``--master``), measures per run:
+given, publishes the synthetic table's schema history as the daemon's start-up does (its version at
+``0/0:0`` on ``<prefix>.__cdc_schema``, through ``cdc.pipeline.history``: the jobs read a plain-JSON
+Decimal only at the scale of a version in force), produces a synthetic topic with the connector's
+own ``JsonSerializer`` (realistic Debezium envelopes and headers: inserts, updates, deletes with
+their tombstones, a truncate marker per partition early on), then, in one Spark session (local
+mode, ``--master``), measures per run:
 
 * ``count``: the same reader's batch read of the topic, counted (Kafka source + ``count()``);
 * ``rebuild``: the warehouse job for the table (read, classify, latest per key, decode, Delta
@@ -50,8 +53,11 @@ sys.path.insert(0, str(REPO / "spark"))
 
 from cdc.event import ChangeEvent, Column, Op, PgType, TableSchema, TruncateEvent  # noqa: E402
 from cdc.lsn import Lsn  # noqa: E402
+from cdc.pipeline.history import SchemaHistory, acknowledged_writer  # noqa: E402
+from cdc.schema_history import BEGINNING, topic_for  # noqa: E402
 from cdc.sink.avro import AvroSerializer, AvroSettings  # noqa: E402
 from cdc.sink.json import JsonSerializer, JsonSettings  # noqa: E402
+from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config  # noqa: E402
 from cdc.sink.records import EventSerializer  # noqa: E402
 from cdc.sink.registry import RegistryClient  # noqa: E402
 
@@ -108,6 +114,20 @@ def _send(producer: Producer, serializer: EventSerializer[Any], event: ChangeEve
         sent += 1
     producer.poll(0)
     return sent
+
+
+def publish_history(bootstrap: str, topic_prefix: str) -> None:
+    """The synthetic table's schema history, as the daemon's start-up publishes it (``wiring.prepare``,
+    ``SchemaHistory.publish_catalog``): the topic made as ``wiring.topic_specs`` makes it, then a table
+    with no version gets its columns at ``0/0:0``, produced and acknowledged before any of its rows.
+    Nothing is written when the version is already there (a reused topic)."""
+    ensure_topics(admin_client(bootstrap, {}), [TopicSpec(topic_for(topic_prefix), 1, 1)])
+    write_now = acknowledged_writer(producer_config(bootstrap, {}, 1_000_000))
+    history = SchemaHistory.load(topic_prefix, bootstrap, {}, write_now=write_now)
+    version = history.differs(TABLE, BEGINNING)
+    if version is not None:
+        write_now([history.record(version)])
+    log.info("bench.schema_history", topic=history.topic, table=TABLE.qualified, published=version is not None)
 
 
 def produce_updates(bootstrap: str, topic_prefix: str, count: int, keys: int, partitions: int, registry: str | None, seed: int) -> None:
@@ -204,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     source = KafkaSource(bootstrap)
     topic = f"{prefix}.public.bench_orders"
     if args.fresh_topic and topic in source.existing_topics():
-        AdminClient({"bootstrap.servers": bootstrap}).delete_topics([topic])[topic].result(60)
+        admin = AdminClient({"bootstrap.servers": bootstrap})  # kept: a temporary is destroyed before the result
+        admin.delete_topics([topic])[topic].result(60)
         time.sleep(2)
+    publish_history(bootstrap, prefix)
     if topic not in source.existing_topics():
         produce(bootstrap, prefix, args.records, args.partitions, registry if avro else None)
 
