@@ -351,7 +351,8 @@ def _copy_chunk_json(
     value_head, value_middle, value_end = parts.value_head, parts.value_middle, parts.value_end
     times = parts.times
     schema, point, xid, ts = table.schema, spec.consistent_point, spec.xid, spec.commit_ts_us
-    position: dict[str, str | bytes | None] = dict(position_headers(point, point, xid, 0))
+    headers_on = not isinstance(output.serializer, JsonSerializer) or output.serializer.position_headers
+    position: dict[str, str | bytes | None] = dict(position_headers(point, point, xid, 0, enabled=headers_on))
     read_op = Op.READ
     wid = spec.worker_id
     ordinal = task.ordinal_base
@@ -388,12 +389,15 @@ def _copy_chunk_json(
                     after = after.replace(b"\\\\", b"\\")
                 if b"\\" in key:
                     key = key.replace(b"\\\\", b"\\")
-                headers = position.copy()
-                headers[ORDINAL_HEADER] = b"%d" % ordinal
+                headers = None  # kafka.position_headers off: none (the envelope's source block has the position)
+                if position:
+                    headers = position.copy()
+                    headers[ORDINAL_HEADER] = b"%d" % ordinal
                 key = key_head + key + key_end
                 value = value_head + after + tail
                 if len(value) > limit:
-                    delivery.send(Record(topic, key, value, position_headers(point, point, xid, ordinal)), table.name)
+                    oversized = Record(topic, key, value, position_headers(point, point, xid, ordinal, enabled=headers_on))
+                    delivery.send(oversized, table.name)
                     continue
                 while True:
                     try:
