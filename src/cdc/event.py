@@ -280,6 +280,7 @@ class RelationEvent:
     commit_lsn: Lsn
     ordinal: int
     xid: int | None
+    lsn: int = 0  # the Relation message's LSN: pgoutput sends it with the LSN of the change it precedes
 
 
 Event = ChangeEvent | TruncateEvent | MessageEvent | TxBegin | TxCommit | RelationEvent

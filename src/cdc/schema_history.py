@@ -4,7 +4,10 @@ A record written before ``ALTER COLUMN ... TYPE numeric(14,3)`` holds its Decima
 Debezium JSON without the schema block does not say which. So the daemon publishes every version of a
 table's columns to the compacted topic ``<topic_prefix>.__cdc_schema`` (one partition), and readers
 take, for a record at position ``(commit LSN, ordinal)`` (its ``cdc.commit_lsn`` and ``cdc.ordinal``
-headers), the version with the greatest position at or before it.
+headers), the version with the greatest position at or before it. A record without position headers
+(``kafka.position_headers: false``) has no ordinal: its envelope gives ``(commit LSN, LSN)``
+(``cdc.sink.position``), and each version also records ``lsn``, the LSN of the change it holds from
+(0: from its commit's first change), so that the two compare within one commit.
 
 Record key (JSON): ``{"table":"<schema>.<table>","commit_lsn":<int>,"ordinal":<int>}``. Keyed by table
 AND position: compaction keeps every version (a key of the table alone would keep only the newest, and a
@@ -13,7 +16,7 @@ replay from offset 0 needs them all). Publishing one again gives the same key an
 Record value (JSON)::
 
     {"format": 1, "table": "public.orders", "schema": "public", "name": "orders",
-     "commit_lsn": 23734416, "ordinal": 1, "position": "0/16A2A90:1", "relation_id": 16390,
+     "commit_lsn": 23734416, "ordinal": 1, "position": "0/16A2A90:1", "lsn": 23734200, "relation_id": 16390,
      "columns": [{"name": "total", "type": "numeric", "type_schema": "pg_catalog", "type_oid": 1700,
                   "typmod": 917510, "precision": 14, "scale": 3, "length": null, "key": false,
                   "nullable": true}, ...]}
@@ -103,10 +106,11 @@ class SchemaVersion:
     position: Position
     columns: tuple[ColumnType, ...]
     relation_id: int = 0
+    lsn: int | None = None  # the LSN of the change it holds from (0: its commit's first); None: not recorded
 
     @classmethod
-    def of(cls, table: TableSchema, position: Position) -> SchemaVersion:
-        return cls(table.qualified, position, tuple(ColumnType.of(c) for c in table.columns), table.relation_id)
+    def of(cls, table: TableSchema, position: Position, lsn: int | None = None) -> SchemaVersion:
+        return cls(table.qualified, position, tuple(ColumnType.of(c) for c in table.columns), table.relation_id, lsn)
 
     @property
     def shape(self) -> tuple[tuple[str, int, int], ...]:
@@ -130,6 +134,7 @@ class SchemaVersion:
                 "commit_lsn": self.position[0],
                 "ordinal": self.position[1],
                 "position": f"{Lsn(self.position[0])}:{self.position[1]}",
+                **({"lsn": self.lsn} if self.lsn is not None else {}),
                 "relation_id": self.relation_id,
                 "columns": [
                     {
@@ -165,7 +170,11 @@ def decode(key: bytes | None, value: bytes | None) -> SchemaVersion | None:
             )
         columns = tuple(_column(c) for c in data["columns"])
         version = SchemaVersion(
-            str(data["table"]), (_int(data["commit_lsn"]), _int(data["ordinal"])), columns, _int(data.get("relation_id", 0))
+            str(data["table"]),
+            (_int(data["commit_lsn"]), _int(data["ordinal"])),
+            columns,
+            _int(data.get("relation_id", 0)),
+            _optional_int(data.get("lsn")),
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         if isinstance(e, SchemaHistoryError):

@@ -293,7 +293,7 @@ class ChangeDecoder(StreamedTransactions):
                 rel = self._relations[message.relation_id] = self._build_relation(message, self._seq)
                 qualified = rel.schema.qualified
                 columns_event = (
-                    RelationEvent(rel.schema, self._commit_lsn, self._ordinal + 1, self._xid)
+                    RelationEvent(rel.schema, self._commit_lsn, self._ordinal + 1, self._xid, lsn)
                     if self._announce and self._xid is not None
                     else None
                 )
@@ -306,7 +306,7 @@ class ChangeDecoder(StreamedTransactions):
                     log.warning("table_recreated", table=qualified, oid=message.relation_id)
                     self._ordinal += 1
                     if columns_event is not None:  # the new table's columns hold from the change after the marker
-                        self._then = RelationEvent(rel.schema, self._commit_lsn, self._ordinal + 1, self._xid)
+                        self._then = RelationEvent(rel.schema, self._commit_lsn, self._ordinal + 1, self._xid, lsn)
                     return TruncateEvent(
                         (rel.schema,), False, False, self._commit_lsn, lsn, self._xid, self._ordinal, self._commit_ts
                     )
