@@ -224,11 +224,11 @@ class AvroSchemas:
     # --- values -----------------------------------------------------------------
 
     def envelope(self, value: Column, vid: Column) -> Column:
-        """struct<op, source: struct<lsn, ts_ms>> of a value with schema id ``vid`` (null fields: no decode)."""
+        """struct<op, source: struct<lsn, ts_ms, sequence>> of a value with schema id ``vid`` (null fields: no decode)."""
         env: Column = F.lit(None)
         for sid in sorted(self.value_ids & set(self.writers)):
             writer = self.writers[sid]
-            reader = _pruned(writer, {"op": None, "source": ("lsn", "ts_ms")})
+            reader = _pruned(writer, {"op": None, "source": ("lsn", "ts_ms", "sequence")})
             decoded = from_avro(body(value), json.dumps(writer), {**_OPTIONS, "avroSchema": json.dumps(reader)})
             env = F.when(vid == sid, decoded).otherwise(env)
         return env

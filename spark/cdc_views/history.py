@@ -5,7 +5,8 @@ written before hold their values at the old scale. The connector publishes each 
 they change to ``<topic_prefix>.__cdc_schema``, with the position ``(commit LSN, ordinal)`` from which
 they hold. ``read_history`` reads that topic (in the driver, before the records); ``TableVersions``
 turns it into Spark expressions: the index of the version in force at each record's position (from its
-``cdc.commit_lsn``/``cdc.ordinal`` headers), a Decimal column's scale in that version, and the reason a
+``cdc.commit_lsn``/``cdc.ordinal`` headers; without them, the envelope's commit LSN and LSN, compared with
+the LSN each version records: ``cdc.schema_history``), a Decimal column's scale in that version, and the reason a
 record cannot be read exactly (no version covers it, or its version's record cannot be read), which
 ``cdc_views.reader.decode_rows`` reports naming topic, partition, offset and column.
 """
@@ -54,12 +55,24 @@ class TableVersions:
     table: str
     entries: list[Entry] = field(default_factory=list)
 
-    def index(self, commit_lsn: Column, ordinal: Column) -> Column:
-        """The index in ``entries`` of the version in force at each record's position; -1 before the first."""
+    def index(self, commit_lsn: Column, ordinal: Column, lsn: Column) -> Column:
+        """The index in ``entries`` of the version in force at each record's position; -1 before the first.
+
+        Within the version's own commit a record is placed by its ordinal (``cdc.ordinal``) or, without one,
+        by its LSN against the version's ``lsn``. A version written before versions recorded their LSN, met
+        by a record without an ordinal in its own commit, is taken as in force: such a version holds from its
+        table's first change in that commit unless the table was altered between two of its changes there."""
         found: Column = F.lit(-1)
         for i, entry in enumerate(self.entries):
-            lsn, ordinal_from = entry.position
-            at_or_after = (commit_lsn > F.lit(lsn)) | ((commit_lsn == F.lit(lsn)) & (ordinal >= F.lit(ordinal_from)))
+            commit_from, ordinal_from = entry.position
+            lsn_from = entry.version.lsn if entry.version is not None else None
+            if ordinal_from == 0 or lsn_from == 0:
+                within: Column = F.lit(True)
+            elif lsn_from is None:
+                within = F.coalesce(ordinal >= F.lit(ordinal_from), F.lit(True))
+            else:
+                within = F.when(ordinal.isNotNull(), ordinal >= F.lit(ordinal_from)).otherwise(lsn >= F.lit(lsn_from))
+            at_or_after = (commit_lsn > F.lit(commit_from)) | ((commit_lsn == F.lit(commit_from)) & within)
             found = F.when(at_or_after, F.lit(i)).otherwise(found)
         return found
 
