@@ -6,7 +6,7 @@ they change to ``<topic_prefix>.__cdc_schema``, with the position ``(commit LSN,
 they hold. ``read_history`` reads that topic (in the driver, before the records); ``TableVersions``
 turns it into Spark expressions: the index of the version in force at each record's position (from its
 ``cdc.commit_lsn``/``cdc.ordinal`` headers; without them, the envelope's commit LSN and LSN, compared with
-the LSN each version records: ``cdc.schema_history``), a Decimal column's scale in that version, and the reason a
+each version's ``after_lsn``: ``cdc.schema_history``), a Decimal column's scale in that version, and the reason a
 record cannot be read exactly (no version covers it, or its version's record cannot be read), which
 ``cdc_views.reader.decode_rows`` reports naming topic, partition, offset and column.
 """
@@ -59,19 +59,19 @@ class TableVersions:
         """The index in ``entries`` of the version in force at each record's position; -1 before the first.
 
         Within the version's own commit a record is placed by its ordinal (``cdc.ordinal``) or, without one,
-        by its LSN against the version's ``lsn``. A version written before versions recorded their LSN, met
+        by its LSN: above the version's ``after_lsn``. A version written before versions recorded their LSN, met
         by a record without an ordinal in its own commit, is taken as in force: such a version holds from its
         table's first change in that commit unless the table was altered between two of its changes there."""
         found: Column = F.lit(-1)
         for i, entry in enumerate(self.entries):
             commit_from, ordinal_from = entry.position
-            lsn_from = entry.version.lsn if entry.version is not None else None
-            if ordinal_from == 0 or lsn_from == 0:
+            after_lsn = entry.version.after_lsn if entry.version is not None else None
+            if ordinal_from == 0 or after_lsn == 0:
                 within: Column = F.lit(True)
-            elif lsn_from is None:
+            elif after_lsn is None:
                 within = F.coalesce(ordinal >= F.lit(ordinal_from), F.lit(True))
             else:
-                within = F.when(ordinal.isNotNull(), ordinal >= F.lit(ordinal_from)).otherwise(lsn >= F.lit(lsn_from))
+                within = F.when(ordinal.isNotNull(), ordinal >= F.lit(ordinal_from)).otherwise(lsn > F.lit(after_lsn))
             at_or_after = (commit_lsn > F.lit(commit_from)) | ((commit_lsn == F.lit(commit_from)) & within)
             found = F.when(at_or_after, F.lit(i)).otherwise(found)
         return found

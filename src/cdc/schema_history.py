@@ -6,8 +6,8 @@ table's columns to the compacted topic ``<topic_prefix>.__cdc_schema`` (one part
 take, for a record at position ``(commit LSN, ordinal)`` (its ``cdc.commit_lsn`` and ``cdc.ordinal``
 headers), the version with the greatest position at or before it. A record without position headers
 (``kafka.position_headers: false``) has no ordinal: its envelope gives ``(commit LSN, LSN)``
-(``cdc.sink.position``), and each version also records ``lsn``, the LSN of the change it holds from
-(0: from its commit's first change), so that the two compare within one commit.
+(``cdc.sink.position``), and each version also records ``after_lsn``, the LSN of the last change of its
+commit before it (0: none), so that within one commit it holds for the records with a greater LSN.
 
 Record key (JSON): ``{"table":"<schema>.<table>","commit_lsn":<int>,"ordinal":<int>}``. Keyed by table
 AND position: compaction keeps every version (a key of the table alone would keep only the newest, and a
@@ -16,7 +16,7 @@ replay from offset 0 needs them all). Publishing one again gives the same key an
 Record value (JSON)::
 
     {"format": 1, "table": "public.orders", "schema": "public", "name": "orders",
-     "commit_lsn": 23734416, "ordinal": 1, "position": "0/16A2A90:1", "lsn": 23734200, "relation_id": 16390,
+     "commit_lsn": 23734416, "ordinal": 1, "position": "0/16A2A90:1", "after_lsn": 0, "relation_id": 16390,
      "columns": [{"name": "total", "type": "numeric", "type_schema": "pg_catalog", "type_oid": 1700,
                   "typmod": 917510, "precision": 14, "scale": 3, "length": null, "key": false,
                   "nullable": true}, ...]}
@@ -106,11 +106,12 @@ class SchemaVersion:
     position: Position
     columns: tuple[ColumnType, ...]
     relation_id: int = 0
-    lsn: int | None = None  # the LSN of the change it holds from (0: its commit's first); None: not recorded
+    # within its commit, it holds for the changes with an LSN above this (0: all); None: not recorded
+    after_lsn: int | None = None
 
     @classmethod
-    def of(cls, table: TableSchema, position: Position, lsn: int | None = None) -> SchemaVersion:
-        return cls(table.qualified, position, tuple(ColumnType.of(c) for c in table.columns), table.relation_id, lsn)
+    def of(cls, table: TableSchema, position: Position, after_lsn: int | None = None) -> SchemaVersion:
+        return cls(table.qualified, position, tuple(ColumnType.of(c) for c in table.columns), table.relation_id, after_lsn)
 
     @property
     def shape(self) -> tuple[tuple[str, int, int], ...]:
@@ -134,7 +135,7 @@ class SchemaVersion:
                 "commit_lsn": self.position[0],
                 "ordinal": self.position[1],
                 "position": f"{Lsn(self.position[0])}:{self.position[1]}",
-                **({"lsn": self.lsn} if self.lsn is not None else {}),
+                **({"after_lsn": self.after_lsn} if self.after_lsn is not None else {}),
                 "relation_id": self.relation_id,
                 "columns": [
                     {
@@ -174,7 +175,7 @@ def decode(key: bytes | None, value: bytes | None) -> SchemaVersion | None:
             (_int(data["commit_lsn"]), _int(data["ordinal"])),
             columns,
             _int(data.get("relation_id", 0)),
-            _optional_int(data.get("lsn")),
+            _optional_int(data.get("after_lsn")),
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         if isinstance(e, SchemaHistoryError):

@@ -160,8 +160,9 @@ def test_a_relation_inside_a_transaction_is_announced_from_the_ordinal_of_the_ne
     assert [c.precision_scale for c in announced[1].table.columns if c.name == "total"] == [(14, 3)]
     changes = [e for e in events if isinstance(e, ChangeEvent)]
     assert [c.ordinal for c in changes] == [1, 2] and changes[1].table is announced[1].table
-    # placed by LSN too (records written without cdc.ordinal): after the first change, at or before the second
-    assert changes[0].lsn < announced[1].lsn <= changes[1].lsn
+    # placed by LSN too (records written without cdc.ordinal): above the first change's, and the second's is
+    # above it (the server sends the Relation message itself with LSN 0: only changes carry theirs)
+    assert (announced[0].after_lsn, announced[1].after_lsn) == (0, changes[0].lsn) and changes[1].lsn > changes[0].lsn
     assert events[-1] == TxCommit(900, Lsn(C1), Lsn(E1), events[-1].commit_ts_us, 2)  # announcements take no ordinal
 
 
@@ -186,7 +187,7 @@ def test_a_recreated_table_is_announced_after_its_truncate_marker() -> None:
     marker, announced, change = events[1], events[2], events[3]
     assert isinstance(marker, TruncateEvent) and isinstance(announced, RelationEvent) and isinstance(change, ChangeEvent)
     assert (marker.ordinal, announced.ordinal, change.ordinal) == (1, 2, 2)
-    assert marker.lsn <= announced.lsn <= change.lsn  # from the change it precedes (the marker has no row to place)
+    assert announced.after_lsn == 0  # no row change before it in its transaction: it holds for all of them
 
 
 def test_a_streamed_transaction_announces_its_relations_at_its_commit(tmp_path: Path) -> None:
@@ -200,8 +201,7 @@ def test_a_streamed_transaction_announces_its_relations_at_its_commit(tmp_path: 
     assert [type(e) for e in events] == [TxBegin, RelationEvent, ChangeEvent, TxCommit]
     announced = events[1]
     assert isinstance(announced, RelationEvent) and (announced.commit_lsn, announced.ordinal, announced.xid) == (C2, 1, 901)
-    change = events[2]
-    assert isinstance(change, ChangeEvent) and 0 < announced.lsn <= change.lsn
+    assert announced.after_lsn == 0
 
 
 # --- the stage -----------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ def test_the_stage_publishes_a_version_only_where_the_types_differ_from_the_one_
     assert (record.topic, record.partition, describe) == ("shop.__cdc_schema", 0, "schema history")
     assert record.key == b'{"table":"public.orders","commit_lsn":%d,"ordinal":4}' % C1
     assert decode(record.key, record.value) == SchemaVersion.of(schema((14, 3)), (C1, 4), C1 - 40)
-    assert orjson.loads(record.value or b"")["lsn"] == C1 - 40  # where it holds from, for records without cdc.ordinal
+    assert orjson.loads(record.value or b"")["after_lsn"] == C1 - 40  # for records without cdc.ordinal: above it
     assert history.history.in_force("public.orders", (C2, 1)) == SchemaVersion.of(schema((14, 3)), (C1, 4), C1 - 40)
 
 

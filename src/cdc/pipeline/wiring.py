@@ -236,7 +236,7 @@ def make_chain(
         for row in rows:
             if history_stage is not None and row.table is not announced:
                 announced = row.table
-                history_stage.observe(announced, (int(row.commit_lsn), row.ordinal), int(row.lsn))
+                history_stage.observe(announced, (int(row.commit_lsn), row.ordinal), 0)  # the watermark's commit has no other rows
             table = row.table.qualified
             policy = capture.policies.get(table)
             deliver.row(policy.apply(row) if policy is not None else row, table)

@@ -10,8 +10,9 @@ What replaces which header (``kafka.position_headers: false``):
                     for a message outside a transaction)
 ``cdc.txid``        ``source.txId``
 ``cdc.ordinal``     nothing: the envelope does not say it. Records of one commit are ordered by their
-                    LSN instead; the schema history records the LSN from which a version holds
-                    (``cdc.schema_history``), so a reader places a record by ``(commit LSN, LSN)``.
+                    LSN instead; each schema history version records the LSN of its commit's last
+                    change before it (``after_lsn``, ``cdc.schema_history``), so a reader places a
+                    record by ``(commit LSN, LSN)``.
 ==================  ====================================================================================
 
 A tombstone has no value, so without headers it has no position of its own: it follows its delete event
