@@ -130,9 +130,12 @@ def test_a_rebuild_without_position_headers_is_the_rebuild_with_them(spark: Any,
     for cfg in (plain, headed):
         report = verify(shop.dsn, cfg.warehouse, cfg.tables, spark=spark, encoding=encoding)
         assert report.ok, report.render()
+    # the same records but for the headers; where they sit in Kafka may differ: an Avro key holds its schema
+    # id, which the two connectors registered under subjects of their own, so the partition can differ
+    where = ("_cdc_offset", "_cdc_partition")
     for table in SHOP_TABLES:
-        a = spark.read.format("delta").load(str(plain.warehouse / "tables" / table)).drop("_cdc_offset")
-        b = spark.read.format("delta").load(str(headed.warehouse / "tables" / table)).drop("_cdc_offset")
+        a = spark.read.format("delta").load(str(plain.warehouse / "tables" / table)).drop(*where)
+        b = spark.read.format("delta").load(str(headed.warehouse / "tables" / table)).drop(*where)
         assert a.count() == b.count() > 0, table
         assert a.exceptAll(b).isEmpty() and b.exceptAll(a).isEmpty(), f"{table}: the two rebuilds differ"
         assert a.where("_cdc_lsn IS NULL OR _cdc_commit_lsn IS NULL OR _cdc_commit_lsn < _cdc_lsn").isEmpty(), table
