@@ -149,7 +149,8 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         self._clock_ns = clock_ns
         # Tables whose truncates write no marker (tables[].truncate: skip); None: every table gets markers.
         self.skip_truncate: Callable[[TableSchema], bool] | None = None
-        # kafka.position_headers: the cdc.* position headers on every record (else the envelope alone says it)
+        # The cdc.* position headers on every record (else the envelope alone says it). On for a serializer
+        # made directly; the daemon's (make_serializer) follows kafka.position_headers, off by default.
         self.position_headers = True
         self._opts = TypeOptions(settings.decimal_handling, settings.time_precision, settings.interval_handling)
         self._prefix = settings.topic_prefix
