@@ -88,12 +88,12 @@ class TableVersions:
             return F.lit(None).cast(IntegerType())
         return F.when(index >= 0, F.element_at(F.array(*scales), index + 1))
 
-    def problem(self, index: Column, commit_lsn: Column, ordinal: Column) -> Column:
+    def problem(self, index: Column, commit_lsn: Column, ordinal: Column, lsn: Column) -> Column:
         """Why a Decimal of the record cannot be read exactly (null: it can)."""
-        where = F.concat(
-            F.lit("commit LSN "), F.coalesce(commit_lsn.cast(StringType()), F.lit("unknown")),
-            F.lit(", ordinal "), F.coalesce(ordinal.cast(StringType()), F.lit("unknown")),
-        )  # fmt: skip
+        within = F.when(ordinal.isNotNull(), F.concat(F.lit(", ordinal "), ordinal.cast(StringType()))).otherwise(
+            F.concat(F.lit(", LSN "), F.coalesce(lsn.cast(StringType()), F.lit("unknown")))
+        )
+        where = F.concat(F.lit("commit LSN "), F.coalesce(commit_lsn.cast(StringType()), F.lit("unknown")), within)
         missing = F.concat(
             F.lit(f"no version of {self.table} in the schema history topic {self.topic} covers this record ("),
             where,

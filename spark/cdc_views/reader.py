@@ -432,7 +432,7 @@ def decode_rows(
             scale = F.element_at(F.col("after_scales"), F.lit(column.name)) if encoding.schemas_enable else None
             if versions is not None and column.kind is Kind.DECIMAL:
                 index = F.col("_version")
-                problem = versions.problem(index, F.col("commit_lsn"), F.col("ordinal"))
+                problem = versions.problem(index, F.col("commit_lsn"), F.col("ordinal"), F.col("lsn"))
                 value = F.when(problem.isNull(), decode(raw, column, encoding, scale=versions.scale(column.name, index)))
                 failures.append((raw.isNotNull() & problem.isNotNull(), F.concat(F.lit(f"column {column.name!r}: "), problem)))
             else:
