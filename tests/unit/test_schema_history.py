@@ -292,3 +292,19 @@ def test_in_the_chain_an_announcement_stops_at_the_stage_and_rows_never_meet_it(
 
     assert spy.seen == [] and len(sent.records) == 1
     assert chain.rows_of("public.orders") == (spy.process,)  # the row path holds the other stages only
+
+
+def test_an_initial_snapshot_publishes_the_types_of_its_exported_snapshot_where_they_changed_since_start_up() -> None:
+    # publish_catalog read numeric(12,2); an ALTER to (14,3) committed before the slot exported its
+    # snapshot, so the snapshot's rows (at the consistent point, ordinals from 1) hold the new scale.
+    written: list[list[Record]] = []
+    history = SchemaHistory(topic_for("shop"), History.of([SchemaVersion.of(schema(), BEGINNING)]), write_now=written.append)
+
+    assert history.publish_snapshot([schema()], Lsn(C1)) == []  # unchanged: nothing is written
+    assert written == []
+    [version] = history.publish_snapshot([schema((14, 3))], Lsn(C1))
+
+    assert version == SchemaVersion.of(schema((14, 3)), (C1, 0))
+    assert [(r.key, r.value) for r in written[0]] == [(version.key(), version.value())]
+    assert history.history.in_force("public.orders", (C1, 1)) == version
+    assert history.history.in_force("public.orders", (C1 - 1, 7)).scales()["total"] == 2  # older records keep theirs

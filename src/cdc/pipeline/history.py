@@ -178,6 +178,24 @@ class SchemaHistory:
         return versions
 
 
+    def publish_snapshot(self, tables: Iterable[TableSchema], point: Lsn) -> list[SchemaVersion]:
+        """The columns an initial snapshot reads its rows with (the catalog in its exported snapshot),
+        where they are not the version in force at its rows' position ``(point, ordinal >= 1)``: published
+        at ``(point, 0)``, acknowledged before any row is read. They differ only when an ALTER committed
+        between the start-up's catalog read (``publish_catalog``) and the snapshot's export."""
+        position: Position = (int(point), 0)
+        versions = [v for v in (self.differs(t, position) for t in tables) if v is not None]
+        if not versions:
+            return []
+        if self.write_now is None:
+            raise SinkError("the schema history has no writer for a snapshot's versions (wiring error)")
+        self.write_now([self.record(v) for v in versions])
+        for version in versions:
+            self.history.add(version)
+            log.info("schema_history_from_snapshot", table=version.table, position=_position_text(position))
+        return versions
+
+
 class SchemaHistoryStage(Stage):
     """Consumes the decoder's ``RelationEvent``s, publishing a version where the types changed."""
 

@@ -165,7 +165,7 @@ def wire(
         history.publish_catalog(conn, [*tables.values(), *boxes.values()], types)
         apply_publication(conn, publication)
     topics = Topics(capture)
-    snapshots = make_snapshots(capture, serializer, types, progress_topic, stats, should_stop)
+    snapshots = make_snapshots(capture, serializer, types, progress_topic, stats, should_stop, history)
     stats.snapshot_progress = snapshots.progress
     on_snapshots(snapshots)
     # Drops, creates (with an exported snapshot) and copies as snapshot.mode says; resumes what was cut off.
@@ -279,6 +279,7 @@ def make_snapshots(
     progress_topic: str,
     stats: Stats,
     should_stop: Callable[[], bool],
+    history: SchemaHistory | None = None,
 ) -> Snapshots:
     cfg = capture.config
     topic_of = {name: serializer.topic_name(t.schema, t.name) for name, t in capture.tables.items()}
@@ -306,6 +307,7 @@ def make_snapshots(
         should_stop=should_stop,
         alive=alive,
         in_transactions=cfg.delivery.mode == "exactly_once",
+        described=history.publish_snapshot if history is not None else None,
     )
 
 

@@ -39,7 +39,7 @@ import multiprocessing.queues
 import os
 import queue
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +48,7 @@ import structlog
 
 from cdc.catalog import TableInfo
 from cdc.decoder.stream import ReplicationStream
-from cdc.event import PgType, TruncateEvent, TxBegin, TxCommit
+from cdc.event import PgType, TableSchema, TruncateEvent, TxBegin, TxCommit
 from cdc.lsn import Lsn
 from cdc.snapshot.config import SnapshotConfig
 from cdc.snapshot.errors import SnapshotError, SnapshotImportError, SnapshotInterrupted
@@ -142,7 +142,11 @@ class InitialSnapshot:
         slot_failover: bool | None = None,
         log_format: str = "json",
         log_level: str = "info",
+        described: Callable[[Sequence[TableSchema], Lsn], object] | None = None,
     ) -> None:
+        """``described(tables, point)``: called with the columns as the exported snapshot's catalog gives
+        them, before any row is read (the schema history publishes them where they are not the version in
+        force at the rows' position: an ALTER may have committed since the daemon read the catalog)."""
         self._conninfo = conninfo
         self._slot = slot
         self._tables = dict(tables)
@@ -160,6 +164,7 @@ class InitialSnapshot:
         self._slot_failover = slot_failover
         self._log_format = log_format
         self._log_level = log_level
+        self._described = described
         self._context = multiprocessing.get_context("spawn")
 
     @property
@@ -181,6 +186,8 @@ class InitialSnapshot:
                 row = planner.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint").fetchone()
                 xid = int(row[0]) & 0xFFFFFFFF if row else None
                 tables, plans = self._plan(planner, point)
+                if self._described is not None:
+                    self._described([t.schema for t in tables.values()], point)
                 chunks = [(tables[p.table], c) for p in plans.values() for c in p.chunks()]
                 count = max(1, min(self._settings.workers, len(chunks)))
                 spec = WorkerSpec(0, self._conninfo, name, self._output, point, xid, time.time_ns() // 1000,

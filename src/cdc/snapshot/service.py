@@ -20,14 +20,15 @@ The pipeline's part, in order:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import psycopg
 import structlog
 
 from cdc.catalog import TableInfo
 from cdc.decoder.stream import ReplicationStream
-from cdc.event import ChangeEvent, Event, PgType
+from cdc.event import ChangeEvent, Event, PgType, TableSchema
+from cdc.lsn import Lsn
 from cdc.snapshot.config import SnapshotConfig, SnapshotMode
 from cdc.snapshot.errors import SnapshotError, SnapshotRefused
 from cdc.snapshot.incremental import IncrementalCoordinator
@@ -63,12 +64,14 @@ class Snapshots:
         log_level: str = "info",
         slot_failover: bool | None = None,
         in_transactions: bool = False,
+        described: Callable[[Sequence[TableSchema], Lsn], object] | None = None,
     ) -> None:
         """``topics_holding_records(table names) -> table names`` says which tables' topics already hold
         records (a new initial snapshot marks those truncated first); None: assume none do.
         ``should_stop`` is polled while the initial snapshot runs; ``alive`` is called there several
         times a second (the health endpoint's heartbeat). ``in_transactions`` (exactly once): a DBLog
-        chunk's progress is produced with its rows, in the same Kafka transaction (``released_progress``)."""
+        chunk's progress is produced with its rows, in the same Kafka transaction (``released_progress``).
+        ``described``: the initial snapshot's (``InitialSnapshot``)."""
         self.settings = settings
         self._conninfo = conninfo
         self._slot = slot
@@ -76,6 +79,7 @@ class Snapshots:
         self._tables = dict(tables)
         self._output = output
         self._types = dict(types or {})
+        self._described = described
         self._holding = topics_holding_records
         self._should_stop = should_stop
         self._alive = alive
@@ -194,6 +198,7 @@ class Snapshots:
             slot_failover=self._slot_failover,
             log_format=self._log_format,
             log_level=self._log_level,
+            described=self._described,
         )
         self._initial_progress = snapshot.progress
         self.initial_result = snapshot.run()

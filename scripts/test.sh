@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# `make test`: the whole suite on PostgreSQL 15 (two pytest-xdist workers, tests/conftest.py groups the
+# tests) and, beside it, the version list on PostgreSQL 16, 17 and 18 (scripts/test-versions.sh, each
+# version with its own server beside the suite's Kafka). The tests mostly wait on the servers: on two
+# cores the version runs take about as long beside the suite as on their own (~3 min), and the suite
+# hardly longer. Then the unit tests again on the pure-Python row codec (make unit-reference).
+# With CDC_TEST_STOP_SERVICES=1 (CI) the services are stopped once, after the last session.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+: "${PG_VERSIONS:?PG_VERSIONS: the major versions to run}" "${PG_VERSION_TESTS:?PG_VERSION_TESTS: the test files}"
+stop=${CDC_TEST_STOP_SERVICES:-0}
+export CDC_TEST_STOP_SERVICES=0
+mkdir -p build/test-versions
+
+CDC_TEST_STOP_SERVICES=0 "$PY" -m pytest -p no:cacheprovider -ra --durations=25 -n 2 -m "not cluster" tests &
+suite=$!
+sleep 20  # the suite starts the shared services (dev.up holds a lock; the version runs then reuse them)
+PYTHON=$PY bash scripts/test-versions.sh > build/test-versions/summary.log 2>&1 &
+versions=$!
+
+wait "$suite"; suite_code=$?
+wait "$versions"; versions_code=$?
+echo "== the version runs (scripts/test-versions.sh, exit $versions_code)"
+cat build/test-versions/summary.log
+CDC_PURE_PYTHON=1 "$PY" -m pytest -p no:cacheprovider -q -ra -n 2 tests/unit; reference_code=$?
+
+if [ "$stop" = "1" ]; then
+  PG_VERSIONS="$PG_VERSIONS" PYTHON="$PY" bash scripts/stop-test-services.sh
+fi
+echo "make test: suite exit $suite_code, versions exit $versions_code, pure-Python unit tests exit $reference_code"
+[ "$suite_code" -eq 0 ] && [ "$versions_code" -eq 0 ] && [ "$reference_code" -eq 0 ]
