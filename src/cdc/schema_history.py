@@ -240,6 +240,22 @@ class History:
         """The version of ``table`` with the greatest position at or before ``position``; None before the first."""
         return self._last(table, bisect.bisect_right, position)
 
+    def in_force_for(self, table: str, commit_lsn: int, ordinal: int | None, lsn: int) -> SchemaVersion | None:
+        """``in_force`` for a record read back from Kafka: by its ordinal when it has one (``cdc.ordinal``), else
+        by its LSN, above a version's ``after_lsn`` within the version's own commit; a version without one (from
+        before they recorded it) is taken as in force there. The Spark jobs' rule (``cdc_views.history``)."""
+        if ordinal is not None:
+            return self.in_force(table, (commit_lsn, ordinal))
+        found = None
+        for version in self._versions.get(table, ()):
+            commit, ordinal_from = version.position
+            if commit > commit_lsn:
+                break
+            after = version.after_lsn
+            if commit < commit_lsn or ordinal_from == 0 or not after or lsn > after:
+                found = version
+        return found
+
     def before(self, table: str, position: Position) -> SchemaVersion | None:
         """The version of ``table`` with the greatest position strictly before ``position``."""
         return self._last(table, bisect.bisect_left, position)

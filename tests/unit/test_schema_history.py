@@ -263,6 +263,19 @@ def test_a_table_without_any_version_gets_one_and_an_int_to_bigint_change_is_a_v
     assert [orjson.loads(r.value or b"")["position"] for r, _ in sent.records] == ["1/1000:1", "1/2000:3"]
 
 
+def test_a_record_without_an_ordinal_is_placed_by_its_lsn_within_a_versions_commit() -> None:
+    old = SchemaVersion.of(schema(), BEGINNING, 0)
+    inside = SchemaVersion.of(schema((14, 3)), (C1, 2), C1 - 50)  # an ALTER between two changes of commit C1
+    legacy = SchemaVersion.of(schema((16, 4)), (C2, 3))  # written before versions recorded after_lsn
+    history = History.of([old, inside, legacy])
+
+    assert history.in_force_for("public.orders", C1, None, C1 - 50) == old  # the change before the ALTER
+    assert history.in_force_for("public.orders", C1, None, C1 - 49) == inside
+    assert history.in_force_for("public.orders", C1, 1, C1 - 10) == old  # an ordinal, when there is one, decides
+    assert history.in_force_for("public.orders", C2, None, C2 - 100) == legacy  # taken as in force in its commit
+    assert history.in_force_for("public.orders", C1 - 1, None, C1 - 2) == old
+
+
 def test_the_stage_passes_every_other_event_on_and_sees_no_rows() -> None:
     stage, _, sent = stage_with()
     message = MessageEvent("p", b"x", True, Lsn(C1), Lsn(C1), 900, 1, TS)
@@ -304,7 +317,7 @@ def test_an_initial_snapshot_publishes_the_types_of_its_exported_snapshot_where_
     assert written == []
     [version] = history.publish_snapshot([schema((14, 3))], Lsn(C1))
 
-    assert version == SchemaVersion.of(schema((14, 3)), (C1, 0))
+    assert version == SchemaVersion.of(schema((14, 3)), (C1, 0), 0)  # for every row of its commit
     assert [(r.key, r.value) for r in written[0]] == [(version.key(), version.value())]
     assert history.history.in_force("public.orders", (C1, 1)) == version
     assert history.history.in_force("public.orders", (C1 - 1, 7)).scales()["total"] == 2  # older records keep theirs

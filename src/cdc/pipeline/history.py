@@ -184,7 +184,7 @@ class SchemaHistory:
         at ``(point, 0)``, acknowledged before any row is read. They differ only when an ALTER committed
         between the start-up's catalog read (``publish_catalog``) and the snapshot's export."""
         position: Position = (int(point), 0)
-        versions = [v for v in (self.differs(t, position) for t in tables) if v is not None]
+        versions = [v for v in (self.differs(t, position, after_lsn=0) for t in tables) if v is not None]
         if not versions:
             return []
         if self.write_now is None:
