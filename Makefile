@@ -31,11 +31,13 @@ PG_VERSION_TESTS := $(addprefix tests/integration/,test_decoder_types.py test_de
 	test_render_json.py test_table_patterns.py test_pipeline.py \
 	test_snapshot_incremental.py test_publication_race.py test_slot_failover_default.py)
 
-# The suite on two xdist workers with the version list beside it, then the unit tests on the pure-Python
-# row codec: see scripts/test.sh. The services are stopped (CDC_TEST_STOP_SERVICES=1, as CI sets it)
-# once, after the last session that uses them.
+# Two xdist workers (the tests mostly wait on the servers; tests/conftest.py groups them). The services
+# are stopped (CDC_TEST_STOP_SERVICES=1, as CI sets it) only by the last session that uses them.
 test: $(STAMP) lint
-	PG_VERSIONS="$(PG_VERSIONS)" PG_VERSION_TESTS="$(PG_VERSION_TESTS)" PYTHON=$(BIN)/python bash scripts/test.sh
+	CDC_TEST_STOP_SERVICES=0 $(BIN)/python -m pytest -p no:cacheprovider -ra --durations=25 \
+		-n 2 -m "not cluster" tests
+	$(MAKE) --no-print-directory unit-reference
+	$(MAKE) --no-print-directory test-versions
 
 # Exactly once at full size: a 5,000,000-row source transaction with a 60 s Kafka transaction timeout,
 # and snapshots of 200,000 rows, each SIGKILLed 20 times (the suite runs the same tests smaller).

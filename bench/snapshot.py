@@ -12,10 +12,14 @@ In one run, on the local services (``cdc dev up``):
    line through the stream's converters, build the ChangeEvent and serialize it, produce.
 4. The initial snapshot (``cdc.snapshot.initial.InitialSnapshot``: a new slot with an
    exported snapshot, planning, worker processes, COPY, JSON, produce, wait for every
-   acknowledgment) with each worker count, with the server building the rows' JSON
-   (``snapshot.server_json``, the default) and, for comparison, the ordinary path where
-   Python parses and serializes every row; a fresh slot and topic each. Rows/s is rows
-   over the whole run, start-up (slot, planning, worker start) included.
+   acknowledgment) with each worker count, with the row codec writing the rows from the
+   COPY text (the default); for comparison, with the server building the rows' JSON
+   (``snapshot.server_json: true``, the default until 2026-11-27), the row codec with
+   no position headers on the records (``kafka.position_headers: false``, the daemon's
+   default since #21; the other paths write them, as before), and (opt-in) the
+   ordinary path where Python parses and serializes every row; a fresh slot and topic
+   each. Rows/s is rows over the whole run, start-up (slot, planning, worker start)
+   included.
 5. The Kafka ceiling: the same number of this table's records, made beforehand (a sample,
    cycled), produced by 1 and N processes with the snapshot's own producer
    (``BulkProducer``, the pipeline's producer settings, the four position headers as a
@@ -46,13 +50,15 @@ from cdc.catalog import describe_tables
 from cdc.config import TableConfig
 from cdc.event import ChangeEvent, Op, TableSchema, TxBegin
 from cdc.lsn import Lsn
+from cdc.render import codec
 from cdc.sink.bulk import BulkProducer
 from cdc.sink.delivery import AtLeastOnce
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
 from cdc.sink.records import position_headers
 from cdc.snapshot.config import SnapshotConfig
-from cdc.snapshot.copytext import row_parser
+from cdc.decoder.types import parser_for
+from cdc.snapshot.copytext import row_parser, unescape
 from cdc.snapshot.initial import InitialSnapshot
 from cdc.snapshot.output import JsonKafkaOutput
 from cdc.snapshot.plan import describe_table
@@ -224,15 +230,39 @@ def per_row_costs(dsn: str, bootstrap: str, prefix: str, sample: int) -> dict[st
     }
 
 
+PATHS = {
+    "codec": ("row codec (default)", None, True, False),
+    "server": ("server-built JSON", True, True, False),
+    "headerless": ("row codec, no position headers", None, True, True),
+    "ordinary": ("ordinary path (Python JSON)", False, False, False),
+}  # name: (label, snapshot.server_json, decoder.render_rows, without headers)
+
+
+def codec_cost(dsn: str, prefix: str, sample: int) -> float:
+    """Microseconds per row of the row codec (``cdc.render.codec.copy_parser``, the default path's per-row
+    work before the splice and ``produce``): COPY line -> after and key JSON."""
+    schema, lines = sample_lines(dsn, sample)
+    serializer = JsonSerializer(JsonSettings(topic_prefix=prefix, database=DB), lambda _t: 3)
+    rendering = serializer.row_rendering(schema)
+    assert rendering is not None
+    render = codec.copy_parser(rendering, [parser_for(c.type) for c in schema.columns], unescape)
+    started = time.perf_counter()
+    for line in lines:
+        render(line)
+    return (time.perf_counter() - started) / len(lines) * 1e6
+
+
 def snapshot_run(
-    dsn: str, bootstrap: str, prefix: str, slot: str, workers: int, chunk_rows: int, server_json: bool
+    dsn: str, bootstrap: str, prefix: str, slot: str, workers: int, chunk_rows: int, path: str
 ) -> dict[str, Any]:
+    _, server_json, render_rows, headerless = PATHS[path]
     topic = f"{prefix}.public.bench_rows"
     partitions = ensure_topics(admin_client(bootstrap, {}), [TopicSpec(topic, 3, 1)])
     with psycopg.connect(dsn, autocommit=True) as conn:
         tables = describe_tables(conn, [TableConfig(name=TABLE)])
     output = JsonKafkaOutput(
-        JsonSettings(topic_prefix=prefix, database=DB), partitions, producer_config(bootstrap, {}, 1_000_000), 1_000_000
+        JsonSettings(topic_prefix=prefix, database=DB), partitions, producer_config(bootstrap, {}, 1_000_000), 1_000_000,
+        render_rows=render_rows, position_headers=not headerless,
     )
     settings = SnapshotConfig(
         workers=workers, chunk_rows=chunk_rows, progress_log_s=30, progress_bar=False, server_json=server_json
@@ -250,6 +280,7 @@ def snapshot_run(
     cpu = spent(before, {SNAPSHOT_PROCESSES: tree_cpu(os.getpid())} | services.read())
     copy_s = progress.read().elapsed_s  # the tracker starts with the engine; the copy phase is what follows planning
     assert result.server_json_rows == (result.rows if server_json else 0), "the path asked for was not taken"
+    assert result.rendered_rows == (result.rows if render_rows and not server_json else 0), "the codec did not run"
     return {"rows": result.rows, "elapsed_s": elapsed, "rows_per_s": result.rows / elapsed, "tracker_s": copy_s, "cpu": cpu}
 
 
@@ -258,8 +289,12 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--workers", default=f"1,{min(4, os.cpu_count() or 2)}", help="worker counts to run, e.g. 1,2,4")
     parser.add_argument("--chunk-rows", type=int, default=50_000)
-    parser.add_argument("--ordinary-workers", default=str(min(4, os.cpu_count() or 2)),
-                        help="worker counts for the ordinary path (Python builds the JSON); empty: skip it")  # fmt: skip
+    parser.add_argument("--server-workers", default=str(min(4, os.cpu_count() or 2)),
+                        help="worker counts with server-built JSON (the default path before 2026-11-27); empty: skip")
+    parser.add_argument("--headerless-workers", default=str(min(4, os.cpu_count() or 2)),
+                        help="worker counts of the row codec without position headers; empty: skip")
+    parser.add_argument("--ordinary-workers", default="",
+                        help="worker counts for the ordinary path (Python builds the JSON), e.g. 2; empty: skip it")  # fmt: skip
     parser.add_argument("--copy-runs", type=int, default=3, help="bare COPY runs (median)")
     parser.add_argument("--runs", type=int, default=3, help="snapshot runs per configuration (median)")
     parser.add_argument("--sample", type=int, default=100_000, help="rows for the per-row cost breakdown")
@@ -269,7 +304,8 @@ def main() -> int:
     args = parser.parse_args()
     logsetup.configure("console", "warning")
     endpoints = dev.up(dev.default_state_dir(), registry=False)
-    print(f"services: {endpoints.postgres_dsn}  kafka {endpoints.kafka_bootstrap}  ({os.cpu_count()} CPUs)")
+    print(f"services: {endpoints.postgres_dsn}  kafka {endpoints.kafka_bootstrap}  ({os.cpu_count()} CPUs); "
+          f"row codec: {codec.IMPLEMENTATION}; load average {os.getloadavg()}")  # fmt: skip
     dsn = setup(endpoints.postgres_dsn, args.rows)
     prefix = f"bench_snapshot_{int(time.time())}"
     admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})
@@ -281,15 +317,19 @@ def main() -> int:
         costs = per_row_costs(dsn, endpoints.kafka_bootstrap, f"{prefix}_costs", min(args.sample, args.rows))
         print("per-row cost, one process: " + ", ".join(f"{k} {v:.2f} µs" for k, v in costs.items())
               + f"; total {sum(costs.values()):.2f} µs = {1e6 / sum(costs.values()):,.0f} rows/s")  # fmt: skip
-        configs = [(True, int(w)) for w in args.workers.split(",") if w]
-        configs += [(False, int(w)) for w in args.ordinary_workers.split(",") if w]
-        for server_json, workers in configs:
-            path = "server-built JSON" if server_json else "ordinary path (Python JSON)"
+        print(f"per-row cost of the row codec ({codec.IMPLEMENTATION}), COPY line -> after and key JSON: "
+              f"{codec_cost(dsn, f'{prefix}_costs', min(args.sample, args.rows)):.2f} µs")  # fmt: skip
+        configs = [("codec", int(w)) for w in args.workers.split(",") if w]
+        configs += [("server", int(w)) for w in args.server_workers.split(",") if w]
+        configs += [("headerless", int(w)) for w in args.headerless_workers.split(",") if w]
+        configs += [("ordinary", int(w)) for w in args.ordinary_workers.split(",") if w]
+        for name, workers in configs:
+            path = PATHS[name][0]
             rates, cpus = [], []
             for run in range(args.runs):
-                tag = f"{'s' if server_json else 'o'}{workers}r{run}"
+                tag = f"{name[0]}{workers}r{run}"
                 r = snapshot_run(dsn, endpoints.kafka_bootstrap, f"{prefix}_{tag}", f"bench_{tag}_{int(time.time())}",
-                                 workers, args.chunk_rows, server_json)  # fmt: skip
+                                 workers, args.chunk_rows, name)  # fmt: skip
                 rates.append(r["rows_per_s"])
                 cpus.append(r["cpu"])
                 print(f"  snapshot, {path}, {workers} worker(s), run {run + 1}: {r['rows']:,} rows in "

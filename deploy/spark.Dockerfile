@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1.7
 #
-# The Spark jobs of spark/ (warehouse, search index, joined views): Python 3.11, a Java 17 runtime,
-# pyspark and delta-spark from the project's `spark` extra, and the jars the jobs put on spark.jars
-# (Kafka source, spark-avro, Delta), fetched here at build time by the project's own
+# The Spark jobs of spark/ (warehouse, search index, joined views): Python 3.11, a Java 17 runtime
+# (Spark 4 needs 17 or later; Debian bookworm's openjdk-17), pyspark and delta-spark from the
+# project's `spark` extra (4.2.0 and 4.4.0: spark/README.md, "Versions"), and the jars the jobs put
+# on spark.jars (Kafka source, spark-avro, Delta), fetched here at build time by the project's own
 # `python -m cdc_views.jars fetch`, so that a job never downloads anything when it runs.
 #
 #   docker build -f deploy/spark.Dockerfile -t cdc-spark:local .

@@ -35,7 +35,22 @@ for v in $PG_VERSIONS; do
   fi
 done
 if [ "$stop" = "1" ]; then
-  PG_VERSIONS="$PG_VERSIONS" PYTHON="$PY" bash scripts/stop-test-services.sh
+  "$PY" - <<'PY'
+import os
+from pathlib import Path
+
+from cdc import dev
+from cdc.dev import postgres
+
+import structlog
+
+state = Path(os.environ.get("CDC_TEST_STATE_DIR") or ".cdc-dev/test").resolve()
+for v in os.environ["PG_VERSIONS"].split():
+    other = state.with_name(f"{state.name}-pg{v}")
+    if other.exists():
+        postgres.down(other, structlog.get_logger())
+dev.down(state)
+PY
 fi
 if [ ${#failed[@]} -gt 0 ]; then
   echo "test-versions: failed on PostgreSQL ${failed[*]}" >&2

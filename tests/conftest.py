@@ -7,9 +7,6 @@ build/). Tests run beside each other against the session's servers, so a test th
 a server uses one of its own (test_broker_outage.py starts its own broker; the failover and slot
 invalidation tests their own PostgreSQL).
 
-The two longest groups go first (``pytest_collection_modifyitems``): the Spark modules take about a third
-of the suite's test time on one worker, so a group handed out late would end the run alone.
-
 xdist's own ``--dist loadgroup`` is not used: with pytest 9 it leaves the node ids alone (xdist 3.8
 renames ``_nodeid``, pytest 9 reads ``_id``), so its groups are silently ignored.
 """
@@ -31,15 +28,6 @@ def group_of(nodeid: str) -> str:
     if module.startswith("tests/integration/test_spark"):
         return "spark"
     return module
-
-
-FIRST = ("spark", "podman")
-"""Groups that run before all others, longest first."""
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    rank = {group: i for i, group in enumerate(FIRST)}
-    items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(FIRST)))  # stable: the rest keep their order
 
 
 @pytest.hookimpl(optionalhook=True)

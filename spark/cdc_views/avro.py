@@ -33,6 +33,7 @@ the JSON format has in base64, then converted by ``cdc_views.decode``.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -274,16 +275,19 @@ class AvroSchemas:
             # Avro does not resolve a decimal's scale: bytes written at scale 2 read at scale 3 are ten
             # times too small. Read those columns at the writer's precision and scale, then cast each to
             # the reader's (exact when the scale grows; rounded half up, as PostgreSQL rounded the table,
-            # when it shrinks).
+            # when it shrinks). A value that does not fit the reader's precision (try_cast: null, where
+            # ANSI's cast would fail the job naming no record) nulls the whole row, which decode_rows
+            # reports as a bad record with its partition and offset.
             own = json.dumps(_with_decimals(pruned, changed))
             decoded = from_avro(body(value), json.dumps(writer), {**_OPTIONS, "avroSchema": own})["after"]
-            fields = [
-                (decoded[name].cast(DecimalType(*changed[name][1])) if name in changed else decoded[name]).alias(name)
-                for name in _after_fields(pruned)
-            ]
+            rescaled = {name: decoded[name].try_cast(DecimalType(*changed[name][1])) for name in changed}
+            fits = functools.reduce(
+                lambda ok, name: ok & (decoded[name].isNull() | rescaled[name].isNotNull()), changed, F.lit(True)
+            )
+            fields = [rescaled.get(name, decoded[name]).alias(name) for name in _after_fields(pruned)]
             log.info("avro.decimal_scale_resolved", topic=topic, writer_id=sid,
                      columns={n: {"writer": w, "reader": r} for n, (w, r) in changed.items()})  # fmt: skip
-            row = F.when(vid == sid, F.when(decoded.isNotNull(), F.struct(*fields))).otherwise(row)
+            row = F.when(vid == sid, F.when(decoded.isNotNull() & fits, F.struct(*fields))).otherwise(row)
         return row
 
 
@@ -380,8 +384,8 @@ def _convert(raw: Column, have: DataType, column: ColumnShape, encoding: Encodin
         assert column.element is not None
         element = column.element
         return F.transform(raw, lambda item: _convert(item, have.elementType, element, encoding))
-    if isinstance(have, DecimalType):
-        return raw.cast(target)  # another precision or scale, plain text, or a double as decimal_handling asks
+    if isinstance(have, DecimalType):  # another precision or scale, plain text, or a double as decimal_handling asks:
+        return raw.try_cast(target)  # null where it does not fit, reported as a failed column (ANSI cast: job error)
     if isinstance(have, BinaryType):  # a decimal Spark cannot hold as one: the JSON format's base64
         return decode(F.base64(raw), column, encoding)
     if isinstance(have, StructType):  # VariableScaleDecimal {scale, value}: its JSON text

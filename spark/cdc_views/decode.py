@@ -4,7 +4,15 @@ Every function here builds Spark expressions (no Python UDFs): the row of an env
 with every column as a string (Spark's JSON parser keeps the text of numbers, and the JSON text of
 objects and arrays, for string fields), then each column is converted by the expression of its
 ``Kind`` under the connector's ``Encoding``. A value that is present but cannot be converted
-becomes null here; ``failed(raw, decoded)`` tells the reader, which reports the record.
+becomes null here; ``failed(raw, decoded)`` tells the reader, which reports the record (topic,
+partition, offset, column), or skips and counts it with ``--on-bad-record skip``.
+
+Spark 4 runs with ANSI SQL on (``spark.sql.ansi.enabled``): a plain ``CAST`` of malformed text, an
+array index out of bounds or an arithmetic overflow raises, failing the whole job with Spark's
+message and no record named. So every conversion of a record's text here is a ``try_`` form
+(``try_cast``, ``try_multiply``, ``try_add``, ``get``, ``try_to_date``): null on what does not
+convert, which ``failed`` reports. They are stricter than Spark 3's non-ANSI casts, never looser:
+``"1.5"`` as an integer is null (reported), not 1.
 
 Kafka Connect Decimals (``numeric(p,s)`` with ``decimal_handling=precise``) are base64 of the
 big-endian two's-complement unscaled value; ``unscaled_decimal_text`` turns them into decimal text
@@ -94,9 +102,9 @@ def decode(raw: Column, column: ColumnShape, encoding: Encoding, *, scale: Colum
         items = F.from_json(raw, ArrayType(StringType(), True))
         return F.transform(items, lambda item: decode(item, element, encoding))
     if kind in (Kind.INT16, Kind.INT32, Kind.INT64, Kind.FLOAT):
-        return raw.cast(spark_type(column, encoding))  # "NaN", "Infinity", "-Infinity" cast to doubles
+        return raw.try_cast(spark_type(column, encoding))  # "NaN", "Infinity", "-Infinity" cast to doubles
     if kind is Kind.BOOL:
-        return raw.cast(BooleanType())
+        return raw.try_cast(BooleanType())
     if kind is Kind.DECIMAL:
         return _decimal(raw, column, encoding, scale)
     if kind is Kind.DECIMAL_TEXT:
@@ -110,9 +118,9 @@ def decode(raw: Column, column: ColumnShape, encoding: Encoding, *, scale: Colum
     if kind is Kind.TIMESTAMP:
         return _timestamp(raw, column, encoding)
     if kind is Kind.TIMESTAMPTZ:
-        return F.when(~raw.isin("infinity", "-infinity"), raw.cast(TimestampType()))
+        return F.when(~raw.isin("infinity", "-infinity"), raw.try_cast(TimestampType()))
     if kind is Kind.INTERVAL:
-        return raw.cast(LongType()) if encoding.interval_handling == "numeric" else raw
+        return raw.try_cast(LongType()) if encoding.interval_handling == "numeric" else raw
     return raw  # TEXT, JSON, OTHER: the text as sent
 
 
@@ -138,14 +146,16 @@ def unscaled_decimal_text(b64: Column) -> tuple[Column, Column]:
     """(sign, digits) of a base64 big-endian two's-complement integer of at most 16 bytes.
 
     Negative values are read through their bitwise complement (``-x = ~x + 1``), so each 64-bit
-    half stays a non-negative number that ``conv`` can read. Longer inputs give null digits.
+    half stays a non-negative number that ``conv`` can read. Longer inputs, and 16-byte values
+    beyond 38 digits, give null digits.
     """
     hexed = F.hex(F.unbase64(b64))
     negative = F.substring(hexed, 1, 1) >= F.lit("8")
     magnitude_hex = F.lpad(F.when(negative, F.translate(hexed, _HEX, _HEX_NOT)).otherwise(hexed), 32, "0")
     high = F.conv(F.substring(magnitude_hex, 1, 16), 16, 10).cast(DecimalType(38, 0))
     low = F.conv(F.substring(magnitude_hex, 17, 16), 16, 10).cast(DecimalType(38, 0))
-    magnitude = high * F.lit(_TWO_POW_64).cast(DecimalType(38, 0)) + low + F.when(negative, F.lit(1)).otherwise(F.lit(0))
+    carry = F.when(negative, F.lit(1)).otherwise(F.lit(0))
+    magnitude = F.try_add(F.try_add(F.try_multiply(high, F.lit(_TWO_POW_64).cast(DecimalType(38, 0))), low), carry)
     digits = F.when(F.length(hexed) <= 32, magnitude.cast(DecimalType(38, 0)).cast(StringType()))
     return F.when(negative, F.lit("-")).otherwise(F.lit("")), digits
 
@@ -179,21 +189,21 @@ def _decimal(raw: Column, column: ColumnShape, encoding: Encoding, scale: Column
     assert column.precision is not None and column.scale is not None
     target = DecimalType(column.precision, column.scale)
     if encoding.decimal_handling == "double":
-        return raw.cast(DoubleType())
+        return raw.try_cast(DoubleType())
     if encoding.decimal_handling == "string":
-        return raw.cast(target)
+        return raw.try_cast(target)
     sign, digits = unscaled_decimal_text(raw)
     if scale is None:
-        return F.when(_is_base64(raw), _scientific(sign, digits, column.scale).cast(target))
+        return F.when(_is_base64(raw), _scientific(sign, digits, column.scale).try_cast(target))
     # The record's own scale (rounded half up to the column's, as PostgreSQL rounded the table, when it shrank)
     exponent = F.coalesce(scale, F.lit(column.scale)).cast(StringType())
-    return F.when(_is_base64(raw), F.concat(sign, digits, F.lit("E-"), exponent).cast(target))
+    return F.when(_is_base64(raw), F.concat(sign, digits, F.lit("E-"), exponent).try_cast(target))
 
 
 def _decimal_text(raw: Column, encoding: Encoding) -> Column:
     """Unconstrained numeric: VariableScaleDecimal ``{"scale":s,"value":b64}`` (precise) -> plain text."""
     if encoding.decimal_handling == "double":
-        return raw.cast(DoubleType())
+        return raw.try_cast(DoubleType())
     if encoding.decimal_handling == "string":
         return raw
     parsed = F.from_json(raw, StructType([StructField("scale", IntegerType()), StructField("value", StringType())]))
@@ -206,18 +216,18 @@ def _decimal_text(raw: Column, encoding: Encoding) -> Column:
 
 def _date(raw: Column, encoding: Encoding) -> Column:
     if encoding.time_precision == "iso":  # "2024-05-01Z"
-        return F.when(~raw.isin("infinity", "-infinity"), F.to_date(F.regexp_replace(raw, "Z$", ""), "yyyy-MM-dd"))
-    return F.when(~raw.isin(*_DATE_INFINITIES), F.call_function("date_from_unix_date", raw.cast(IntegerType())))
+        return F.when(~raw.isin("infinity", "-infinity"), F.try_to_date(F.regexp_replace(raw, "Z$", ""), "yyyy-MM-dd"))
+    return F.when(~raw.isin(*_DATE_INFINITIES), F.call_function("date_from_unix_date", raw.try_cast(IntegerType())))
 
 
 def _clock_micros(text: Column) -> Column:
     """``HH:MM:SS[.ffffff]`` -> microseconds of the day (``24:00:00`` included)."""
     parts = F.split(text, ":")
-    seconds = parts.getItem(2).cast(DecimalType(9, 6))
-    return (
-        parts.getItem(0).cast(LongType()) * 3_600_000_000
-        + parts.getItem(1).cast(LongType()) * 60_000_000
-        + (seconds * 1_000_000).cast(LongType())
+    hours, minutes = F.get(parts, 0).try_cast(LongType()), F.get(parts, 1).try_cast(LongType())
+    seconds = F.get(parts, 2).try_cast(DecimalType(9, 6))
+    return F.try_add(
+        F.try_add(F.try_multiply(hours, F.lit(3_600_000_000)), F.try_multiply(minutes, F.lit(60_000_000))),
+        (seconds * 1_000_000).cast(LongType()),  # at most 999,999,999,999,999: a long
     )
 
 
@@ -225,11 +235,14 @@ def _time(raw: Column, column: ColumnShape, encoding: Encoding) -> Column:
     if encoding.time_precision == "iso":  # "12:34:56.5Z"
         return _clock_micros(F.regexp_replace(raw, "Z$", ""))
     millis = (column.precision or 6) <= 3
-    return raw.cast(LongType()) * 1000 if millis else raw.cast(LongType())
+    return F.try_multiply(raw.try_cast(LongType()), F.lit(1000)) if millis else raw.try_cast(LongType())
 
 
 def _timestamp(raw: Column, column: ColumnShape, encoding: Encoding) -> Column:
     if encoding.time_precision == "iso":  # "2024-05-01T12:34:56.5Z"
-        return F.when(~raw.isin("infinity", "-infinity"), raw.cast(TimestampType()))
-    fn = "timestamp_millis" if (column.precision or 6) <= 3 else "timestamp_micros"
-    return F.when(~raw.isin(*_TIMESTAMP_INFINITIES), F.call_function(fn, raw.cast(LongType())))
+        return F.when(~raw.isin("infinity", "-infinity"), raw.try_cast(TimestampType()))
+    # timestamp_millis raises on a long overflow (ANSI or not): multiply first, null when it overflows
+    micros = raw.try_cast(LongType())
+    if (column.precision or 6) <= 3:
+        micros = F.try_multiply(micros, F.lit(1000))
+    return F.when(~raw.isin(*_TIMESTAMP_INFINITIES), F.call_function("timestamp_micros", micros))

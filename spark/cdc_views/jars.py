@@ -17,6 +17,7 @@ for ``spark-submit``).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -61,6 +62,22 @@ class Versions:
                 f"the Python package {exc.name} is not installed: install the spark extra "
                 "(pip install -e '.[spark]')"
             ) from None
+
+
+def pyspark_jackson_version() -> str:
+    """The version of the jackson-databind jar the installed pyspark ships (``pyspark/jars``).
+
+    Delta Kernel needs one Jackson module pyspark lacks (``jackson-datatype-jdk8``); the POM fetches
+    it at this version, so that Jackson on the class path is one version, pyspark's.
+    """
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or not spec.submodule_search_locations:
+        raise JarsMissing("the Python package pyspark is not installed: install the spark extra (pip install -e '.[spark]')")
+    jars_dir = Path(next(iter(spec.submodule_search_locations))) / "jars"
+    found = sorted(jars_dir.glob("jackson-databind-*.jar"))
+    if len(found) != 1:
+        raise FetchFailed(f"expected one jackson-databind jar in {jars_dir}, found {[j.name for j in found]}")
+    return found[0].name.removeprefix("jackson-databind-").removesuffix(".jar")
 
 
 def cache_root() -> Path:
@@ -113,6 +130,7 @@ def fetch(versions: Versions | None = None) -> list[Path]:
             cmd = [_maven(), "-B", "-q", "-Dstyle.color=never", "-f", str(work / "pom.xml"),
                    "dependency:copy-dependencies", "-DincludeScope=runtime",
                    f"-Dspark.version={v.spark}", f"-Ddelta.version={v.delta}",
+                   f"-Djackson.version={pyspark_jackson_version()}",
                    f"-DoutputDirectory={work / 'libs'}"]  # fmt: skip
             proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, check=False, timeout=1800)  # noqa: S603
             if proc.returncode != 0:

@@ -4,10 +4,11 @@ A table's topic is read with Spark's Kafka source (batch from the earliest offse
 and reduced in three steps, each a plain DataFrame transformation, so batch jobs and streaming
 micro-batches share them:
 
-1. ``envelopes(raw, encoding, avro)``: one row per record: the key's text (the row identity), its
-   position from the ``cdc.lsn``/``cdc.commit_lsn``/``cdc.ordinal`` headers or, where a header is
-   missing (``kafka.position_headers: false``), from the envelope (``source.lsn``; the commit LSN
-   from ``source.sequence``, ``["<commit lsn>","<lsn>"]``; no ordinal: see ``cdc.sink.position``),
+1. ``envelopes(raw, encoding, avro)`` (``cdc_views.envelope``): one row per record: the key's text
+   (the row identity), its position from the ``cdc.lsn``/``cdc.commit_lsn``/``cdc.ordinal`` headers
+   or, where a header is absent (``kafka.position_headers: false``), from the envelope
+   (``source.lsn``; the commit LSN from ``source.sequence``, ``["<commit lsn>","<lsn>"]``; no
+   ordinal: see ``cdc.sink.position``); a header present but not an integer makes the record bad;
    ``op``, ``after`` (JSON: its text; Avro: the value's bytes), and what the record is:
    ``row`` (c/u/r), ``delete`` (d or a tombstone), ``truncate`` (a marker: op ``t`` with the
    table's key fields all null, ``{"id":null}``; topics written before that shape carry the key
@@ -57,10 +58,10 @@ from confluent_kafka.admin import AdminClient
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, IntegerType, LongType, MapType, StringType, StructField, StructType
+from pyspark.sql.types import StringType, StructType
 
-from cdc.sink.wire import COMMIT_LSN_HEADER, LEGACY_TRUNCATE_KEY_FIELD, LSN_HEADER, ORDINAL_HEADER
 from cdc_views.decode import decode, failed, row_schema
+from cdc_views.envelope import envelopes as envelopes  # re-exported: step 1 of the reading
 from cdc_views.history import SchemaHistory, TableVersions
 from cdc_views.tables import Encoding, Kind, TableShape
 
@@ -73,18 +74,6 @@ log = structlog.get_logger("cdc_views.reader")
 OnBadRecord = Literal["fail", "skip"]
 META = ("_cdc_key", "_cdc_partition", "_cdc_offset", "_cdc_lsn", "_cdc_commit_lsn", "_cdc_op", "_cdc_ts_ms")
 REPORTED_BAD_RECORDS = 20
-
-_ENVELOPE = StructType(
-    [
-        StructField("op", StringType()),
-        StructField("after", StringType()),  # the JSON text of the row object
-        StructField(
-            "source",
-            StructType([StructField("lsn", LongType()), StructField("ts_ms", LongType()), StructField("sequence", StringType())]),
-        ),
-    ]
-)
-_WRAPPED_ENVELOPE = StructType([StructField("payload", _ENVELOPE)])  # json.schemas_enable: true
 
 
 class ReadError(RuntimeError):
@@ -188,172 +177,7 @@ def read_stream(
     return reader.load()
 
 
-# --------------------------------------------------------------------------- step 1
-
-
-def _header(name: str) -> Column:
-    matches = F.filter(F.col("headers"), lambda h: h["key"] == F.lit(name))
-    return F.element_at(matches, 1)["value"].cast(StringType())
-
-
-def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = None) -> DataFrame:
-    """Kafka records -> one classified row per record (see the module docstring).
-
-    ``encoding.format == "avro"`` needs ``avro``, the schemas of these records (``AvroSchemas.scan``);
-    ``after`` is then the value's bytes, decoded by ``decode_rows`` for the latest records only.
-    """
-    has_headers = "headers" in raw.columns
-    lsn_header = _header(LSN_HEADER).cast(LongType()) if has_headers else F.lit(None).cast(LongType())
-    commit_header = _header(COMMIT_LSN_HEADER).cast(LongType()) if has_headers else F.lit(None).cast(LongType())
-    ordinal_header = _header(ORDINAL_HEADER).cast(LongType()) if has_headers else F.lit(None).cast(LongType())
-    if encoding.format == "avro":
-        if avro is None:
-            raise ValueError("format avro: envelopes() needs the records' schemas (AvroSchemas.scan)")
-        from cdc_views.avro import schema_id  # noqa: PLC0415 - spark-avro only for Avro topics
-
-        # three projections, so that each schema id and each decode is computed once per record
-        ids = raw.select(
-            "topic", "partition", "offset", "key", "value",
-            schema_id(F.col("key")).alias("kid"),
-            schema_id(F.col("value")).alias("vid"),
-            lsn_header.alias("lsn_header"),
-            commit_header.alias("commit_header"),
-            ordinal_header.alias("ordinal"),
-        )  # fmt: skip
-        kid, vid = F.col("kid"), F.col("vid")
-        decoded = ids.select(
-            "*", avro.key_text(F.col("key"), kid).alias("key_text"), avro.envelope(F.col("value"), vid).alias("env")
-        )
-        df = decoded.select(
-            "topic", "partition", "offset", "key_text",
-            F.col("key").isNull().alias("key_missing"),
-            F.when(F.col("key").isNotNull(), avro.key_problem(kid, F.col("key_text"))).alias("key_problem"),
-            avro.is_marker(kid).alias("is_marker"),
-            F.col("value").isNull().alias("tombstone"),
-            "env",
-            F.col("value").alias("after"),
-            "lsn_header", "commit_header", "ordinal",
-            F.when(F.col("value").isNotNull(), avro.value_problem(vid, F.col("env"))).alias("value_problem"),
-            F.lit(None).cast(_SCALES).alias("after_scales"),  # Avro: the writer schema says (cdc_views.avro)
-        )  # fmt: skip
-    else:
-        key = F.col("key").cast(StringType())
-        value = F.col("value").cast(StringType())
-        parsed = F.from_json(value, _WRAPPED_ENVELOPE)["payload"] if encoding.schemas_enable else F.from_json(value, _ENVELOPE)
-        key_map = F.from_json(key, "map<string,string>")
-        if encoding.schemas_enable:
-            key_map = F.from_json(F.get_json_object(key, "$.payload"), "map<string,string>")
-            key = F.get_json_object(key, "$.payload")
-        # two projections, so that each from_json runs once per record (Spark keeps a projection
-        # whose expensive columns are referenced several times apart from the next one)
-        parsed_df = raw.select(
-            "topic", "partition", "offset",
-            key.alias("key_text"),
-            key_map.alias("key_map"),
-            value.isNull().alias("tombstone"),
-            parsed.alias("env"),
-            lsn_header.alias("lsn_header"),
-            commit_header.alias("commit_header"),
-            ordinal_header.alias("ordinal"),
-            (_after_scales(value) if encoding.schemas_enable else F.lit(None).cast(_SCALES)).alias("after_scales"),
-        )  # fmt: skip
-        df = parsed_df.select(
-            "topic", "partition", "offset", "key_text",
-            F.col("key_text").isNull().alias("key_missing"),
-            F.when(F.col("key_map").isNull(), F.lit("key is not a JSON object")).alias("key_problem"),
-            _json_marker_key(F.col("key_map")).alias("is_marker"),
-            "tombstone", "env",
-            F.col("env.after").alias("after"),
-            "lsn_header", "commit_header", "ordinal",
-            F.lit(None).cast(StringType()).alias("value_problem"),
-            "after_scales",
-        )  # fmt: skip
-    op = F.col("env.op")
-    record, reason = _classify(op, check_after=encoding.format != "avro")
-    lsn = F.coalesce(F.col("lsn_header"), F.col("env.source.lsn"))
-    commit = F.coalesce(F.col("commit_header"), sequence_commit_lsn(F.col("env.source.sequence")), lsn)
-    return df.select(
-        "topic",
-        "partition",
-        "offset",
-        F.col("key_text").alias("key"),
-        record.alias("record"),
-        reason.alias("reason"),
-        op.alias("op"),
-        lsn.alias("lsn"),
-        commit.alias("commit_lsn"),
-        F.col("ordinal"),  # null without the header: records of one commit are then placed by their LSN
-        F.col("env.source.ts_ms").alias("ts_ms"),
-        F.col("after"),
-        F.col("after_scales"),
-    )
-
-
-_SCALES = MapType(StringType(), IntegerType())
-_SCHEMA_FIELDS = ArrayType(
-    StructType([
-        StructField("field", StringType()),
-        StructField("fields", ArrayType(StructType([
-            StructField("field", StringType()), StructField("parameters", MapType(StringType(), StringType())),
-        ]))),
-    ])
-)  # fmt: skip
-
-
-def sequence_commit_lsn(sequence: Column) -> Column:
-    """The commit LSN in ``source.sequence`` (``["<commit lsn>","<lsn>"]``, decimal strings; null when
-    the first is null or the text is not of that shape), as ``cdc.sink.position.parse_sequence`` reads it."""
-    text = F.regexp_extract(sequence, r'^\["([0-9]{1,19})",', 1)
-    return F.when(text != "", text.cast(LongType()))
-
-
-def _after_scales(value: Column) -> Column:
-    """JSON with schemas: each ``after`` column's Decimal scale as this record's own schema block states it
-    (``parameters.scale``). A record written before ``ALTER COLUMN ... TYPE numeric(p, s)`` carries its
-    old scale: read at today's scale from the catalog it would be off by a power of ten."""
-    fields = F.from_json(F.get_json_object(value, "$.schema.fields"), _SCHEMA_FIELDS)
-    after = F.element_at(F.filter(fields, lambda f: f["field"] == "after"), 1)["fields"]
-    with_scale = F.filter(after, lambda c: c["parameters"].getItem("scale").isNotNull())
-    return F.map_from_entries(
-        F.transform(with_scale, lambda c: F.struct(c["field"], c["parameters"].getItem("scale").cast(IntegerType())))
-    )
-
-
-def _json_marker_key(key_map: Column) -> Column:
-    """A truncate marker's JSON key: every key field null (or the legacy ``__cdc_truncate_partition``)."""
-    all_null = (F.size(key_map) > 0) & F.forall(F.map_values(key_map), lambda v: v.isNull())
-    legacy = key_map.getItem(LEGACY_TRUNCATE_KEY_FIELD).isNotNull()
-    return F.coalesce(all_null | legacy, F.lit(False))
-
-
-def _classify(op: Column, *, check_after: bool) -> tuple[Column, Column]:
-    """(record kind, reason) of an envelope row; ``check_after``: a c/u/r needs a non-null ``after``
-    (Avro rows are decoded after the reduction, where a missing ``after`` is reported)."""
-    is_marker = F.col("is_marker")
-    no_after = F.col("after").isNull() if check_after else F.lit(False)
-    checks: list[tuple[Column, str, str | Column | None]] = [
-        (F.col("key_missing"), "bad", "null key (a change topic's records are all keyed)"),
-        (F.col("key_problem").isNotNull(), "bad", F.col("key_problem")),
-        (F.col("tombstone") & is_marker, "bad", "tombstone with a truncate marker's key"),
-        (F.col("tombstone"), "delete", None),
-        (F.col("value_problem").isNotNull(), "bad", F.col("value_problem")),
-        (F.col("env").isNull() | op.isNull(), "bad", "value is not a Debezium envelope (no op)"),
-        (is_marker & (op == "t"), "truncate", None),
-        (is_marker, "bad", "a truncate marker's key (every key field null) but op is not 't'"),
-        (op == "t", "bad", "op 't' under a row's key"),
-        (op == "d", "delete", None),
-        (op.isin("c", "u", "r") & no_after, "bad", "op c/u/r without an 'after' row"),
-        (op.isin("c", "u", "r"), "row", None),
-    ]
-    record: Column = F.lit("bad")
-    reason: Column = F.concat(F.lit("unexpected op "), F.coalesce(op, F.lit("null")))
-    for condition, kind, why in reversed(checks):
-        text = why if isinstance(why, Column) else F.lit(why).cast(StringType())
-        record = F.when(condition, F.lit(kind)).otherwise(record)
-        reason = F.when(condition, text).otherwise(reason)
-    return record, reason
-
-
+# --------------------------------------------------------------------------- step 1: cdc_views.envelope
 # --------------------------------------------------------------------------- step 2
 
 
@@ -421,7 +245,8 @@ def decode_rows(
             value, bad = column_value(F.col("_row"), row_type, column, encoding)
             typed.append(value.alias(column.name))
             failures.append((bad, column.name))
-        missing = "'after' is missing or does not decode with the topic's latest value schema"
+        missing = ("'after' is missing or does not decode with the topic's latest value schema (or a decimal"
+                   " written before a type change does not fit the latest precision)")
     else:
         parsed = reduced.withColumn("_row", F.from_json(F.col("after"), row_schema(table.columns)))
         versions = history if history is not None and any(c.kind is Kind.DECIMAL for c in table.columns) else None
@@ -437,6 +262,9 @@ def decode_rows(
                 failures.append((raw.isNotNull() & problem.isNotNull(), F.concat(F.lit(f"column {column.name!r}: "), problem)))
             else:
                 value = decode(raw, column, encoding, scale=scale)
+                if scale is not None and column.kind is Kind.DECIMAL and encoding.decimal_handling == "precise":
+                    no_scale = F.lit(f"column {column.name!r}: the record's schema block states no Decimal scale")
+                    failures.append((raw.isNotNull() & scale.isNull(), no_scale))
             typed.append(value.alias(column.name))
             failures.append((failed(raw, value, column), column.name))
         missing = "'after' is not a JSON object"

@@ -353,13 +353,16 @@ def test_a_wrong_password_exits_non_zero_with_a_clear_message_and_no_secret(
 
 # --------------------------------------------------------------------------- the Spark image
 
-SPARK_IMAGE = "localhost/cdc-spark:local"
+# CDC_TEST_SPARK_IMAGE: another tag, so that checkouts with other pyspark pins testing at once do not
+# replace each other's image between its build and its runs.
+SPARK_IMAGE = os.environ.get("CDC_TEST_SPARK_IMAGE", "localhost/cdc-spark:local")
 
 
 @pytest.fixture(scope="session")
 def spark_image(image: str) -> str:
     """The Spark jobs' image, built by scripts/spark-image.sh (after the daemon's: same base, same checks)."""
-    build = subprocess.run(["bash", "scripts/spark-image.sh"], cwd=REPO, capture_output=True, text=True, timeout=1800)
+    build = subprocess.run(["bash", "scripts/spark-image.sh"], cwd=REPO, capture_output=True, text=True, timeout=1800,
+                           env={**os.environ, "IMAGE": SPARK_IMAGE})  # fmt: skip
     if build.returncode != 0:
         pytest.fail(f"make spark-image failed:\n{build.stderr[-6000:]}")
     return SPARK_IMAGE

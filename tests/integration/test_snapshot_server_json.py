@@ -153,26 +153,28 @@ def _copy_lines(conn: psycopg.Connection[Any], statement: Any) -> list[bytes]:
 def test_the_snapshot_writes_the_same_records_with_and_without_server_json(
     services: Any, pg_dsn: str, topic_prefix: str, consume_all: Any
 ) -> None:
+    # typed values (Python's JSON), the row codec from the COPY text (the default), the server's JSON
     rows = _fill(pg_dsn)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         tables = describe_tables(conn, [TableConfig(name="public.typed")])
     seen: list[dict[bytes, tuple[dict[str, Any], list[tuple[str, bytes]]]]] = []
-    for server_json in (False, True):
-        prefix = f"{topic_prefix}{int(server_json)}"
+    for n, (server_json, render_rows) in enumerate([(False, False), (False, True), (True, True)]):
+        prefix = f"{topic_prefix}{n}"
         topic = f"{prefix}.public.typed"
         partitions = ensure_topics(admin_client(services.kafka_bootstrap, {}), [TopicSpec(topic, 3, 1)])
         output = JsonKafkaOutput(
             JsonSettings(topic_prefix=prefix, database="db"), partitions,
-            producer_config(services.kafka_bootstrap, {}, 1_000_000), 1_000_000,
+            producer_config(services.kafka_bootstrap, {}, 1_000_000), 1_000_000, render_rows=render_rows,
         )  # fmt: skip
         snapshot = InitialSnapshot(
-            conninfo=pg_dsn, slot=f"srvjson_{int(server_json)}_{topic_prefix[-8:]}", tables=tables, output=output,
+            conninfo=pg_dsn, slot=f"srvjson_{n}_{topic_prefix[-8:]}", tables=tables, output=output,
             state=SnapshotState(MemoryStore()), progress=ProgressTracker("initial", log_interval_s=30),
             settings=SnapshotConfig(workers=2, chunk_rows=300, progress_bar=False, server_json=server_json),
         )  # fmt: skip
         result = snapshot.run()
         assert result.rows == rows
         assert result.server_json_rows == (rows if server_json else 0)
+        assert result.rendered_rows == (rows if render_rows and not server_json else 0)
         records: dict[bytes, tuple[dict[str, Any], list[tuple[str, bytes]]]] = {}
         for m in consume_all([topic], timeout=60.0):
             value = json.loads(m.value())
@@ -185,9 +187,11 @@ def test_the_snapshot_writes_the_same_records_with_and_without_server_json(
         seen.append(records)
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'srvjson%'")
-    ordinary, server = seen
-    assert len(ordinary) == len(server) == rows
-    assert ordinary.keys() == server.keys()
+    ordinary, rendered, server = seen
+    assert len(ordinary) == len(rendered) == len(server) == rows
+    assert ordinary.keys() == rendered.keys() == server.keys()
     for key, (value, headers) in ordinary.items():
-        assert server[key][0] == value, key
-        assert [h for h, _ in server[key][1]] == [h for h, _ in headers] == ["cdc.commit_lsn", "cdc.lsn", "cdc.ordinal", "cdc.txid"]
+        assert server[key][0] == rendered[key][0] == value, key
+        assert [h for h, _ in server[key][1]] == [h for h, _ in rendered[key][1]] == [h for h, _ in headers] == [
+            "cdc.commit_lsn", "cdc.lsn", "cdc.ordinal", "cdc.txid"
+        ]  # fmt: skip

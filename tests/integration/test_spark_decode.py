@@ -3,6 +3,7 @@ writes for a value, the reader turns back into that value (no Kafka needed, only
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 import random
@@ -21,6 +22,7 @@ from tests.support.spark import spark  # noqa: F401 - the session-wide SparkSess
 from pyspark.sql import functions as F  # noqa: E402
 
 from cdc_views.decode import decode, failed  # noqa: E402 - tests.support.spark put spark/ on sys.path
+from cdc_views.reader import envelopes  # noqa: E402
 from cdc_views.tables import ColumnShape, Encoding, Kind  # noqa: E402
 
 pytestmark = [
@@ -156,3 +158,50 @@ def test_values_that_do_not_convert_are_flagged_not_dropped(spark: Any) -> None:
 
     assert flags is not None
     assert all(flags[n] for n in bad), flags
+
+
+def test_values_ansi_sql_rejects_are_flagged_not_raised_and_never_truncated(spark: Any) -> None:
+    """Spark 4 turns ANSI SQL on: a plain cast of such text would fail the whole job, naming no record.
+
+    Each of these must come back flagged (the reader reports the record with its column), not raise,
+    and not as the nearby value Spark 3's casts gave ("1.5" as an integer was 1)."""
+    over_38_digits = base64.b64encode((2**127 - 1).to_bytes(16, "big")).decode()  # 1.7e38: 39 digits
+    long_max = str(2**63 - 1)
+    adaptive = {"id": "1.5", "n38": over_38_digits, "t3": long_max, "ts3": long_max, "ok": "maybe", "f8": "1.0.0"}
+    iso = {"t3": "12:34", "d": "2024-13-45Z", "ts6": "2024-05-01T25:00:00Z"}
+    shapes = {s.name: s for _, s in COLUMNS}
+    for encoding, bad in ((Encoding(), adaptive), (Encoding(time_precision="iso"), iso)):
+        df = spark.createDataFrame([tuple(bad.values())], ", ".join(f"{n} string" for n in bad))
+        decoded = [decode(F.col(n), shapes[n], encoding) for n in bad]
+        got = df.select(
+            *[failed(F.col(n), d, shapes[n]).alias(f"failed_{n}") for n, d in zip(bad, decoded, strict=True)],
+            *[d.alias(n) for n, d in zip(bad, decoded, strict=True)],
+        ).first()
+
+        assert got is not None
+        assert all(got[f"failed_{n}"] for n in bad), (encoding, got)
+        assert all(got[n] is None for n in bad), (encoding, got)
+
+
+def test_position_headers_absent_fall_back_to_the_envelope_and_malformed_make_the_record_bad(spark: Any) -> None:
+    """A record without the cdc.* headers takes its position from the envelope (ANSI: an absent header must
+    not raise): its LSN, the commit LSN from ``source.sequence`` (the LSN when there is none, or it does not
+    fit a long), and no ordinal (``kafka.position_headers: false``: placed by its LSN within its commit). One
+    whose header is not an integer is a bad record naming the header, not a guessed position."""
+    value = json.dumps({"op": "c", "after": {"id": 1}, "source": {"lsn": 300, "ts_ms": 1}}).encode()
+    sequenced = json.dumps({"op": "c", "after": {"id": 1}, "source": {"lsn": 300, "ts_ms": 1, "sequence": '["250","300"]'}})
+    too_big = json.dumps({"op": "c", "after": {"id": 1}, "source": {"lsn": 300, "ts_ms": 1, "sequence": f'["{10**19}","300"]'}})
+    good = [("cdc.lsn", b"200"), ("cdc.commit_lsn", b"150"), ("cdc.ordinal", b"3")]
+    raw = spark.createDataFrame(
+        [(b'{"id":1}', value, "p.public.t", 0, 0, good), (b'{"id":2}', value, "p.public.t", 0, 1, []),
+         (b'{"id":3}', value, "p.public.t", 0, 2, [("cdc.lsn", b"abc")]),
+         (b'{"id":4}', sequenced.encode(), "p.public.t", 0, 3, []), (b'{"id":5}', too_big.encode(), "p.public.t", 0, 4, [])],
+        "key binary, value binary, topic string, partition int, offset long, headers array<struct<key:string,value:binary>>",
+    )  # fmt: skip
+    got = {r["offset"]: r for r in envelopes(raw, Encoding()).collect()}
+
+    assert (got[0]["record"], got[0]["lsn"], got[0]["commit_lsn"], got[0]["ordinal"]) == ("row", 200, 150, 3)
+    assert (got[1]["record"], got[1]["lsn"], got[1]["commit_lsn"], got[1]["ordinal"]) == ("row", 300, 300, None)
+    assert (got[2]["record"], got[2]["reason"]) == ("bad", "header cdc.lsn is not an integer")
+    assert (got[3]["record"], got[3]["lsn"], got[3]["commit_lsn"], got[3]["ordinal"]) == ("row", 300, 250, None)
+    assert (got[4]["record"], got[4]["lsn"], got[4]["commit_lsn"], got[4]["ordinal"]) == ("row", 300, 300, None)

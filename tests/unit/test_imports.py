@@ -179,3 +179,15 @@ def test_no_file_is_over_600_lines() -> None:
     relatives = [p.relative_to(PACKAGE).as_posix() for p in source_files()]
     long = {r: _lines(r) for r in relatives if _lines(r) > MAX_LINES}
     assert not long, f"over {MAX_LINES} lines: " + ", ".join(f"{r} ({n})" for r, n in sorted(long.items()))
+
+
+def test_no_two_test_modules_share_a_file_name() -> None:
+    # pytest imports test modules outside a package by their base name ("rootdir" import mode), so two
+    # test_x.py in tests/unit and tests/integration make the second fail to collect: in a full run only.
+    tests = Path(__file__).resolve().parents[1]
+    by_name: dict[str, list[str]] = {}
+    for path in tests.rglob("test_*.py"):
+        if not (path.parent / "__init__.py").exists():
+            by_name.setdefault(path.name, []).append(path.relative_to(tests).as_posix())
+    shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert not shared, "rename one of: " + "; ".join(", ".join(sorted(p)) for p in shared.values())

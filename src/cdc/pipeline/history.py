@@ -167,15 +167,7 @@ class SchemaHistory:
             version = self.differs(schema, position, after_lsn=0)  # from the first change of whatever commits there
             if version is not None:
                 versions.append(version)
-        if not versions:
-            return []
-        if self.write_now is None:
-            raise SinkError("the schema history has no writer for its start-up versions (wiring error)")
-        self.write_now([self.record(v) for v in versions])
-        for version in versions:
-            self.history.add(version)
-            log.info("schema_history_from_catalog", table=version.table, position=_position_text(version.position))
-        return versions
+        return self._publish_now(versions, "schema_history_from_catalog")
 
 
     def publish_snapshot(self, tables: Iterable[TableSchema], point: Lsn) -> list[SchemaVersion]:
@@ -185,14 +177,18 @@ class SchemaHistory:
         between the start-up's catalog read (``publish_catalog``) and the snapshot's export."""
         position: Position = (int(point), 0)
         versions = [v for v in (self.differs(t, position, after_lsn=0) for t in tables) if v is not None]
+        return self._publish_now(versions, "schema_history_from_snapshot")
+
+    def _publish_now(self, versions: list[SchemaVersion], event: str) -> list[SchemaVersion]:
+        """``versions`` produced and acknowledged (``write_now``), then in force here; logged as ``event``."""
         if not versions:
             return []
         if self.write_now is None:
-            raise SinkError("the schema history has no writer for a snapshot's versions (wiring error)")
+            raise SinkError(f"the schema history has no writer for {event} (wiring error)")
         self.write_now([self.record(v) for v in versions])
         for version in versions:
             self.history.add(version)
-            log.info("schema_history_from_snapshot", table=version.table, position=_position_text(position))
+            log.info(event, table=version.table, position=_position_text(version.position))
         return versions
 
 

@@ -71,6 +71,7 @@ cdef class RowCodec:
     cdef tuple key_nulls
     cdef object row_class
     cdef object decline
+    cdef object unescape  # copy_row: COPY's escapes out of a field (None: such a field declines)
     cdef bint avro  # the natives write Avro binary (after ``prefixes[i]``, a union's branch), else JSON
     cdef tuple prefixes
     # Scratch: the row's bytes as they are written, and where each column's encoding lies in them.
@@ -89,7 +90,7 @@ cdef class RowCodec:
         self.starts = NULL
         self.ends = NULL
 
-    def __init__(self, rendering, parsers, pieces, key_pieces, row_class, decline):
+    def __init__(self, rendering, parsers, pieces, key_pieces, row_class, decline, unescape=None):
         cdef int i, j
         names = tuple(rendering.names)
         self.count = len(names)
@@ -122,6 +123,7 @@ cdef class RowCodec:
         self.key_names = tuple(names[i] for i in rendering.key_index)
         self.row_class = row_class
         self.decline = decline
+        self.unescape = unescape
         self.avro = rendering.format == "avro"
         native = rendering.format in ("json", "avro") and len(rendering.direct) == self.count
         if self.avro and len(rendering.prefix) != self.count:
@@ -448,68 +450,49 @@ cdef class RowCodec:
             return size + length
         return -1
 
-    def __call__(self, object buffer, Py_ssize_t pos):
-        # bytes from the decoder (feed, the spool); any other buffer as the reference takes it, copied.
-        cdef bytes data = buffer if type(buffer) is bytes else bytes(buffer)
-        cdef const unsigned char* s = <const unsigned char*>PyBytes_AS_STRING(data)
-        cdef Py_ssize_t total = PyBytes_GET_SIZE(data)
-        cdef Py_ssize_t size = 0, start, length, written
-        cdef int i, j, kind, mode
-        cdef unsigned char tag
-        cdef list key_values = [None] * self.key_count
-        cdef bytes piece, text, value
-        if pos < 0 or pos + 2 > total:
-            raise IndexError("tuple data past the end of the message")
-        if s[pos] != (self.count >> 8) or s[pos + 1] != (self.count & 0xFF):
-            raise self.decline
-        pos += 2
-        for i in range(self.count):
-            size = self._put(size, <bytes>self.pieces[i])
-            self.starts[i] = size
-            if pos >= total:
-                raise IndexError("tuple data past the end of the message")
-            tag = s[pos]
-            j = self.key_of[i]
-            if tag == 116:  # 't'
-                if pos + 5 > total:
-                    raise IndexError("tuple data past the end of the message")
-                length = (<Py_ssize_t>s[pos + 1] << 24) | (s[pos + 2] << 16) | (s[pos + 3] << 8) | s[pos + 4]
-                start = pos + 5
-                if start + length > total:
-                    raise IndexError("a column's length runs past the end of the message")
-                pos = start + length
-                kind = self.kinds[i]
-                if kind == K_TYPED:
-                    typed_value = self.converters[i](PyBytes_FromStringAndSize(<const char*>s + start, length))
-                    if j >= 0:
-                        key_values[j] = typed_value
-                    size = self._put(size, <bytes?>self.typed[i](typed_value))
-                else:
-                    written = -1
-                    if kind != K_PY:
-                        if self.avro:
-                            written = self._native_avro(size, kind, self.args[i], <bytes>self.prefixes[i], s + start, length)
-                        else:
-                            written = self._native(size, kind, self.args[i], s + start, length)
-                    text = None
-                    if written >= 0:
-                        size = written
-                    else:
-                        text = PyBytes_FromStringAndSize(<const char*>s + start, length)
-                        size = self._put(size, <bytes?>self.renders[i](text))
-                    if j >= 0:
-                        if text is None:
-                            text = PyBytes_FromStringAndSize(<const char*>s + start, length)
-                        key_values[j] = self.converters[i](text)
-            elif tag == 110:  # 'n'
-                value = self.nulls[i]
-                if value is None:
-                    raise self.decline
-                size = self._put(size, value)
-                pos += 1
+    cdef Py_ssize_t _value(self, Py_ssize_t size, int i, const unsigned char* s, Py_ssize_t length, object owner,
+                           list key_values) except -2:
+        """Write column ``i``'s encoding of its text ``s[:length]`` (``owner``: those bytes as an object, or
+        None) at ``size``, and its typed value into ``key_values`` when it is a key column; the new size."""
+        cdef int j = self.key_of[i]
+        cdef int kind = self.kinds[i]
+        cdef Py_ssize_t written
+        cdef object text = owner
+        if kind == K_TYPED:
+            if text is None:
+                text = PyBytes_FromStringAndSize(<const char*>s, length)
+            typed_value = self.converters[i](text)
+            if j >= 0:
+                key_values[j] = typed_value
+            return self._put(size, <bytes?>self.typed[i](typed_value))
+        written = -1
+        if kind != K_PY:
+            if self.avro:
+                written = self._native_avro(size, kind, self.args[i], <bytes>self.prefixes[i], s, length)
             else:
-                raise self.decline
-            self.ends[i] = size
+                written = self._native(size, kind, self.args[i], s, length)
+        if written >= 0:
+            size = written
+        else:
+            if text is None:
+                text = PyBytes_FromStringAndSize(<const char*>s, length)
+            size = self._put(size, <bytes?>self.renders[i](text))
+        if j >= 0:
+            if text is None:
+                text = PyBytes_FromStringAndSize(<const char*>s, length)
+            key_values[j] = self.converters[i](text)
+        return size
+
+    cdef Py_ssize_t _null(self, Py_ssize_t size, int i) except -2:
+        value = self.nulls[i]
+        if value is None:
+            raise self.decline
+        return self._put(size, <bytes>value)
+
+    cdef object _finish(self, Py_ssize_t size, list key_values):
+        """The row's last piece, then the key: the ``RenderedRow``."""
+        cdef int i, j, mode
+        cdef Py_ssize_t length
         size = self._put(size, <bytes>self.pieces[self.count])
         row_data = PyBytes_FromStringAndSize(self.buf, size)
         # The key, in the same scratch after nothing: the row's bytes are copied out already.
@@ -537,4 +520,84 @@ cdef class RowCodec:
         row.data = row_data
         row.key = key
         row.key_data = PyBytes_FromStringAndSize(self.buf, size)
-        return row, pos
+        return row
+
+    def __call__(self, object buffer, Py_ssize_t pos):
+        # bytes from the decoder (feed, the spool); any other buffer as the reference takes it, copied.
+        cdef bytes data = buffer if type(buffer) is bytes else bytes(buffer)
+        cdef const unsigned char* s = <const unsigned char*>PyBytes_AS_STRING(data)
+        cdef Py_ssize_t total = PyBytes_GET_SIZE(data)
+        cdef Py_ssize_t size = 0, start, length
+        cdef int i
+        cdef unsigned char tag
+        cdef list key_values = [None] * self.key_count
+        if pos < 0 or pos + 2 > total:
+            raise IndexError("tuple data past the end of the message")
+        if s[pos] != (self.count >> 8) or s[pos + 1] != (self.count & 0xFF):
+            raise self.decline
+        pos += 2
+        for i in range(self.count):
+            size = self._put(size, <bytes>self.pieces[i])
+            self.starts[i] = size
+            if pos >= total:
+                raise IndexError("tuple data past the end of the message")
+            tag = s[pos]
+            if tag == 116:  # 't'
+                if pos + 5 > total:
+                    raise IndexError("tuple data past the end of the message")
+                length = (<Py_ssize_t>s[pos + 1] << 24) | (s[pos + 2] << 16) | (s[pos + 3] << 8) | s[pos + 4]
+                start = pos + 5
+                if start + length > total:
+                    raise IndexError("a column's length runs past the end of the message")
+                pos = start + length
+                size = self._value(size, i, s + start, length, None, key_values)
+            elif tag == 110:  # 'n'
+                size = self._null(size, i)
+                pos += 1
+            else:
+                raise self.decline
+            self.ends[i] = size
+        return self._finish(size, key_values), pos
+
+    def copy_row(self, object buffer):
+        """One line of ``COPY ... TO STDOUT`` in text format (its newline optional) -> the ``RenderedRow``
+        of the same values, as ``__call__`` makes it of their pgoutput tuple: fields split at tabs, ``\\N``
+        a NULL, and a field holding a backslash through the constructor's ``unescape``
+        (``cdc.snapshot.copytext.unescape``) first. A line without the relation's number of fields raises
+        ``decline``."""
+        cdef bytes data = buffer if type(buffer) is bytes else bytes(buffer)
+        cdef const unsigned char* s = <const unsigned char*>PyBytes_AS_STRING(data)
+        cdef Py_ssize_t total = PyBytes_GET_SIZE(data)
+        cdef Py_ssize_t size = 0, pos = 0, end
+        cdef int i
+        cdef bint escaped
+        cdef bytes text
+        cdef list key_values = [None] * self.key_count
+        if total > 0 and s[total - 1] == 10:  # '\n'
+            total -= 1
+        for i in range(self.count):
+            if pos > total:
+                raise self.decline  # fewer fields
+            end = pos
+            escaped = False
+            while end < total and s[end] != 9:  # '\t'
+                if s[end] == 92:
+                    escaped = True
+                end += 1
+            size = self._put(size, <bytes>self.pieces[i])
+            self.starts[i] = size
+            if end - pos == 2 and s[pos] == 92 and s[pos + 1] == 78:  # \N
+                size = self._null(size, i)
+            elif escaped:
+                if self.unescape is None:
+                    raise self.decline
+                text = <bytes?>self.unescape(PyBytes_FromStringAndSize(<const char*>s + pos, end - pos))
+                size = self._value(size, i, <const unsigned char*>PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text),
+                                   text, key_values)
+            else:
+                size = self._value(size, i, s + pos, end - pos, None, key_values)
+            self.ends[i] = size
+            pos = end + 1
+        if pos != total + 1:
+            raise self.decline  # more fields (or none at all)
+        return self._finish(size, key_values)

@@ -21,7 +21,7 @@ import structlog
 
 from cdc.decoder.rows import Decline, RowParser
 from cdc.event import TableSchema
-from cdc.render.rows import RenderedRow, RowRendering, render_parser
+from cdc.render.rows import CopyRowParser, RenderedRow, RowRendering, render_copy_parser, render_parser
 
 FORCE_REFERENCE_ENV: Final = "CDC_PURE_PYTHON"
 """Set to anything but ``""`` or ``"0"``: the reference codec, compiled or not."""
@@ -73,8 +73,13 @@ def format_pieces(fmt: bytes) -> tuple[bytes, ...]:
     return tuple(pieces)
 
 
-def compiled_parser(rendering: RowRendering, converters: Sequence[Callable[[bytes], Any]]) -> RowParser:
-    """The compiled codec's parser of one relation's tuples (ImportError when it is not built)."""
+def compiled_parser(
+    rendering: RowRendering,
+    converters: Sequence[Callable[[bytes], Any]],
+    unescape: Callable[[bytes], bytes] | None = None,
+) -> RowParser:
+    """The compiled codec's parser of one relation's tuples (ImportError when it is not built); ``unescape``
+    is for its ``copy_row`` (``compiled_copy_parser``)."""
     from cdc.render import _compiled
 
     parser: RowParser = _compiled.RowCodec(
@@ -84,6 +89,7 @@ def compiled_parser(rendering: RowRendering, converters: Sequence[Callable[[byte
         format_pieces(rendering.key_format),
         RenderedRow,
         Decline,
+        unescape,
     )
     return parser
 
@@ -93,6 +99,25 @@ def row_parser(rendering: RowRendering, converters: Sequence[Callable[[bytes], A
     if _COMPILED is not None:
         return compiled_parser(rendering, converters)
     return render_parser(rendering, converters)
+
+
+def compiled_copy_parser(
+    rendering: RowRendering, converters: Sequence[Callable[[bytes], Any]], unescape: Callable[[bytes], bytes]
+) -> CopyRowParser:
+    """The compiled codec's parser of one table's ``COPY ... TO STDOUT`` text lines (ImportError when it is not
+    built); ``unescape`` removes COPY's escapes from a field holding a backslash."""
+    copy_row: CopyRowParser = compiled_parser(rendering, converters, unescape).copy_row  # type: ignore[attr-defined]
+    return copy_row
+
+
+def copy_parser(
+    rendering: RowRendering, converters: Sequence[Callable[[bytes], Any]], unescape: Callable[[bytes], bytes]
+) -> CopyRowParser:
+    """The chosen codec's parser of one table's ``COPY ... TO STDOUT`` text lines into ``RenderedRow``s (the
+    snapshot's): the same bytes as ``row_parser`` writes for the same values in a pgoutput tuple."""
+    if _COMPILED is not None:
+        return compiled_copy_parser(rendering, converters, unescape)
+    return render_copy_parser(rendering, converters, unescape)
 
 
 def log_choice(log: Any = None) -> None:

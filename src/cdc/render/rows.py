@@ -24,6 +24,10 @@ from cdc.event import Row
 
 Render = Callable[[bytes], bytes]
 
+CopyRowParser = Callable[[bytes | bytearray | memoryview], "RenderedRow"]
+"""A line of ``COPY ... TO STDOUT`` in text format (its newline optional) -> its ``RenderedRow``; raises
+``Decline`` (or what a converter or renderer raises) where the typed path must take the row."""
+
 _U32: Final = struct.Struct(">I")
 
 
@@ -178,3 +182,36 @@ def render_parser(rendering: RowRendering, parsers: Sequence[Callable[[bytes], A
     parse: RowParser = namespace["parse"]
     parse.rendered = True  # type: ignore[attr-defined]  # the relation log says which path a table takes
     return parse
+
+
+def render_copy_parser(
+    rendering: RowRendering, parsers: Sequence[Callable[[bytes], Any]], unescape: Callable[[bytes], bytes]
+) -> CopyRowParser:
+    """The reference of the compiled codec's ``copy_row``: a parser of one table's ``COPY ... TO STDOUT`` text
+    lines into the ``RenderedRow`` that ``render_parser`` makes of the same values' pgoutput tuple. The line is
+    rewritten as that tuple (a field's text is pgoutput's once ``unescape`` removed COPY's escapes; ``\\N`` is
+    a NULL) and parsed by it; a line without one field per column raises ``Decline``."""
+    parse = render_parser(rendering, parsers)
+    count = len(rendering.names)
+    head = bytes((count >> 8, count & 0xFF))
+    pack = _U32.pack
+
+    def parse_line(line: bytes | bytearray | memoryview) -> RenderedRow:
+        text = bytes(line)
+        if text.endswith(b"\n"):
+            text = text[:-1]
+        fields = text.split(b"\t")
+        if len(fields) != count:
+            raise Decline
+        parts = [head]
+        for field in fields:
+            if field == b"\\N":
+                parts.append(b"n")
+                continue
+            if b"\\" in field:
+                field = unescape(field)
+            parts.append(b"t" + pack(len(field)) + field)
+        row: RenderedRow = parse(b"".join(parts), 0)[0]
+        return row
+
+    return parse_line

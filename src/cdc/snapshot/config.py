@@ -45,10 +45,13 @@ class SnapshotConfig(BaseModel):
     incremental_chunk_rows: int = Field(
         default=4096, ge=1, description="rows per watermark window of a snapshot taken while streaming"
     )
-    server_json: bool = Field(
-        default=True,
+    server_json: bool | None = Field(
+        default=None,
         description="initial snapshot in the JSON format: let PostgreSQL build each row's key and 'after' JSON in "
-        "the COPY (several times faster; same records) for tables whose column types allow it",
+        "the COPY (same records) for tables whose column types allow it. Unset: only when the compiled row codec "
+        "is not built; otherwise the codec writes the rows from the COPY text (decoder.render_rows), which costs "
+        "less CPU in all than the server's JSON. true: the server wherever it can (its CPU instead of the "
+        "snapshot workers'), false: never",
     )
     progress_topic: str | None = Field(
         default=None, description="compacted topic of snapshot progress; default <topic_prefix>.__cdc_snapshot"

@@ -88,6 +88,7 @@ class InitialResult:
     dropped: tuple[str, ...]  # tables dropped while the snapshot ran
     elapsed_s: float
     server_json_rows: int = 0  # rows of chunks read with server-built JSON (cdc.snapshot.sqljson)
+    rendered_rows: int = 0  # rows of chunks read through the row codec (cdc.render.codec.copy_parser)
 
 
 class _Exporter:
@@ -214,13 +215,14 @@ class InitialSnapshot:
             consistent_point=str(point),
             rows=result[0],
             server_json_rows=result[3],
+            rendered_rows=result[4],
             complete=result[1],
             dropped=sorted(result[2]),
             elapsed_s=round(elapsed, 3),
             rows_per_s=round(result[0] / elapsed, 1) if elapsed > 0 else None,
         )
         return InitialResult(
-            point, result[0], tuple(sorted(tables)), result[1], tuple(sorted(result[2])), elapsed, result[3]
+            point, result[0], tuple(sorted(tables)), result[1], tuple(sorted(result[2])), elapsed, result[3], result[4]
         )
 
     # -- steps ----------------------------------------------------------------------------------
@@ -341,16 +343,16 @@ class InitialSnapshot:
         workers: dict[int, _Worker],
         reports: multiprocessing.queues.Queue[Report],
         point: Lsn,
-    ) -> tuple[int, bool, set[str], int]:
+    ) -> tuple[int, bool, set[str], int, int]:
         """Hand out chunks, record finished ones. Returns (rows, complete, dropped tables, rows read with
-        server-built JSON)."""
+        server-built JSON, rows read through the row codec)."""
         pending: collections.deque[ChunkTask] = collections.deque(
             ChunkTask(table, chunk, n * _ORDINAL_STRIDE) for n, (table, chunk) in enumerate(chunks)
         )
         assigned: dict[int, list[ChunkTask]] = {wid: [] for wid in workers}  # in the worker's queue, in order
         dropped: set[str] = set()
         deferred: set[str] = set()
-        rows = server_json_rows = 0
+        rows = server_json_rows = rendered_rows = 0
         while pending or any(assigned.values()):
             if self._should_stop():
                 raise SnapshotInterrupted(
@@ -373,6 +375,7 @@ class InitialSnapshot:
                 _settled(assigned, report.worker, report.table, report.index)
                 rows += report.rows
                 server_json_rows += report.rows if report.server_json else 0
+                rendered_rows += report.rows if report.rendered else 0
                 self._state.chunk_done(report.table, report.index, report.rows)
                 self._progress.chunk_done(report.table)
             elif isinstance(report, ChunkSkipped):
@@ -433,7 +436,7 @@ class InitialSnapshot:
             self._state.set_initial(InitialStatus.COPYING, consistent_point=str(point), rows=rows,
                                     dropped=sorted(dropped), deferred=sorted(deferred))  # fmt: skip
         self._state.flush()
-        return rows, complete, dropped, server_json_rows
+        return rows, complete, dropped, server_json_rows, rendered_rows
 
     # -- workers --------------------------------------------------------------------------------
 

@@ -58,13 +58,17 @@ class Output:
     delivery: RecordDelivery
     transform: Transform | None = None  # what the pipeline applies between decoder and serializer (column policies)
     policy_tables: frozenset[str] = frozenset()  # the tables ``transform`` changes
-    # JSON only: the producer for rows whose JSON the server builds (cdc.snapshot.sqljson), and the
-    # size above which such a row goes through ``delivery`` instead (its size limit, dead letters)
+    # the producer for rows written without a per-record callback (a chunk counts only once it is drained):
+    # rows whose JSON the server builds (cdc.snapshot.sqljson) or the row codec wrote; and the size above
+    # which such a row goes through ``delivery`` instead (its size limit, dead letters)
     bulk: BulkProducer | ChunkTransactions | None = None
     max_record_bytes: int = 0
     # exactly once: the record that says a chunk is copied (table, chunk index, rows), produced last in the
     # chunk's own Kafka transaction; None: the coordinator records it once Kafka acknowledged the rows
     chunk_record: Callable[[str, int, int], Record] | None = None
+    # write rows straight from the COPY text into the records' bytes with the row codec where the serializer
+    # offers a RowRendering (``decoder.render_rows``, as the stream does); False: every row through typed values
+    render_rows: bool = True
 
 
 COORDINATOR = -1  # the worker number of the coordinator's own output (its truncate markers)
@@ -93,6 +97,8 @@ class JsonKafkaOutput:
     tables: Sequence[TableConfig] = ()  # for the column policies (include, exclude, mask)
     mask_fixed_value: str = "****"
     mask_salt: str | None = field(default=None, repr=False)
+    render_rows: bool = True  # decoder.render_rows
+    position_headers: bool = True  # kafka.position_headers (on, as for a serializer made directly)
     _partitions: dict[str, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -108,12 +114,13 @@ class JsonKafkaOutput:
 
     def __call__(self, worker: int = 0) -> Output:
         serializer = JsonSerializer(self.settings, self._partitions.__getitem__)
+        serializer.position_headers = self.position_headers
         dead = DeadLetters(self.dead_letter_topic) if self.dead_letter_topic else None
         delivery = AtLeastOnce(dict(self.producer), max_record_bytes=self.max_record_bytes, dead_letters=dead)
         by_table = policies(self.tables, self.mask_fixed_value, self.mask_salt)
         return Output(
             serializer, delivery, _transform(by_table), frozenset(by_table),
-            BulkProducer(self.producer), self.max_record_bytes,
+            BulkProducer(self.producer), self.max_record_bytes, render_rows=self.render_rows,
         )  # fmt: skip
 
 
@@ -153,19 +160,19 @@ class ConfiguredOutput:
         dead = DeadLetters(cfg.limits.dead_letter_topic) if cfg.limits.dead_letter_topic else None
         salt = cfg.masking.salt.get_secret_value() if cfg.masking.salt is not None else None
         by_table = policies(cfg.tables, cfg.masking.fixed_value, salt)
-        json = isinstance(serializer, JsonSerializer)
         if self.transactional:
             assert self.progress_topic is not None
             chunks = ChunkTransactions(producer, transactional_id=self._transactional_id(worker),
                                        max_record_bytes=cfg.limits.max_record_bytes, dead_letters=dead)  # fmt: skip
             return Output(
-                serializer, chunks, _transform(by_table), frozenset(by_table), chunks if json else None,
+                serializer, chunks, _transform(by_table), frozenset(by_table), chunks,
                 cfg.limits.max_record_bytes, partial(chunk_record, self.progress_topic, cfg.source.slot),
+                cfg.decoder.render_rows,
             )  # fmt: skip
         delivery = AtLeastOnce(producer, max_record_bytes=cfg.limits.max_record_bytes, dead_letters=dead)
-        bulk = BulkProducer(producer) if json else None
         return Output(
-            serializer, delivery, _transform(by_table), frozenset(by_table), bulk, cfg.limits.max_record_bytes
+            serializer, delivery, _transform(by_table), frozenset(by_table), BulkProducer(producer),
+            cfg.limits.max_record_bytes, render_rows=cfg.decoder.render_rows,
         )  # fmt: skip
 
 

@@ -8,13 +8,21 @@ Per chunk, inside the worker's one REPEATABLE READ transaction:
    since the snapshot (``ALTER TABLE`` rewrites, ``TRUNCATE``, ``VACUUM FULL``,
    ``CLUSTER`` give it a new relfilenode, and rows of a rewritten table are
    invisible to older snapshots: reading it would silently miss them).
-3. ``COPY (SELECT ...) TO STDOUT``: each line through ``copytext.row_parser``
-   (the stream's converters), each row a ``ChangeEvent(op=READ, snapshot=True)``
-   at the consistent point, through the serializer into the delivery. For JSON
-   tables whose columns all have an SQL encoding (``cdc.snapshot.sqljson``) the
-   COPY returns each row's key and ``after`` JSON instead, which go into the
-   envelope's constant parts and to a ``BulkProducer``; a row the SQL does not
-   cover takes the path above.
+3. ``COPY (SELECT ...) TO STDOUT``, each line one of three ways:
+
+   - rendered (the default where the serializer offers a ``RowRendering``, as the
+     stream's decoder renders rows): the row codec (``cdc.render.codec.copy_parser``,
+     compiled or its reference) writes the line's row and key straight in the sink
+     format, the bytes the stream writes for the same values. In JSON they go into
+     the envelope's constant parts (``ReadParts``) and to the bulk producer, with no
+     per-record callback; in Avro through the serializer and the delivery;
+   - server-built JSON (``snapshot.server_json``, or where the compiled codec is
+     not built): the COPY returns each row's key and ``after`` JSON
+     (``cdc.snapshot.sqljson``), spliced the same way;
+   - typed: ``copytext.row_parser`` (the stream's converters), a
+     ``ChangeEvent(op=READ, snapshot=True)`` at the consistent point, the
+     serializer, the delivery. A table with column policies, and any row the two
+     others decline (a value they do not cover), takes this path.
 4. ``ROLLBACK TO SAVEPOINT`` (it read only), which releases the lock: DDL may
    run between chunks instead of waiting for the whole snapshot.
 5. Wait until Kafka acknowledged every record of the chunk, then report the
@@ -34,7 +42,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,15 +53,20 @@ from psycopg import sql
 from cdc import log as logsetup
 from cdc.event import ChangeEvent, Op, TxBegin, TxCommit, change_event
 from cdc.lsn import Lsn
+from cdc.decoder.rows import Decline
+from cdc.decoder.types import PARSE_ERRORS, ValueConversionError, parser_for
 from cdc.process import tune_gc
+from cdc.render import codec
+from cdc.render.rows import CopyRowParser
 from cdc.sink.errors import SerializationError
-from cdc.sink.json import JsonSerializer
+from cdc.sink.json import JsonSerializer, ReadParts
 from cdc.sink.kafka import SinkError
 from cdc.sink.record import Record
-from cdc.sink.records import position_headers
+from cdc.sink.records import EventSerializer, position_headers
 from cdc.sink.wire import ORDINAL_HEADER
-from cdc.snapshot.copytext import CopyFormatError, RowParser, row_parser
-from cdc.snapshot.output import Output, OutputFactory
+from cdc.snapshot.copyout import lines
+from cdc.snapshot.copytext import CopyFormatError, RowParser, row_parser, unescape
+from cdc.snapshot.output import Output, OutputFactory, Serializer
 from cdc.snapshot.plan import LEAVES, Chunk, SnapshotTable, chunk_select, session_setup
 from cdc.snapshot.sqljson import JsonQuery, json_query
 
@@ -78,7 +91,9 @@ class WorkerSpec:
     commit_ts_us: int
     log_format: str = "json"
     log_level: str = "info"
-    server_json: bool = True  # let the server build the rows' JSON where it can (cdc.snapshot.sqljson)
+    # let the server build the rows' JSON where it can (cdc.snapshot.sqljson); None: only where the compiled
+    # row codec is not built (it renders the rows with less CPU in all than the server spends on the JSON)
+    server_json: bool | None = None
     record_chunks: bool = True  # exactly once: a chunk's transaction ends with its progress record (not without a slot)
 
 
@@ -112,6 +127,7 @@ class ChunkDone:
     index: int
     rows: int
     server_json: bool = False  # read with server-built JSON
+    rendered: bool = False  # read through the row codec (rows it declined took the typed path)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +198,11 @@ def run_worker(spec: WorkerSpec, parent_pid: int, tasks: multiprocessing.queues.
         return
     reports.put(Ready(wid, None))
     readers: dict[str, _Reader] = {}
-    server_json = spec.server_json and output.bulk is not None and _utf8(conn)
+    server_json = (
+        (spec.server_json if spec.server_json is not None else codec.IMPLEMENTATION != "compiled")
+        and output.bulk is not None
+        and _utf8(conn)
+    )
     try:
         while True:
             task = tasks.get()
@@ -193,17 +213,19 @@ def run_worker(spec: WorkerSpec, parent_pid: int, tasks: multiprocessing.queues.
                 reader = readers.get(name)
                 if reader is None or reader.table != task.table:
                     reader = readers[name] = _reader(task.table, output, spec, server_json)
-                if reader.query is not None:
+                if reader.parts is not None:
+                    rows = _copy_chunk_rendered(conn, output, spec, task, reader, reports)
+                elif reader.query is not None:
                     rows = _copy_chunk_json(conn, output, spec, task, reader, reports)
                 else:
-                    rows = _copy_chunk(conn, output, spec, task, reader.parse, reports)
+                    rows = _copy_chunk(conn, output, spec, task, reader, reports)
             except _Skip as e:
                 reports.put(ChunkSkipped(wid, name, index, e.reason, str(e)))
                 continue
             except (psycopg.Error, CopyFormatError, SinkError, SerializationError) as e:
                 reports.put(Failed(wid, name, index, f"{type(e).__name__}: {str(e).strip()}"))
                 break
-            reports.put(ChunkDone(wid, name, index, rows, reader.query is not None))
+            reports.put(ChunkDone(wid, name, index, rows, reader.query is not None, reader.render is not None))
         output.delivery.drain(_DRAIN_TIMEOUT_S)
         if output.bulk is not None:
             output.bulk.drain(_DRAIN_TIMEOUT_S)
@@ -245,6 +267,12 @@ class _Reader:
     table: SnapshotTable
     parse: RowParser  # a COPY text line -> the row, as the stream converts it
     query: JsonQuery | None  # the server builds the rows' JSON (cdc.snapshot.sqljson); None: parse every row
+    render: CopyRowParser | None = None  # the row codec writes each row's bytes; None: not for this table
+    parts: ReadParts | None = None  # JSON with ``render``: the records' constant parts
+
+
+# What the row codec raises on a line it does not cover: the typed path reads it (and raises what is wrong).
+_DECLINES = (Decline, ValueConversionError, *PARSE_ERRORS)
 
 
 def _utf8(conn: psycopg.Connection[Any]) -> bool:
@@ -254,13 +282,21 @@ def _utf8(conn: psycopg.Connection[Any]) -> bool:
 
 def _reader(table: SnapshotTable, output: Output, spec: WorkerSpec, server_json: bool) -> _Reader:
     parse = row_parser(table.schema.columns, where=table.name)
-    query = None
     serializer = output.serializer
-    if server_json and table.name not in output.policy_tables and isinstance(serializer, JsonSerializer):
-        parts = serializer.read_parts(table.schema, spec.commit_ts_us, spec.consistent_point, spec.xid)
-        query = json_query(table, parts, serializer.settings)
-    log.info("snapshot_table_reader", worker=spec.worker_id, table=table.name, server_json=query is not None)
-    return _Reader(table, parse, query)
+    query = render = parts = None
+    if table.name not in output.policy_tables:  # the column policies read typed values, as in the stream
+        if server_json and isinstance(serializer, JsonSerializer):
+            read_parts = serializer.read_parts(table.schema, spec.commit_ts_us, spec.consistent_point, spec.xid)
+            query = json_query(table, read_parts, serializer.settings)
+        rendering = getattr(serializer, "row_rendering", None)
+        row_rendering = rendering(table.schema) if query is None and output.render_rows and rendering else None
+        if row_rendering is not None:
+            render = codec.copy_parser(row_rendering, [parser_for(c.type) for c in table.schema.columns], unescape)
+            if isinstance(serializer, JsonSerializer) and output.bulk is not None:
+                parts = serializer.read_parts(table.schema, spec.commit_ts_us, spec.consistent_point, spec.xid)
+    log.info("snapshot_table_reader", worker=spec.worker_id, table=table.name, server_json=query is not None,
+             rendered=render is not None, codec=codec.IMPLEMENTATION)  # fmt: skip
+    return _Reader(table, parse, query, render, parts)
 
 
 @contextlib.contextmanager
@@ -282,12 +318,17 @@ def _copy_chunk(
     output: Output,
     spec: WorkerSpec,
     task: ChunkTask,
-    parse: RowParser,
+    reader: _Reader,
     reports: multiprocessing.queues.Queue[Report],
 ) -> int:
+    """A chunk through the serializer: rows the codec renders (Avro; JSON where the bulk path is not set up) or
+    typed rows. Records go to the bulk producer, with no per-record callback, when there is one (the chunk
+    counts once it is drained), except oversized ones, which take the delivery's size limit and dead letters."""
+    parse, render = reader.parse, reader.render
     table = task.table
     delivery, records, transform = output.delivery, output.serializer.records, output.transform
-    send, tick = delivery.send, delivery.tick
+    tick, bulk = delivery.tick, output.bulk
+    send = delivery.send if bulk is None else _bulk_sender(bulk, delivery, output.max_record_bytes)
     schema, point, xid, ts = table.schema, spec.consistent_point, spec.xid, spec.commit_ts_us
     read_op = Op.READ
     describe = table.name
@@ -298,12 +339,15 @@ def _copy_chunk(
     with _chunk_savepoint(conn, table):
         delivery.begin(TxBegin(xid or 0, point, ts))
         with conn.cursor().copy(chunk_select(table, task.chunk)) as copy:
-            read = copy.read
-            while True:
-                data = read()
-                if not data:
-                    break
-                row = parse(bytes(data[:-1]))
+            for data in lines(copy):
+                row: Any = None
+                if render is not None:
+                    try:
+                        row = render(data)
+                    except _DECLINES:
+                        pass
+                if row is None:
+                    row = parse(bytes(data[:-1]))
                 ordinal += 1
                 event = change_event(read_op, schema, None, row, point, point, xid, ordinal, ts, True, _NOTHING_UNCHANGED)
                 for record in records(transform(event) if transform is not None else event):
@@ -315,11 +359,35 @@ def _copy_chunk(
                     reported = n
         _chunk_copied(output, spec, task, n)
         delivery.commit(TxCommit(xid or 0, point, point, ts, n))
-    while delivery.drain(_DRAIN_TIMEOUT_S):
+    while delivery.drain(_DRAIN_TIMEOUT_S) or (bulk is not None and bulk.drain(_DRAIN_TIMEOUT_S)):
         log.warning("snapshot_waiting_for_kafka", worker=wid, table=table.name, chunk=task.chunk.index)
     if n > reported:
         reports.put(Rows(wid, table.name, n - reported))
     return n
+
+
+def _bulk_sender(bulk: Any, delivery: Any, limit: int) -> Callable[[Record, str], None]:
+    """``delivery.send`` through the bulk producer: no per-record callback (the chunk counts once the bulk
+    producer is drained too); a record with a partition of its own, a tombstone or an oversized record
+    (the delivery's size limit and dead letters) still goes through the delivery."""
+    produce, wait, send = bulk.produce, bulk.wait, delivery.send
+
+    def bulk_send(record: Record, describe: str) -> None:
+        topic, key, value, headers, partition = record
+        if partition is not None or value is None or len(value) > limit:
+            send(record, describe)
+            return
+        by_name: Any = dict(headers) if headers else None  # a dict converts faster; a list keeps a name twice
+        if by_name is not None and len(by_name) != len(headers):
+            by_name = list(headers)
+        while True:
+            try:
+                produce(topic, value, key, headers=by_name)
+                return
+            except BufferError:
+                wait()
+
+    return bulk_send
 
 
 def _chunk_copied(output: Output, spec: WorkerSpec, task: ChunkTask, rows: int) -> None:
@@ -351,8 +419,8 @@ def _copy_chunk_json(
     value_head, value_middle, value_end = parts.value_head, parts.value_middle, parts.value_end
     times = parts.times
     schema, point, xid, ts = table.schema, spec.consistent_point, spec.xid, spec.commit_ts_us
-    headers_on = not isinstance(output.serializer, JsonSerializer) or output.serializer.position_headers
-    position: dict[str, str | bytes | None] = dict(position_headers(point, point, xid, 0, enabled=headers_on))
+    position, with_ordinal = _row_headers(point, xid, enabled=_headers_on(output.serializer))
+    headers = position
     read_op = Op.READ
     wid = spec.worker_id
     ordinal = task.ordinal_base
@@ -362,11 +430,7 @@ def _copy_chunk_json(
     with _chunk_savepoint(conn, table):
         delivery.begin(TxBegin(xid or 0, point, ts))
         with conn.cursor().copy(query.copy(task.chunk)) as copy:
-            read = copy.read
-            while True:
-                data = read()
-                if not data:
-                    break
+            for data in lines(copy):
                 line = bytes(data)  # ends in a newline, after the last (raw) column
                 ordinal += 1
                 if n % _CLOCK_EVERY == 0:
@@ -389,15 +453,104 @@ def _copy_chunk_json(
                     after = after.replace(b"\\\\", b"\\")
                 if b"\\" in key:
                     key = key.replace(b"\\\\", b"\\")
-                headers = None  # kafka.position_headers off: none (the envelope's source block has the position)
-                if position:
-                    headers = position.copy()
+                if with_ordinal:
+                    headers = position.copy()  # type: ignore[union-attr]
                     headers[ORDINAL_HEADER] = b"%d" % ordinal
                 key = key_head + key + key_end
                 value = value_head + after + tail
-                if len(value) > limit:
-                    oversized = Record(topic, key, value, position_headers(point, point, xid, ordinal, enabled=headers_on))
-                    delivery.send(oversized, table.name)
+                if len(value) > limit:  # the same headers, in position_headers' order
+                    pairs: Any = tuple(headers.items()) if headers else ()
+                    delivery.send(Record(topic, key, value, pairs), table.name)
+                    continue
+                while True:
+                    try:
+                        produce(topic, value, key, headers=headers)
+                        break
+                    except BufferError:
+                        wait()
+        _chunk_copied(output, spec, task, n)
+        delivery.commit(TxCommit(xid or 0, point, point, ts, n))
+    while delivery.drain(_DRAIN_TIMEOUT_S) or bulk.drain(_DRAIN_TIMEOUT_S):
+        log.warning("snapshot_waiting_for_kafka", worker=wid, table=table.name, chunk=task.chunk.index)
+    if n > reported:
+        reports.put(Rows(wid, table.name, n - reported))
+    return n
+
+
+def _headers_on(serializer: Serializer) -> bool:
+    """Whether the serializer writes the ``cdc.*`` position headers (``kafka.position_headers``, which the
+    pipeline's ``make_serializer`` sets on it); one without that switch writes them."""
+    return not isinstance(serializer, EventSerializer) or serializer.position_headers
+
+
+def _row_headers(point: Lsn, xid: int | None, *, enabled: bool) -> tuple[dict[str, str | bytes | None] | None, bool]:
+    """The position headers of this snapshot's rows as ``position_headers`` makes them (the one place that
+    says what a record carries; the rendered and server-JSON paths take their headers from here alone), as a
+    dict to copy per row, and whether the row's ordinal goes in it; None when they are none (``enabled``
+    false: ``kafka.position_headers`` off, the envelope's source block has the position)."""
+    headers: dict[str, str | bytes | None] = dict(position_headers(point, point, xid, 0, enabled=enabled))
+    return (headers or None), ORDINAL_HEADER in headers
+
+
+def _copy_chunk_rendered(
+    conn: psycopg.Connection[Any],
+    output: Output,
+    spec: WorkerSpec,
+    task: ChunkTask,
+    reader: _Reader,
+    reports: multiprocessing.queues.Queue[Report],
+) -> int:
+    """``_copy_chunk`` for JSON tables the row codec renders: per row, the codec writes the row's ``after`` and
+    key objects from the COPY line (the bytes the stream writes for the same values), they go into the
+    envelope's constant parts and to the bulk producer, with no per-record callback (the chunk counts once
+    everything is drained). A line the codec declines and an oversized record take the ordinary path
+    through ``output.delivery``."""
+    render, parse, parts = reader.render, reader.parse, reader.parts
+    assert render is not None and parts is not None and output.bulk is not None
+    table, bulk = task.table, output.bulk
+    delivery, records, transform = output.delivery, output.serializer.records, output.transform
+    produce, wait, limit = bulk.produce, bulk.wait, output.max_record_bytes
+    topic, key_head, key_end = parts.topic, parts.key_head, parts.key_end
+    value_head, value_middle, value_end = parts.value_head, parts.value_middle, parts.value_end
+    times = parts.times
+    schema, point, xid, ts = table.schema, spec.consistent_point, spec.xid, spec.commit_ts_us
+    position, with_ordinal = _row_headers(point, xid, enabled=_headers_on(output.serializer))
+    headers = position
+    read_op = Op.READ
+    wid = spec.worker_id
+    ordinal = task.ordinal_base
+    n = 0
+    reported = 0
+    tail = b""
+    with _chunk_savepoint(conn, table):
+        delivery.begin(TxBegin(xid or 0, point, ts))
+        with conn.cursor().copy(chunk_select(table, task.chunk)) as copy:
+            for data in lines(copy):
+                ordinal += 1
+                if n % _CLOCK_EVERY == 0:
+                    tail = value_middle + times(time.time_ns()) + value_end
+                    if n % _PROGRESS_EVERY == 0 and n:
+                        bulk.check()
+                        delivery.tick()
+                        reports.put(Rows(wid, table.name, n - reported))
+                        reported = n
+                n += 1
+                try:
+                    row = render(data)
+                except _DECLINES:  # the typed path reads it, and raises what is wrong with it
+                    event = change_event(read_op, schema, None, parse(bytes(data[:-1])), point, point, xid, ordinal, ts,
+                                         True, _NOTHING_UNCHANGED)  # fmt: skip
+                    for record in records(transform(event) if transform is not None else event):
+                        delivery.send(record, table.name)
+                    continue
+                key = key_head + row.key_data + key_end
+                value = value_head + row.data + tail
+                if with_ordinal:
+                    headers = position.copy()  # type: ignore[union-attr]
+                    headers[ORDINAL_HEADER] = b"%d" % ordinal
+                if len(value) > limit:  # the same headers, in position_headers' order
+                    pairs: Any = tuple(headers.items()) if headers else ()
+                    delivery.send(Record(topic, key, value, pairs), table.name)
                     continue
                 while True:
                     try:
