@@ -280,6 +280,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", default="HEAD", help="the revision to compare this tree with")
     parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated: " + ", ".join(FORMATS))
+    parser.add_argument(
+        "--position-headers", choices=("on", "default"), default="on",
+        help="this tree's kafka.position_headers: on (as every revision before the setting wrote them), or its default",
+    )  # fmt: skip
     args = parser.parse_args()
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     services = dev.up(dev.default_state_dir(), registry="avro" in formats)
@@ -322,7 +326,10 @@ def main() -> int:
                 first, second = slots[fmt]
                 run_daemon(base_tree, {**config, "source": {**config["source"], "slot": first}}, dsn, first, end_lsn, workdir, f"{fmt}-baseline")
                 middle = end_offsets(services.kafka_bootstrap, prefix)
-                run_daemon(REPO, {**config, "source": {**config["source"], "slot": second}}, dsn, second, end_lsn, workdir, f"{fmt}-this-tree")
+                # kafka.position_headers (off by default since #21): on for this tree unless told otherwise, so
+                # that its records compare with a baseline from before the setting, headers included
+                mine = config if args.position_headers == "default" else {**config, "kafka": {**config["kafka"], "position_headers": True}}
+                run_daemon(REPO, {**mine, "source": {**config["source"], "slot": second}}, dsn, second, end_lsn, workdir, f"{fmt}-this-tree")
                 end = end_offsets(services.kafka_bootstrap, prefix)
                 avro = Avro(services.schema_registry_url) if fmt == "avro" and services.schema_registry_url else None
                 problems: list[str] = []

@@ -12,7 +12,12 @@ One command: ``.venv/bin/python bench/e2e.py`` (``--rows 200000`` for a quick ru
      start of streaming until the slot's confirmed LSN passes the workload's end,
      i.e. until Kafka acknowledged everything (confirmation follows acknowledgment).
      ``json-typed``/``avro-typed`` run the daemon with ``render_rows: false``.
-   Medians of the runs and the ratios end-to-end / decoder-only are printed.
+   - ``pg_recvlogical -f /dev/null`` (PostgreSQL's own C client, as in ``decoder.py``) over the
+     same WAL: what reading the slot costs with no decoding at all;
+   - ``--position-headers on,off``: each format with the ``cdc.*`` position headers on and off
+     (``kafka.position_headers``), in the same runs, so their ratio is of one machine state.
+   Medians of the runs and the ratios end-to-end / decoder-only are printed, and each daemon's peak
+   RSS (``VmHWM``).
 2. Where the CPU goes (``bench/cpu.py``, from ``/proc``): per row, the reader's, the
    Postgres server's and the broker's CPU during each run, and a ceiling: a sample of the
    daemon's own JSON records (headers included), read back from its topic, produced again
@@ -24,7 +29,10 @@ One command: ``.venv/bin/python bench/e2e.py`` (``--rows 200000`` for a quick ru
    Per format it also prints all the CPU of its run spread perfectly over the cores (an upper
    bound for any arrangement of the same per-row work over threads or processes) and one thread
    doing the daemon's main-thread work.
-3. Latency at a steady 1,000 transactions/s: commit time (source.ts_ms) to the
+3. Memory through one large transaction (``--big-transaction``, 1,000,000 rows by default): the daemon
+   (JSON, the default settings) streams one transaction of that many rows from a slot of its own, and its
+   peak RSS (``VmHWM``) is printed against the 200 MB target.
+4. Latency at a steady 1,000 transactions/s: commit time (source.ts_ms) to the
    moment a consumer sees the record. That includes the consumer's own fetch
    latency, so it is an upper bound of commit-to-acknowledgment. Same producer
    settings as the throughput runs: the defaults, or ``--producer KEY=VALUE``.
@@ -52,8 +60,10 @@ from confluent_kafka.admin import AdminClient
 
 from cpu import Services, main_thread_cpu, process_cpu, self_cpu, spent  # bench/cpu.py
 from decoder import DB, PUBLICATION, TABLE, create_slots, read_with_cdc, setup_database, write_rows  # bench/decoder.py
+from decoder import read_with_pg_recvlogical, server_version  # bench/decoder.py
 
 from cdc import dev
+from cdc.decoder.stream import protocol_for
 from cdc.event import TxBegin, TxCommit
 from cdc.lsn import Lsn
 from cdc.render.codec import TableRenderer
@@ -106,16 +116,25 @@ def daemon(config: dict[str, object], workdir: Path, name: str) -> tuple[subproc
     return proc, log
 
 
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident set size so far (``VmHWM``), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def end_to_end(
-    dsn: str, bootstrap: str, slot: str, target: str, workdir: Path, fmt: str, registry: str | None, meter: Services
-) -> tuple[float, dict[str, float], float]:
-    """Seconds until the slot confirmed ``target``; CPU seconds of the daemon, server and broker; and of the
-    daemon's main thread."""
+    dsn: str, bootstrap: str, slot: str, target: str, workdir: Path, fmt: str, registry: str | None, meter: Services,
+    headers: bool = False,
+) -> tuple[float, dict[str, float], float, float]:
+    """Seconds until the slot confirmed ``target``; CPU seconds of the daemon, server and broker; of the
+    daemon's main thread; and the daemon's peak RSS in MB. ``headers``: ``kafka.position_headers``."""
     prefix = f"bench_{RUN}_{slot}"
     config: dict[str, object] = {
         "source": {"dsn": dsn, "slot": slot, "publication": PUBLICATION},
         "tables": [TABLE],
-        "kafka": {"bootstrap_servers": bootstrap, "partitions": 3, "producer": dict(PRODUCER)},
+        "kafka": {"bootstrap_servers": bootstrap, "partitions": 3, "producer": dict(PRODUCER), "position_headers": headers},
         "topic_prefix": prefix,
         "format": fmt.removesuffix("-typed"),
         "http": {"enabled": False},
@@ -141,10 +160,28 @@ def end_to_end(
             before, main0 = {"daemon": process_cpu(proc.pid)} | meter.read(), main_thread_cpu(proc.pid)
             done = wait_confirmed(conn, slot, target, 900)
             after, main1 = {"daemon": process_cpu(proc.pid)} | meter.read(), main_thread_cpu(proc.pid)
+            rss = peak_rss_mb(proc.pid)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
-    return done - started, spent(before, after), main1 - main0
+    return done - started, spent(before, after), main1 - main0, rss
+
+
+def big_transaction(dsn: str, bootstrap: str, workdir: Path, rows: int, meter: Services) -> tuple[float, float]:
+    """One transaction of ``rows`` rows through the daemon (JSON, default settings): seconds from the
+    slot's activation until it confirmed the commit, and the daemon's peak RSS in MB."""
+    slot = "bench_big"
+    create_slots(dsn, [slot])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO bench_rows SELECT g, 'name ' || g, (g %% 1000000) * 1.25, 'C' || (g %% 1000), now(), gen_random_uuid() "
+            "FROM generate_series(%s::bigint, %s::bigint) g",
+            (20_000_000_000, 20_000_000_000 + rows - 1),
+        )
+        row = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+    seconds, _, _, rss = end_to_end(dsn, bootstrap, slot, str(row[0]), workdir, "json", None, meter)
+    return seconds, rss
 
 
 def sample_records(bootstrap: str, topic: str, count: int) -> list[Record]:
@@ -284,6 +321,11 @@ RUN = time.strftime("%Y%m%d%H%M%S")
 PRODUCER: dict[str, object] = {}  # --producer: librdkafka settings for the end-to-end daemons
 
 
+def slot_part(variant: str) -> str:
+    """A variant (``json``, ``avro-typed+headers``) as it appears in slot names and topic prefixes."""
+    return variant.replace("-", "_").replace("+headers", "_h")
+
+
 def drop_bench_topics(bootstrap: str) -> None:
     """Delete the topics earlier invocations left (a 1M-row run leaves ~1 GB per format)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -306,6 +348,12 @@ def main() -> int:
         help="comma-separated: json, avro, and json-typed / avro-typed (decoder.render_rows false)",
     )
     parser.add_argument(
+        "--position-headers",
+        default="off",
+        help="comma-separated on/off: each format's daemon with kafka.position_headers on and/or off (default off)",
+    )
+    parser.add_argument("--big-transaction", type=int, default=1_000_000, help="rows of the one-transaction RSS run (0: skip)")
+    parser.add_argument(
         "--producer",
         action="append",
         default=[],
@@ -319,7 +367,11 @@ def main() -> int:
             parser.error(f"--producer {setting!r}: expected KEY=VALUE, e.g. --producer linger.ms=20")
         PRODUCER[name] = int(value) if value.isdigit() else value
 
-    formats = args.formats.split(",")
+    switches = args.position_headers.split(",")
+    if not switches or not set(switches) <= {"on", "off"}:
+        parser.error(f"--position-headers {args.position_headers!r}: expected on, off or on,off")
+    # each format with each header setting: "json" (headers off), "json+headers" (on)
+    formats = [f + ("+headers" if h == "on" else "") for f in args.formats.split(",") for h in switches]
     avro = any(f.startswith("avro") for f in formats)
     endpoints = dev.up(dev.default_state_dir(), registry=avro)
     if avro and endpoints.schema_registry_url is None:
@@ -331,8 +383,10 @@ def main() -> int:
         dsn,
         [f"bench_dec_{i}" for i in runs]
         + [f"bench_rdec_{i}" for i in runs]
-        + [f"bench_{f.replace('-', '_')}_{i}" for f in formats for i in runs],
+        + [f"bench_recv_{i}" for i in runs]
+        + [f"bench_{slot_part(f)}_{i}" for f in formats for i in runs],
     )
+    proto, _ = protocol_for(server_version(dsn), streaming=False)
     # What `cdc run` decodes for the JSON format: rows rendered straight to JSON text (decoder.render_rows).
     json_rendering = JsonSerializer(JsonSettings(topic_prefix="bench", database=DB), lambda topic: 3).row_rendering
     t0 = time.perf_counter()
@@ -343,6 +397,8 @@ def main() -> int:
     meter = Services()
     dec_rates: list[float] = []
     rdec_rates: list[float] = []
+    recv_rates: list[float] = []
+    e2e_rss: dict[str, list[float]] = {f: [] for f in formats}
     e2e_rates: dict[str, list[float]] = {f: [] for f in formats}
     dec_cpu: list[dict[str, float]] = []
     e2e_cpu: dict[str, list[dict[str, float]]] = {f: [] for f in formats}
@@ -360,26 +416,38 @@ def main() -> int:
         seconds, rows = read_with_cdc(dsn, f"bench_rdec_{i}", Lsn.parse(target), TableRenderer(json_rendering))
         assert rows == args.rows, f"decoded {rows} rows, expected {args.rows}"
         rdec_rates.append(rows / seconds)
-        line = f"run {i + 1}: decoder-only {rate:,.0f} rows/s (rendering JSON {rows / seconds:,.0f})"
-        for fmt in formats:
-            elapsed, cpu, main = end_to_end(
-                dsn, endpoints.kafka_bootstrap, f"bench_{fmt.replace('-', '_')}_{i}", target, workdir, fmt,
-                endpoints.schema_registry_url, meter,
+        recv_rates.append(args.rows / read_with_pg_recvlogical(dsn, f"bench_recv_{i}", Lsn.parse(target), proto))
+        line = (f"run {i + 1}: decoder-only {rate:,.0f} rows/s (rendering JSON {rows / seconds:,.0f}), "
+                f"pg_recvlogical {recv_rates[-1]:,.0f}")  # fmt: skip
+        for fmt in formats if i % 2 == 0 else formats[::-1]:  # alternated: no variant always runs first
+            elapsed, cpu, main, rss = end_to_end(
+                dsn, endpoints.kafka_bootstrap, f"bench_{slot_part(fmt)}_{i}", target, workdir, fmt.removesuffix("+headers"),
+                endpoints.schema_registry_url, meter, fmt.endswith("+headers"),
             )  # fmt: skip
             e2e_rates[fmt].append(args.rows / elapsed)
             e2e_cpu[fmt].append(cpu)
             e2e_main[fmt].append(main)
+            e2e_rss[fmt].append(rss)
             line += f", end-to-end {fmt} {args.rows / elapsed:,.0f} rows/s"
         print(line)
     dec = statistics.median(dec_rates)
     rdec = statistics.median(rdec_rates)
+    recv = statistics.median(recv_rates)
     print(f"median decoder-only: {dec:,.0f} rows/s (typed events); rendering JSON rows: {rdec:,.0f} rows/s")
+    print(f"median pg_recvlogical -f /dev/null: {recv:,.0f} rows/s; decoder-only / pg_recvlogical {dec / recv:.2f}")
     for fmt in formats:
         e2e = statistics.median(e2e_rates[fmt])
         print(
             f"median end-to-end {fmt} (acks=all, idempotent): {e2e:,.0f} rows/s; ratio to decoder-only {e2e / dec:.2f} "
-            f"(target >= 0.60); to the rendering decoder {e2e / rdec:.2f}"
+            f"(target >= 0.60); to the rendering decoder {e2e / rdec:.2f}; to pg_recvlogical {e2e / recv:.2f}; "
+            f"peak RSS {statistics.median(e2e_rss[fmt]):.0f} MB (median)"
         )
+    for fmt in formats:
+        if fmt.endswith("+headers") and fmt.removesuffix("+headers") in e2e_rates:
+            on, off = statistics.median(e2e_rates[fmt]), statistics.median(e2e_rates[fmt.removesuffix("+headers")])
+            pairs = [b / a for a, b in zip(e2e_rates[fmt], e2e_rates[fmt.removesuffix("+headers")], strict=True)]
+            print(f"position headers off / on, {fmt.removesuffix('+headers')}: medians {off / on:.3f}; "
+                  f"per run {', '.join(f'{r:.3f}' for r in pairs)}")  # fmt: skip
 
     # Where the CPU went, per row (medians of the runs, component by component).
     def median_cpu(samples: list[dict[str, float]]) -> dict[str, float]:
@@ -401,8 +469,11 @@ def main() -> int:
         print(f"  all of it spread perfectly over {cores} cores: at most {cores / total:,.0f} rows/s = "
               f"{cores / total / dec:.2f} of decoder-only (target >= 0.60); one thread doing the daemon's main-thread "
               f"work: at most {1 / main:,.0f} rows/s = {1 / main / dec:.2f}")  # fmt: skip
-    if "json" in formats and args.ceiling_runs:
-        records = sample_records(endpoints.kafka_bootstrap, f"bench_{RUN}_bench_json_0.{TABLE}", min(args.rows, 100_000))
+    sampled = next((f for f in ("json+headers", "json") if f in formats), None)
+    if sampled is not None and args.ceiling_runs:
+        topic = f"bench_{RUN}_bench_{slot_part(sampled)}_0.{TABLE}"
+        print(f"producer alone: the records of {sampled} (position headers {'on' if '+' in sampled else 'off'})")
+        records = sample_records(endpoints.kafka_bootstrap, topic, min(args.rows, 100_000))
         results = [producer_ceiling(endpoints.kafka_bootstrap, records, args.rows, meter) for _ in range(args.ceiling_runs)]
         ceiling = statistics.median(rate for rate, _, _ in results)
         prod_parts = median_cpu([cpu for _, cpu, _ in results])
@@ -419,6 +490,11 @@ def main() -> int:
         print(f"one Python thread decoding and producing (the decoder-only reader's CPU + the producer's main thread): "
               f"{one_thread * 1e6:.1f} µs per row -> at most {1 / one_thread:,.0f} rows/s = "
               f"{1 / one_thread / dec:.2f} of decoder-only, serialization not counted")  # fmt: skip
+
+    if args.big_transaction:
+        seconds, rss = big_transaction(dsn, endpoints.kafka_bootstrap, workdir, args.big_transaction, meter)
+        print(f"one transaction of {args.big_transaction:,} rows (JSON, default settings): {seconds:.1f}s to confirmed, "
+              f"{args.big_transaction / seconds:,.0f} rows/s; the daemon's peak RSS {rss:.0f} MB (target < 200 MB)")  # fmt: skip
 
     samples = latency(dsn, endpoints.kafka_bootstrap, workdir, args.latency_seconds, args.rate)
     if samples:

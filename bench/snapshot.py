@@ -15,8 +15,8 @@ In one run, on the local services (``cdc dev up``):
    acknowledgment) with each worker count, with the row codec writing the rows from the
    COPY text (the default); for comparison, with the server building the rows' JSON
    (``snapshot.server_json: true``, the default until 2026-11-27), the row codec with
-   no position headers on the records (what the switch that makes them optional will
-   be worth; bench-only: the workers' ``position_headers`` replaced), and (opt-in) the
+   no position headers on the records (``kafka.position_headers: false``, the daemon's
+   default since #21; the other paths write them, as before), and (opt-in) the
    ordinary path where Python parses and serializes every row; a fresh slot and topic
    each. Rows/s is rows over the whole run, start-up (slot, planning, worker start)
    included.
@@ -230,17 +230,6 @@ def per_row_costs(dsn: str, bootstrap: str, prefix: str, sample: int) -> dict[st
     }
 
 
-class HeaderlessOutput(JsonKafkaOutput):
-    """The bench's output without the position headers: built in each worker process, where it replaces the
-    worker's ``position_headers`` (the one function the headers come from) by one that gives none."""
-
-    def __call__(self, worker: int = 0) -> Any:
-        import cdc.snapshot.worker  # noqa: PLC0415 - the worker process's own module
-
-        cdc.snapshot.worker.position_headers = lambda *_: ()  # type: ignore[assignment]
-        return super().__call__(worker)
-
-
 PATHS = {
     "codec": ("row codec (default)", None, True, False),
     "server": ("server-built JSON", True, True, False),
@@ -271,9 +260,9 @@ def snapshot_run(
     partitions = ensure_topics(admin_client(bootstrap, {}), [TopicSpec(topic, 3, 1)])
     with psycopg.connect(dsn, autocommit=True) as conn:
         tables = describe_tables(conn, [TableConfig(name=TABLE)])
-    output = (HeaderlessOutput if headerless else JsonKafkaOutput)(
+    output = JsonKafkaOutput(
         JsonSettings(topic_prefix=prefix, database=DB), partitions, producer_config(bootstrap, {}, 1_000_000), 1_000_000,
-        render_rows=render_rows,
+        render_rows=render_rows, position_headers=not headerless,
     )
     settings = SnapshotConfig(
         workers=workers, chunk_rows=chunk_rows, progress_log_s=30, progress_bar=False, server_json=server_json

@@ -127,6 +127,19 @@ def _pruned(schema: dict[str, Any], keep: Mapping[str, Iterable[str] | None]) ->
     return dict(schema, fields=fields)
 
 
+def _envelope_shape(decoded: Column, reader: Mapping[str, Any]) -> Column:
+    """``decoded`` (read with ``reader``, a ``_pruned`` envelope) as struct<op, source: struct<lsn, ts_ms,
+    sequence>> whatever the writer had: one type for every writer schema; a field the writer lacks (a
+    ``sequence`` in a source block that has none) is null."""
+    source_fields: list[dict[str, Any]] = next((f["type"].get("fields", []) for f in reader["fields"] if f["name"] == "source"), [])
+    have = {f["name"] for f in source_fields}
+    types = {"lsn": "bigint", "ts_ms": "bigint", "sequence": "string"}
+    source = F.struct(*[
+        (decoded["source"][name] if name in have else F.lit(None)).cast(kind).alias(name) for name, kind in types.items()
+    ])  # fmt: skip
+    return F.when(decoded.isNotNull(), F.struct(decoded["op"].alias("op"), source.alias("source")))
+
+
 def _is_truncate_key(schema: Any) -> bool:
     """A truncate marker's key schema: the record ``<ns>.TruncateKey`` (the table's key fields, optional),
     or the legacy one-field record of ``__cdc_truncate_partition``."""
@@ -225,13 +238,13 @@ class AvroSchemas:
     # --- values -----------------------------------------------------------------
 
     def envelope(self, value: Column, vid: Column) -> Column:
-        """struct<op, source: struct<lsn, ts_ms>> of a value with schema id ``vid`` (null fields: no decode)."""
+        """struct<op, source: struct<lsn, ts_ms, sequence>> of a value with schema id ``vid`` (null fields: no decode)."""
         env: Column = F.lit(None)
         for sid in sorted(self.value_ids & set(self.writers)):
             writer = self.writers[sid]
-            reader = _pruned(writer, {"op": None, "source": ("lsn", "ts_ms")})
+            reader = _pruned(writer, {"op": None, "source": ("lsn", "ts_ms", "sequence")})
             decoded = from_avro(body(value), json.dumps(writer), {**_OPTIONS, "avroSchema": json.dumps(reader)})
-            env = F.when(vid == sid, decoded).otherwise(env)
+            env = F.when(vid == sid, _envelope_shape(decoded, reader)).otherwise(env)
         return env
 
     def value_problem(self, vid: Column, env: Column) -> Column:

@@ -1,10 +1,13 @@
 """Step 1 of the reading (``cdc_views.reader``): Kafka records -> one classified row per record.
 
-``envelopes(raw, encoding, avro)`` gives each record's key text (the row identity), the LSNs from the
-``cdc.lsn``/``cdc.commit_lsn`` headers (the envelope's ``source.lsn`` when a header is absent; a header
-that is present but not an integer makes the record ``bad``), ``op``, ``after`` (JSON: its text; Avro:
-the value's bytes), and what the record is: ``row``, ``delete``, ``truncate`` or ``bad`` with a
-reason. The steps after it are in ``cdc_views.reader``.
+``envelopes(raw, encoding, avro)`` gives each record's key text (the row identity), its position from
+the ``cdc.lsn``/``cdc.commit_lsn``/``cdc.ordinal`` headers or, where a header is absent
+(``kafka.position_headers: false``, the default), from the envelope: ``source.lsn``, the commit LSN
+from ``source.sequence`` (``["<commit lsn>","<lsn>"]``), and no ordinal (records of one commit are then
+placed by their LSN: ``cdc.sink.position``); a header that is present but not an integer makes the
+record ``bad``. Then ``op``, ``after`` (JSON: its text; Avro: the value's bytes), and what the record
+is: ``row``, ``delete``, ``truncate`` or ``bad`` with a reason. The steps after it are in
+``cdc_views.reader``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ _ENVELOPE = StructType(
         StructField("after", StringType()),  # the JSON text of the row object
         StructField(
             "source",
-            StructType([StructField("lsn", LongType()), StructField("ts_ms", LongType())]),
+            StructType([StructField("lsn", LongType()), StructField("ts_ms", LongType()), StructField("sequence", StringType())]),
         ),
     ]
 )
@@ -126,6 +129,7 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
     op = F.col("env.op")
     record, reason = _classify(op, check_after=encoding.format != "avro")
     lsn = F.coalesce(F.col("lsn_header"), F.col("env.source.lsn"))
+    commit = F.coalesce(F.col("commit_header"), sequence_commit_lsn(F.col("env.source.sequence")), lsn)
     return df.select(
         "topic",
         "partition",
@@ -135,8 +139,8 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
         reason.alias("reason"),
         op.alias("op"),
         lsn.alias("lsn"),
-        F.coalesce(F.col("commit_header"), lsn).alias("commit_lsn"),
-        F.coalesce(F.col("ordinal"), F.lit(0)).alias("ordinal"),
+        commit.alias("commit_lsn"),
+        F.col("ordinal"),  # null without the header: records of one commit are then placed by their LSN
         F.col("env.source.ts_ms").alias("ts_ms"),
         F.col("after"),
         F.col("after_scales"),
@@ -152,6 +156,14 @@ _SCHEMA_FIELDS = ArrayType(
         ]))),
     ])
 )  # fmt: skip
+
+
+def sequence_commit_lsn(sequence: Column) -> Column:
+    """The commit LSN in ``source.sequence`` (``["<commit lsn>","<lsn>"]``, decimal strings; null when
+    the first is null or the text is not of that shape), as ``cdc.sink.position.parse_sequence`` reads it.
+    ``try_cast``: a 19-digit number beyond a long is null (ANSI's cast would fail the job)."""
+    text = F.regexp_extract(sequence, r'^\["([0-9]{1,19})",', 1)
+    return F.when(text != "", text.try_cast(LongType()))
 
 
 def _after_scales(value: Column) -> Column:

@@ -5,7 +5,8 @@ written before hold their values at the old scale. The connector publishes each 
 they change to ``<topic_prefix>.__cdc_schema``, with the position ``(commit LSN, ordinal)`` from which
 they hold. ``read_history`` reads that topic (in the driver, before the records); ``TableVersions``
 turns it into Spark expressions: the index of the version in force at each record's position (from its
-``cdc.commit_lsn``/``cdc.ordinal`` headers), a Decimal column's scale in that version, and the reason a
+``cdc.commit_lsn``/``cdc.ordinal`` headers; without them, the envelope's commit LSN and LSN, compared with
+each version's ``after_lsn``: ``cdc.schema_history``), a Decimal column's scale in that version, and the reason a
 record cannot be read exactly (no version covers it, or its version's record cannot be read), which
 ``cdc_views.reader.decode_rows`` reports naming topic, partition, offset and column.
 """
@@ -54,12 +55,24 @@ class TableVersions:
     table: str
     entries: list[Entry] = field(default_factory=list)
 
-    def index(self, commit_lsn: Column, ordinal: Column) -> Column:
-        """The index in ``entries`` of the version in force at each record's position; -1 before the first."""
+    def index(self, commit_lsn: Column, ordinal: Column, lsn: Column) -> Column:
+        """The index in ``entries`` of the version in force at each record's position; -1 before the first.
+
+        Within the version's own commit a record is placed by its ordinal (``cdc.ordinal``) or, without one,
+        by its LSN: above the version's ``after_lsn``. A version written before versions recorded their LSN, met
+        by a record without an ordinal in its own commit, is taken as in force: such a version holds from its
+        table's first change in that commit unless the table was altered between two of its changes there."""
         found: Column = F.lit(-1)
         for i, entry in enumerate(self.entries):
-            lsn, ordinal_from = entry.position
-            at_or_after = (commit_lsn > F.lit(lsn)) | ((commit_lsn == F.lit(lsn)) & (ordinal >= F.lit(ordinal_from)))
+            commit_from, ordinal_from = entry.position
+            after_lsn = entry.version.after_lsn if entry.version is not None else None
+            if ordinal_from == 0 or after_lsn == 0:
+                within: Column = F.lit(True)
+            elif after_lsn is None:
+                within = F.coalesce(ordinal >= F.lit(ordinal_from), F.lit(True))
+            else:
+                within = F.when(ordinal.isNotNull(), ordinal >= F.lit(ordinal_from)).otherwise(lsn > F.lit(after_lsn))
+            at_or_after = (commit_lsn > F.lit(commit_from)) | ((commit_lsn == F.lit(commit_from)) & within)
             found = F.when(at_or_after, F.lit(i)).otherwise(found)
         return found
 
@@ -75,12 +88,12 @@ class TableVersions:
             return F.lit(None).cast(IntegerType())
         return F.when(index >= 0, F.element_at(F.array(*scales), index + 1))
 
-    def problem(self, index: Column, commit_lsn: Column, ordinal: Column) -> Column:
+    def problem(self, index: Column, commit_lsn: Column, ordinal: Column, lsn: Column) -> Column:
         """Why a Decimal of the record cannot be read exactly (null: it can)."""
-        where = F.concat(
-            F.lit("commit LSN "), F.coalesce(commit_lsn.cast(StringType()), F.lit("unknown")),
-            F.lit(", ordinal "), F.coalesce(ordinal.cast(StringType()), F.lit("unknown")),
-        )  # fmt: skip
+        within = F.when(ordinal.isNotNull(), F.concat(F.lit(", ordinal "), ordinal.cast(StringType()))).otherwise(
+            F.concat(F.lit(", LSN "), F.coalesce(lsn.cast(StringType()), F.lit("unknown")))
+        )
+        where = F.concat(F.lit("commit LSN "), F.coalesce(commit_lsn.cast(StringType()), F.lit("unknown")), within)
         missing = F.concat(
             F.lit(f"no version of {self.table} in the schema history topic {self.topic} covers this record ("),
             where,

@@ -5,15 +5,18 @@ and reduced in three steps, each a plain DataFrame transformation, so batch jobs
 micro-batches share them:
 
 1. ``envelopes(raw, encoding, avro)`` (``cdc_views.envelope``): one row per record: the key's text
-   (the row identity), the LSNs from the ``cdc.lsn``/``cdc.commit_lsn`` headers (the envelope's
-   ``source.lsn`` when a header is absent; one present but not an integer makes the record bad),
+   (the row identity), its position from the ``cdc.lsn``/``cdc.commit_lsn``/``cdc.ordinal`` headers
+   or, where a header is absent (``kafka.position_headers: false``), from the envelope
+   (``source.lsn``; the commit LSN from ``source.sequence``, ``["<commit lsn>","<lsn>"]``; no
+   ordinal: see ``cdc.sink.position``); a header present but not an integer makes the record bad;
    ``op``, ``after`` (JSON: its text; Avro: the value's bytes), and what the record is:
    ``row`` (c/u/r), ``delete`` (d or a tombstone), ``truncate`` (a marker: op ``t`` with the
    table's key fields all null, ``{"id":null}``; topics written before that shape carry the key
    ``{"__cdc_truncate_partition":p}``, still recognised) or ``bad`` (key or value that is not what
    the connector writes; with a reason).
 2. ``latest(envelopes)``: the last record of each key in offset order (a key lives in one
-   partition); markers (one key on every partition) keep their latest per partition; every bad
+   partition), a tombstone without a position taking its delete event's (the key's last record with
+   one); markers (one key on every partition) keep their latest per partition; every bad
    record stays, on its own.
 3. ``decode_rows(latest, table, encoding, avro)``: the ``after`` of each row parsed and converted to
    typed columns (see ``decode``); a present value that does not convert makes the record ``bad``.
@@ -179,7 +182,9 @@ def read_stream(
 
 
 def latest(env: DataFrame) -> DataFrame:
-    """The last record of each key (offset order); each bad record kept on its own."""
+    """The last record of each key (offset order); each bad record kept on its own. A last record without a
+    position (a tombstone written without position headers) takes the key's last record with one: its
+    delete event, the record before it."""
     group = (
         F.when(
             F.col("record") == "bad",
@@ -190,12 +195,18 @@ def latest(env: DataFrame) -> DataFrame:
         .otherwise(F.col("key"))
     )
     carried = [c for c in env.columns if c not in ("topic",)]
+    positioned = F.when(F.col("lsn").isNotNull(), F.col("offset"))  # max_by skips a null ordering
     reduced = (
         env.withColumn("_group", group)
         .groupBy("topic", "_group")
-        .agg(F.max_by(F.struct(*carried), F.col("offset")).alias("last"))
+        .agg(
+            F.max_by(F.struct(*carried), F.col("offset")).alias("last"),
+            F.max_by(F.struct("lsn", "commit_lsn", "ordinal"), positioned).alias("_pos"),
+        )
     )
-    return reduced.select("topic", "last.*")
+    inherit = F.col("last.lsn").isNull() & (F.col("last.record") == "delete")
+    position = {n: F.when(inherit, F.col(f"_pos.{n}")).otherwise(F.col(f"last.{n}")) for n in ("lsn", "commit_lsn", "ordinal")}
+    return reduced.select("topic", *[position[c].alias(c) if c in position else F.col(f"last.{c}") for c in carried])
 
 
 # --------------------------------------------------------------------------- step 3
@@ -240,13 +251,13 @@ def decode_rows(
         parsed = reduced.withColumn("_row", F.from_json(F.col("after"), row_schema(table.columns)))
         versions = history if history is not None and any(c.kind is Kind.DECIMAL for c in table.columns) else None
         if versions is not None:
-            parsed = parsed.withColumn("_version", versions.index(F.col("commit_lsn"), F.col("ordinal")))
+            parsed = parsed.withColumn("_version", versions.index(F.col("commit_lsn"), F.col("ordinal"), F.col("lsn")))
         for column in table.columns:
             raw = F.col("_row").getField(column.name)
             scale = F.element_at(F.col("after_scales"), F.lit(column.name)) if encoding.schemas_enable else None
             if versions is not None and column.kind is Kind.DECIMAL:
                 index = F.col("_version")
-                problem = versions.problem(index, F.col("commit_lsn"), F.col("ordinal"))
+                problem = versions.problem(index, F.col("commit_lsn"), F.col("ordinal"), F.col("lsn"))
                 value = F.when(problem.isNull(), decode(raw, column, encoding, scale=versions.scale(column.name, index)))
                 failures.append((raw.isNotNull() & problem.isNotNull(), F.concat(F.lit(f"column {column.name!r}: "), problem)))
             else:

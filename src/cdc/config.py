@@ -14,15 +14,7 @@ from typing import Any, Final, Literal
 import psycopg
 import yaml
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from cdc.declared import SparkSection
@@ -288,6 +280,12 @@ class KafkaConfig(_Section):
     producer: dict[str, str | int | bool] = Field(
         default_factory=dict,
         description="librdkafka producer settings passed through (security.protocol, sasl.*, ssl.*, linger.ms, ...)",
+    )
+    position_headers: bool = Field(
+        default=False,
+        description="cdc.lsn, cdc.commit_lsn, cdc.txid and cdc.ordinal headers on every change record; off, readers take "
+        "the position from the envelope (source.lsn, source.sequence, source.txId), and records cost the producer "
+        "less (bench/README.md, headers in e2e.py); on for consumers that read the headers",
     )
 
     @field_validator("topic_config")

@@ -280,6 +280,9 @@ class RelationEvent:
     commit_lsn: Lsn
     ordinal: int
     xid: int | None
+    # The LSN of its transaction's last row change before it (0: none): the columns hold for the changes after
+    # it. (Not the message's own: the server sends a Relation message with LSN 0, only a change's carries one.)
+    after_lsn: int = 0
 
 
 Event = ChangeEvent | TruncateEvent | MessageEvent | TxBegin | TxCommit | RelationEvent

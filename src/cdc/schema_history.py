@@ -4,7 +4,10 @@ A record written before ``ALTER COLUMN ... TYPE numeric(14,3)`` holds its Decima
 Debezium JSON without the schema block does not say which. So the daemon publishes every version of a
 table's columns to the compacted topic ``<topic_prefix>.__cdc_schema`` (one partition), and readers
 take, for a record at position ``(commit LSN, ordinal)`` (its ``cdc.commit_lsn`` and ``cdc.ordinal``
-headers), the version with the greatest position at or before it.
+headers), the version with the greatest position at or before it. A record without position headers
+(``kafka.position_headers: false``) has no ordinal: its envelope gives ``(commit LSN, LSN)``
+(``cdc.sink.position``), and each version also records ``after_lsn``, the LSN of the last change of its
+commit before it (0: none), so that within one commit it holds for the records with a greater LSN.
 
 Record key (JSON): ``{"table":"<schema>.<table>","commit_lsn":<int>,"ordinal":<int>}``. Keyed by table
 AND position: compaction keeps every version (a key of the table alone would keep only the newest, and a
@@ -13,7 +16,7 @@ replay from offset 0 needs them all). Publishing one again gives the same key an
 Record value (JSON)::
 
     {"format": 1, "table": "public.orders", "schema": "public", "name": "orders",
-     "commit_lsn": 23734416, "ordinal": 1, "position": "0/16A2A90:1", "relation_id": 16390,
+     "commit_lsn": 23734416, "ordinal": 1, "position": "0/16A2A90:1", "after_lsn": 0, "relation_id": 16390,
      "columns": [{"name": "total", "type": "numeric", "type_schema": "pg_catalog", "type_oid": 1700,
                   "typmod": 917510, "precision": 14, "scale": 3, "length": null, "key": false,
                   "nullable": true}, ...]}
@@ -103,10 +106,12 @@ class SchemaVersion:
     position: Position
     columns: tuple[ColumnType, ...]
     relation_id: int = 0
+    # within its commit, it holds for the changes with an LSN above this (0: all); None: not recorded
+    after_lsn: int | None = None
 
     @classmethod
-    def of(cls, table: TableSchema, position: Position) -> SchemaVersion:
-        return cls(table.qualified, position, tuple(ColumnType.of(c) for c in table.columns), table.relation_id)
+    def of(cls, table: TableSchema, position: Position, after_lsn: int | None = None) -> SchemaVersion:
+        return cls(table.qualified, position, tuple(ColumnType.of(c) for c in table.columns), table.relation_id, after_lsn)
 
     @property
     def shape(self) -> tuple[tuple[str, int, int], ...]:
@@ -130,6 +135,7 @@ class SchemaVersion:
                 "commit_lsn": self.position[0],
                 "ordinal": self.position[1],
                 "position": f"{Lsn(self.position[0])}:{self.position[1]}",
+                **({"after_lsn": self.after_lsn} if self.after_lsn is not None else {}),
                 "relation_id": self.relation_id,
                 "columns": [
                     {
@@ -165,7 +171,11 @@ def decode(key: bytes | None, value: bytes | None) -> SchemaVersion | None:
             )
         columns = tuple(_column(c) for c in data["columns"])
         version = SchemaVersion(
-            str(data["table"]), (_int(data["commit_lsn"]), _int(data["ordinal"])), columns, _int(data.get("relation_id", 0))
+            str(data["table"]),
+            (_int(data["commit_lsn"]), _int(data["ordinal"])),
+            columns,
+            _int(data.get("relation_id", 0)),
+            _optional_int(data.get("after_lsn")),
         )
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         if isinstance(e, SchemaHistoryError):
@@ -229,6 +239,22 @@ class History:
     def in_force(self, table: str, position: Position) -> SchemaVersion | None:
         """The version of ``table`` with the greatest position at or before ``position``; None before the first."""
         return self._last(table, bisect.bisect_right, position)
+
+    def in_force_for(self, table: str, commit_lsn: int, ordinal: int | None, lsn: int) -> SchemaVersion | None:
+        """``in_force`` for a record read back from Kafka: by its ordinal when it has one (``cdc.ordinal``), else
+        by its LSN, above a version's ``after_lsn`` within the version's own commit; a version without one (from
+        before they recorded it) is taken as in force there. The Spark jobs' rule (``cdc_views.history``)."""
+        if ordinal is not None:
+            return self.in_force(table, (commit_lsn, ordinal))
+        found = None
+        for version in self._versions.get(table, ()):
+            commit, ordinal_from = version.position
+            if commit > commit_lsn:
+                break
+            after = version.after_lsn
+            if commit < commit_lsn or ordinal_from == 0 or not after or lsn > after:
+                found = version
+        return found
 
     def before(self, table: str, position: Position) -> SchemaVersion | None:
         """The version of ``table`` with the greatest position strictly before ``position``."""

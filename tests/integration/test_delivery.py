@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from cdc.sink.position import record_position
 from tests.support.connector import Connector, write_config
 
 pytestmark = pytest.mark.integration
@@ -61,6 +62,21 @@ class Workload(threading.Thread):
             self.error = e
 
 
+def identity(messages: list[Any]) -> list[tuple[int | None, bytes, bool]]:
+    """(LSN, key, tombstone?) of each record: its position from the cdc.lsn header or, without position
+    headers (the default), its envelope's source; a tombstone has none of its own and takes the LSN of
+    the record before it in its partition (its delete event)."""
+    last: dict[tuple[str, int], int | None] = {}
+    out = []
+    for m in messages:
+        lsn = record_position(m.headers(), m.value()).lsn
+        if lsn is None and m.value() is None:
+            lsn = last.get((m.topic(), m.partition()))
+        last[(m.topic(), m.partition())] = lsn
+        out.append((lsn, m.key(), m.value() is None))
+    return out
+
+
 def replay(messages: list[Any]) -> dict[bytes, Any]:
     state: dict[bytes, Any] = {}
     for m in messages:
@@ -85,9 +101,10 @@ def wait_confirmed(dsn: str, slot: str, target: str, timeout: float = 90) -> Non
     raise AssertionError(f"slot {slot} did not confirm {target} within {timeout}s")
 
 
+@pytest.mark.parametrize("headers", [False, True], ids=["no_position_headers", "position_headers"])
 @pytest.mark.parametrize("mode", ["at_least_once", "exactly_once"])
 def test_sigkill_at_random_moments_of_a_workload(
-    mode, tmp_path: Path, services, pg_dsn, slot_name, publication_name, topic_prefix, consume_all
+    mode, headers, tmp_path: Path, services, pg_dsn, slot_name, publication_name, topic_prefix, consume_all
 ):
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, version int NOT NULL, pad text)")
@@ -98,7 +115,7 @@ def test_sigkill_at_random_moments_of_a_workload(
         tmp_path / "cdc.yaml",
         source={"dsn": pg_dsn, "slot": slot_name, "publication": publication_name},
         tables=["public.items"],
-        kafka={"bootstrap_servers": services.kafka_bootstrap, "partitions": 3},
+        kafka={"bootstrap_servers": services.kafka_bootstrap, "partitions": 3, "position_headers": headers},
         topic_prefix=topic_prefix,
         delivery=delivery,
         status_interval_s=1.0,
@@ -138,13 +155,11 @@ def test_sigkill_at_random_moments_of_a_workload(
     assert set(state) == set(expected), "the replayed topic lacks or keeps rows the table does not"
     assert {k: v["version"] for k, v in state.items()} == expected
 
-    identities = Counter((dict(m.headers())["cdc.lsn"], m.key(), m.value() is None) for m in messages)
-    print(f"mode={mode} records={len(messages)} resent={sum(n - 1 for n in identities.values())}")
+    assert all(any(n == "cdc.lsn" for n, _ in m.headers() or []) is headers for m in messages)
+    identities = Counter(identity(messages))
+    print(f"mode={mode} position_headers={headers} records={len(messages)} resent={sum(n - 1 for n in identities.values())}")
     if mode == "exactly_once":
         # Every change once: no (LSN, key, tombstone?) identity twice among committed records.
-        identities = Counter(
-            (dict(m.headers())["cdc.lsn"], m.key(), m.value() is None) for m in messages
-        )
         duplicates = {k: n for k, n in identities.items() if n > 1}
         assert not duplicates, f"{len(duplicates)} changes seen more than once, e.g. {next(iter(duplicates))}"
         # And the daemon did skip already-committed transactions after some restart.
@@ -222,7 +237,7 @@ def test_exactly_once_splits_a_source_transaction_over_the_kafka_timeout_and_res
     assert splits >= 2 and resumed_inside, "the transaction was neither split nor resumed from inside"
 
     messages = consume_all([f"{topic_prefix}.public.items"], timeout=180.0, isolation="read_committed")
-    identities = Counter((dict(m.headers())["cdc.lsn"], m.key()) for m in messages)
+    identities = Counter((lsn, key) for lsn, key, _ in identity(messages))
     twice = {k: n for k, n in identities.items() if n > 1}
     per_change = len(messages) / (BIG_ROWS + 2)
     print(f"{len(messages)} records for {BIG_ROWS + 2} changes ({per_change:.4f} a change)")

@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from cdc.schema_history import History, decode, topic_for
-from cdc.sink.wire import COMMIT_LSN_HEADER, ORDINAL_HEADER
+from cdc.sink.position import record_position
 from tests.support.connector import Connector, write_config
 
 pytestmark = pytest.mark.integration
@@ -47,12 +47,6 @@ def insert(dsn: str, first: int, last: int) -> None:
     owner(dsn, f"INSERT INTO ledger SELECT i, i + 0.25 FROM generate_series({first}, {last}) i")
 
 
-def header(message: Any, name: str) -> int:
-    found = [v for k, v in message.headers() or () if k == name]
-    assert found, f"{message.topic()}[{message.partition()}]@{message.offset()} has no {name} header"
-    return int(found[0])
-
-
 def amounts_read_with_the_history(consume_all: Any, prefix: str) -> dict[int, list[tuple[int, Decimal]]]:
     """Per row id, each record's amount (with the scale in force at its position) and that scale."""
     history = History.of(v for m in consume_all(topic_for(prefix)) if (v := decode(m.key(), m.value())) is not None)
@@ -64,8 +58,11 @@ def amounts_read_with_the_history(consume_all: Any, prefix: str) -> dict[int, li
         after = value["after"]
         if after is None:
             continue
-        position = (header(message, COMMIT_LSN_HEADER), header(message, ORDINAL_HEADER))
-        version = history.in_force(TABLE, position)
+        # no position headers (kafka.position_headers defaults to off): the envelope's commit LSN and LSN
+        where = record_position(message.headers(), message.value())
+        assert where.commit_lsn is not None and where.lsn is not None, value["source"]
+        position = (where.commit_lsn, where.lsn)
+        version = history.in_force_for(TABLE, where.commit_lsn, where.ordinal, where.lsn)
         assert version is not None, f"no schema version of {TABLE} at {position}"
         scale = version.scales()["amount"]
         unscaled = int.from_bytes(base64.b64decode(after["amount"]), "big", signed=True)

@@ -72,7 +72,8 @@ def test_an_initial_snapshot_killed_halfway_resumes_while_streaming_and_replays_
     first = subprocess.Popen(
         [sys.executable, "-c", "import sys; from tests.support.snapshots import main; "
          "sys.exit(main(sys.argv[1:]))", str(config_path), str(snapshot_path)],
-        cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, stdout=log, stderr=subprocess.STDOUT,
+        cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)])},
+        stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
 

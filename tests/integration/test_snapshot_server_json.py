@@ -150,10 +150,12 @@ def _copy_lines(conn: psycopg.Connection[Any], statement: Any) -> list[bytes]:
     return lines
 
 
+@pytest.mark.parametrize("position_headers", [True, False], ids=["position_headers", "no_position_headers"])
 def test_the_snapshot_writes_the_same_records_with_and_without_server_json(
-    services: Any, pg_dsn: str, topic_prefix: str, consume_all: Any
+    services: Any, pg_dsn: str, topic_prefix: str, consume_all: Any, position_headers: bool
 ) -> None:
-    # typed values (Python's JSON), the row codec from the COPY text (the default), the server's JSON
+    # typed values (Python's JSON), the row codec from the COPY text (the default), the server's JSON; each
+    # with the cdc.* position headers or, as kafka.position_headers: false makes them, none on any path
     rows = _fill(pg_dsn)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         tables = describe_tables(conn, [TableConfig(name="public.typed")])
@@ -165,6 +167,7 @@ def test_the_snapshot_writes_the_same_records_with_and_without_server_json(
         output = JsonKafkaOutput(
             JsonSettings(topic_prefix=prefix, database="db"), partitions,
             producer_config(services.kafka_bootstrap, {}, 1_000_000), 1_000_000, render_rows=render_rows,
+            position_headers=position_headers,
         )  # fmt: skip
         snapshot = InitialSnapshot(
             conninfo=pg_dsn, slot=f"srvjson_{n}_{topic_prefix[-8:]}", tables=tables, output=output,
@@ -190,8 +193,7 @@ def test_the_snapshot_writes_the_same_records_with_and_without_server_json(
     ordinary, rendered, server = seen
     assert len(ordinary) == len(rendered) == len(server) == rows
     assert ordinary.keys() == rendered.keys() == server.keys()
+    names = ["cdc.commit_lsn", "cdc.lsn", "cdc.ordinal", "cdc.txid"] if position_headers else []
     for key, (value, headers) in ordinary.items():
         assert server[key][0] == rendered[key][0] == value, key
-        assert [h for h, _ in server[key][1]] == [h for h, _ in rendered[key][1]] == [h for h, _ in headers] == [
-            "cdc.commit_lsn", "cdc.lsn", "cdc.ordinal", "cdc.txid"
-        ]  # fmt: skip
+        assert [h for h, _ in server[key][1]] == [h for h, _ in rendered[key][1]] == [h for h, _ in headers] == names

@@ -145,7 +145,7 @@ def test_records_that_do_not_decode_fail_the_job_unless_told_to_skip(
         assert "not a Debezium envelope" in str(failure.value) and "'balance'" in str(failure.value)
         unknown = failure.value.examples[0].reason
         assert unknown.startswith(f"column 'balance': no version of public.customers in the schema history topic {history} ")
-        assert "(commit LSN 100, ordinal 0)" in unknown and "Fix: run a connector that publishes the schema history" in unknown
+        assert "(commit LSN 100, LSN 100)" in unknown and "Fix: run a connector that publishes the schema history" in unknown
 
         skipping = jobs.JobConfig(cfg.source, prefix, shapes, cfg.warehouse, Encoding(), "skip")
         summary = jobs.rebuild(spark, skipping, ["warehouse"])

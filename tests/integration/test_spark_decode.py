@@ -184,17 +184,24 @@ def test_values_ansi_sql_rejects_are_flagged_not_raised_and_never_truncated(spar
 
 
 def test_position_headers_absent_fall_back_to_the_envelope_and_malformed_make_the_record_bad(spark: Any) -> None:
-    """A record without the cdc.* headers takes its LSN from the envelope (ANSI: an absent header must not
-    raise); one whose header is not an integer is a bad record naming the header, not a guessed position."""
+    """A record without the cdc.* headers takes its position from the envelope (ANSI: an absent header must
+    not raise): its LSN, the commit LSN from ``source.sequence`` (the LSN when there is none, or it does not
+    fit a long), and no ordinal (``kafka.position_headers: false``: placed by its LSN within its commit). One
+    whose header is not an integer is a bad record naming the header, not a guessed position."""
     value = json.dumps({"op": "c", "after": {"id": 1}, "source": {"lsn": 300, "ts_ms": 1}}).encode()
+    sequenced = json.dumps({"op": "c", "after": {"id": 1}, "source": {"lsn": 300, "ts_ms": 1, "sequence": '["250","300"]'}})
+    too_big = json.dumps({"op": "c", "after": {"id": 1}, "source": {"lsn": 300, "ts_ms": 1, "sequence": f'["{10**19}","300"]'}})
     good = [("cdc.lsn", b"200"), ("cdc.commit_lsn", b"150"), ("cdc.ordinal", b"3")]
     raw = spark.createDataFrame(
         [(b'{"id":1}', value, "p.public.t", 0, 0, good), (b'{"id":2}', value, "p.public.t", 0, 1, []),
-         (b'{"id":3}', value, "p.public.t", 0, 2, [("cdc.lsn", b"abc")])],
+         (b'{"id":3}', value, "p.public.t", 0, 2, [("cdc.lsn", b"abc")]),
+         (b'{"id":4}', sequenced.encode(), "p.public.t", 0, 3, []), (b'{"id":5}', too_big.encode(), "p.public.t", 0, 4, [])],
         "key binary, value binary, topic string, partition int, offset long, headers array<struct<key:string,value:binary>>",
     )  # fmt: skip
     got = {r["offset"]: r for r in envelopes(raw, Encoding()).collect()}
 
     assert (got[0]["record"], got[0]["lsn"], got[0]["commit_lsn"], got[0]["ordinal"]) == ("row", 200, 150, 3)
-    assert (got[1]["record"], got[1]["lsn"], got[1]["commit_lsn"], got[1]["ordinal"]) == ("row", 300, 300, 0)
+    assert (got[1]["record"], got[1]["lsn"], got[1]["commit_lsn"], got[1]["ordinal"]) == ("row", 300, 300, None)
     assert (got[2]["record"], got[2]["reason"]) == ("bad", "header cdc.lsn is not an integer")
+    assert (got[3]["record"], got[3]["lsn"], got[3]["commit_lsn"], got[3]["ordinal"]) == ("row", 300, 250, None)
+    assert (got[4]["record"], got[4]["lsn"], got[4]["commit_lsn"], got[4]["ordinal"]) == ("row", 300, 300, None)

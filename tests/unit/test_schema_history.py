@@ -160,6 +160,9 @@ def test_a_relation_inside_a_transaction_is_announced_from_the_ordinal_of_the_ne
     assert [c.precision_scale for c in announced[1].table.columns if c.name == "total"] == [(14, 3)]
     changes = [e for e in events if isinstance(e, ChangeEvent)]
     assert [c.ordinal for c in changes] == [1, 2] and changes[1].table is announced[1].table
+    # placed by LSN too (records written without cdc.ordinal): above the first change's, and the second's is
+    # above it (the server sends the Relation message itself with LSN 0: only changes carry theirs)
+    assert (announced[0].after_lsn, announced[1].after_lsn) == (0, changes[0].lsn) and changes[1].lsn > changes[0].lsn
     assert events[-1] == TxCommit(900, Lsn(C1), Lsn(E1), events[-1].commit_ts_us, 2)  # announcements take no ordinal
 
 
@@ -184,6 +187,7 @@ def test_a_recreated_table_is_announced_after_its_truncate_marker() -> None:
     marker, announced, change = events[1], events[2], events[3]
     assert isinstance(marker, TruncateEvent) and isinstance(announced, RelationEvent) and isinstance(change, ChangeEvent)
     assert (marker.ordinal, announced.ordinal, change.ordinal) == (1, 2, 2)
+    assert announced.after_lsn == 0  # no row change before it in its transaction: it holds for all of them
 
 
 def test_a_streamed_transaction_announces_its_relations_at_its_commit(tmp_path: Path) -> None:
@@ -197,6 +201,7 @@ def test_a_streamed_transaction_announces_its_relations_at_its_commit(tmp_path: 
     assert [type(e) for e in events] == [TxBegin, RelationEvent, ChangeEvent, TxCommit]
     announced = events[1]
     assert isinstance(announced, RelationEvent) and (announced.commit_lsn, announced.ordinal, announced.xid) == (C2, 1, 901)
+    assert announced.after_lsn == 0
 
 
 # --- the stage -----------------------------------------------------------------------------------
@@ -221,14 +226,15 @@ def test_the_stage_publishes_a_version_only_where_the_types_differ_from_the_one_
 
     assert stage.process(RelationEvent(schema(), Lsn(C1), 1, 900)) is None  # the same types: nothing
     assert sent.records == []
-    assert stage.process(RelationEvent(schema((14, 3)), Lsn(C1), 4, 900)) is None
-    assert stage.process(RelationEvent(schema((14, 3)), Lsn(C2), 1, 901)) is None  # in force since C1:4
+    assert stage.process(RelationEvent(schema((14, 3)), Lsn(C1), 4, 900, C1 - 40)) is None
+    assert stage.process(RelationEvent(schema((14, 3)), Lsn(C2), 1, 901, C2 - 80)) is None  # in force since C1:4
 
     [(record, describe)] = sent.records
     assert (record.topic, record.partition, describe) == ("shop.__cdc_schema", 0, "schema history")
     assert record.key == b'{"table":"public.orders","commit_lsn":%d,"ordinal":4}' % C1
-    assert decode(record.key, record.value) == SchemaVersion.of(schema((14, 3)), (C1, 4))
-    assert history.history.in_force("public.orders", (C2, 1)) == SchemaVersion.of(schema((14, 3)), (C1, 4))
+    assert decode(record.key, record.value) == SchemaVersion.of(schema((14, 3)), (C1, 4), C1 - 40)
+    assert orjson.loads(record.value or b"")["after_lsn"] == C1 - 40  # for records without cdc.ordinal: above it
+    assert history.history.in_force("public.orders", (C2, 1)) == SchemaVersion.of(schema((14, 3)), (C1, 4), C1 - 40)
 
 
 def test_a_replay_publishes_the_same_records_as_the_first_delivery() -> None:
@@ -237,12 +243,12 @@ def test_a_replay_publishes_the_same_records_as_the_first_delivery() -> None:
     # types publishes its version again, the same record at the same key: a source transaction sent again
     # produces what it produced the first time, which exactly once counts on to resume inside one it had
     # committed to Kafka in parts. Unchanged types publish nothing.
-    changed = SchemaVersion.of(schema((14, 3)), (C2, 2))
+    changed = SchemaVersion.of(schema((14, 3)), (C2, 2), C2 - 60)
     stage, _, sent = stage_with(SchemaVersion.of(schema(), BEGINNING), changed)
 
     stage.process(RelationEvent(schema(), Lsn(C1), 1, 900))
-    stage.process(RelationEvent(schema((14, 3)), Lsn(C2), 2, 901))
-    stage.process(RelationEvent(schema((14, 3)), Lsn(C2 + 1), 1, 902))
+    stage.process(RelationEvent(schema((14, 3)), Lsn(C2), 2, 901, C2 - 60))
+    stage.process(RelationEvent(schema((14, 3)), Lsn(C2 + 1), 1, 902, C2 - 30))
 
     [(record, _)] = sent.records
     assert (record.key, record.value) == (changed.key(), changed.value())
@@ -252,9 +258,22 @@ def test_a_table_without_any_version_gets_one_and_an_int_to_bigint_change_is_a_v
     stage, _, sent = stage_with()
 
     stage.process(RelationEvent(schema(), Lsn(C1), 1, 900))
-    stage.observe(schema(qty=INT8), (C2, 3))  # a DBLog chunk read after ALTER ... TYPE bigint
+    stage.observe(schema(qty=INT8), (C2, 3), C2 - 10)  # a DBLog chunk read after ALTER ... TYPE bigint
 
     assert [orjson.loads(r.value or b"")["position"] for r, _ in sent.records] == ["1/1000:1", "1/2000:3"]
+
+
+def test_a_record_without_an_ordinal_is_placed_by_its_lsn_within_a_versions_commit() -> None:
+    old = SchemaVersion.of(schema(), BEGINNING, 0)
+    inside = SchemaVersion.of(schema((14, 3)), (C1, 2), C1 - 50)  # an ALTER between two changes of commit C1
+    legacy = SchemaVersion.of(schema((16, 4)), (C2, 3))  # written before versions recorded after_lsn
+    history = History.of([old, inside, legacy])
+
+    assert history.in_force_for("public.orders", C1, None, C1 - 50) == old  # the change before the ALTER
+    assert history.in_force_for("public.orders", C1, None, C1 - 49) == inside
+    assert history.in_force_for("public.orders", C1, 1, C1 - 10) == old  # an ordinal, when there is one, decides
+    assert history.in_force_for("public.orders", C2, None, C2 - 100) == legacy  # taken as in force in its commit
+    assert history.in_force_for("public.orders", C1 - 1, None, C1 - 2) == old
 
 
 def test_the_stage_passes_every_other_event_on_and_sees_no_rows() -> None:
@@ -298,7 +317,7 @@ def test_an_initial_snapshot_publishes_the_types_of_its_exported_snapshot_where_
     assert written == []
     [version] = history.publish_snapshot([schema((14, 3))], Lsn(C1))
 
-    assert version == SchemaVersion.of(schema((14, 3)), (C1, 0))
+    assert version == SchemaVersion.of(schema((14, 3)), (C1, 0), 0)  # for every row of its commit
     assert [(r.key, r.value) for r in written[0]] == [(version.key(), version.value())]
     assert history.history.in_force("public.orders", (C1, 1)) == version
     assert history.history.in_force("public.orders", (C1 - 1, 7)).scales()["total"] == 2  # older records keep theirs

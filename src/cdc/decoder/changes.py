@@ -150,8 +150,7 @@ class ChangeDecoder(StreamedTransactions):
         self.recreated: set[str] = set()  # tables seen under a new oid (the reloader snapshots them)
         self._xid: int | None = None
         self._commit_lsn = Lsn(0)
-        self._commit_ts = 0
-        self._ordinal = 0
+        self._commit_ts = self._ordinal = self._last_lsn = 0  # _last_lsn: of the transaction's last row change
         self._spool = spool
         self._seq = 0  # Relation messages received so far, streamed or not
         self._block: Streamed | None = None  # the transaction of the open Stream Start block
@@ -276,7 +275,7 @@ class ChangeDecoder(StreamedTransactions):
                     )
                 return self._change(Op.DELETE, rel, before, None, lsn)
             case pg.Begin(final_lsn=commit_lsn, commit_ts_us=ts, xid=xid):
-                self._xid, self._commit_lsn, self._commit_ts, self._ordinal = xid, commit_lsn, ts, 0
+                self._xid, self._commit_lsn, self._commit_ts, self._ordinal, self._last_lsn = xid, commit_lsn, ts, 0, 0
                 return TxBegin(xid, commit_lsn, ts)
             case pg.Commit(commit_lsn=commit_lsn, end_lsn=end_lsn, commit_ts_us=ts):
                 xid = self._xid if self._xid is not None else 0
@@ -293,7 +292,7 @@ class ChangeDecoder(StreamedTransactions):
                 rel = self._relations[message.relation_id] = self._build_relation(message, self._seq)
                 qualified = rel.schema.qualified
                 columns_event = (
-                    RelationEvent(rel.schema, self._commit_lsn, self._ordinal + 1, self._xid)
+                    RelationEvent(rel.schema, self._commit_lsn, self._ordinal + 1, self._xid, self._last_lsn)
                     if self._announce and self._xid is not None
                     else None
                 )
@@ -306,7 +305,7 @@ class ChangeDecoder(StreamedTransactions):
                     log.warning("table_recreated", table=qualified, oid=message.relation_id)
                     self._ordinal += 1
                     if columns_event is not None:  # the new table's columns hold from the change after the marker
-                        self._then = RelationEvent(rel.schema, self._commit_lsn, self._ordinal + 1, self._xid)
+                        self._then = RelationEvent(rel.schema, self._commit_lsn, self._ordinal + 1, self._xid, self._last_lsn)
                     return TruncateEvent(
                         (rel.schema,), False, False, self._commit_lsn, lsn, self._xid, self._ordinal, self._commit_ts
                     )
@@ -425,6 +424,7 @@ class ChangeDecoder(StreamedTransactions):
         unchanged: frozenset[str] = frozenset(),
     ) -> ChangeEvent:
         self._ordinal += 1
+        self._last_lsn = lsn
         return change_event(
             op,
             rel.schema,

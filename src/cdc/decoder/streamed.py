@@ -70,6 +70,7 @@ class StreamedTransactions:
     _commit_lsn: Lsn
     _commit_ts: int
     _ordinal: int
+    _last_lsn: int
     _then: Event | None  # an event handle() releases after the one it returned
 
     def handle(self, message: pg.Message, lsn: Lsn) -> Event | None:
@@ -186,10 +187,11 @@ class StreamedTransactions:
         )
         try:
             yield TxBegin(commit.xid, commit.commit_lsn, commit.commit_ts_us)
-            self._xid, self._commit_lsn, self._commit_ts, self._ordinal = (
+            self._xid, self._commit_lsn, self._commit_ts, self._ordinal, self._last_lsn = (
                 commit.xid,
                 commit.commit_lsn,
                 commit.commit_ts_us,
+                0,
                 0,
             )
             fast_change = self._fast_change

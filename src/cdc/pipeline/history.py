@@ -125,13 +125,15 @@ class SchemaHistory:
     def record(self, version: SchemaVersion) -> Record:
         return Record(self.topic, version.key(), version.value(), partition=0)
 
-    def differs(self, table: TableSchema, position: Position, *, replayable: bool = False) -> SchemaVersion | None:
+    def differs(
+        self, table: TableSchema, position: Position, *, replayable: bool = False, after_lsn: int | None = None
+    ) -> SchemaVersion | None:
         """The version to publish for ``table``'s columns from ``position``, or None when the one in force
         there has the same types. ``replayable`` (the stream): compared with the version before
         ``position``, so that a source transaction sent again publishes its version again, at the same
         key, and produces the same records as the first time (exactly once resumes inside a split
-        transaction by counting them)."""
-        version = SchemaVersion.of(table, position)
+        transaction by counting them). ``after_lsn``: ``SchemaVersion.after_lsn``."""
+        version = SchemaVersion.of(table, position, after_lsn)
         if replayable:
             current = self.history.before(table.qualified, position)
         else:
@@ -162,7 +164,7 @@ class SchemaHistory:
         for info in tables:
             schema = describe_table(conn, info, types).schema
             position = now if self.history.versions(info.qualified) else BEGINNING
-            version = self.differs(schema, position)
+            version = self.differs(schema, position, after_lsn=0)  # from the first change of whatever commits there
             if version is not None:
                 versions.append(version)
         return self._publish_now(versions, "schema_history_from_catalog")
@@ -174,7 +176,7 @@ class SchemaHistory:
         at ``(point, 0)``, acknowledged before any row is read. They differ only when an ALTER committed
         between the start-up's catalog read (``publish_catalog``) and the snapshot's export."""
         position: Position = (int(point), 0)
-        versions = [v for v in (self.differs(t, position) for t in tables) if v is not None]
+        versions = [v for v in (self.differs(t, position, after_lsn=0) for t in tables) if v is not None]
         return self._publish_now(versions, "schema_history_from_snapshot")
 
     def _publish_now(self, versions: list[SchemaVersion], event: str) -> list[SchemaVersion]:
@@ -202,14 +204,15 @@ class SchemaHistoryStage(Stage):
 
     def process(self, event: Event) -> Event | None:
         if type(event) is RelationEvent:
-            self.observe(event.table, (int(event.commit_lsn), event.ordinal))
+            self.observe(event.table, (int(event.commit_lsn), event.ordinal), event.after_lsn)
             return None
         return event
 
-    def observe(self, table: TableSchema, position: Position) -> None:
-        """``table``'s columns hold from ``position`` (inside the open source transaction): published when
-        they differ from the version in force there."""
-        version = self._history.differs(table, position, replayable=True)
+    def observe(self, table: TableSchema, position: Position, after_lsn: int) -> None:
+        """``table``'s columns hold from ``position``, i.e. for the changes of its transaction with an LSN
+        above ``after_lsn`` (inside the open source transaction): published when they differ from the
+        version in force there."""
+        version = self._history.differs(table, position, replayable=True, after_lsn=after_lsn)
         if version is None:
             return
         record = self._history.record(version)

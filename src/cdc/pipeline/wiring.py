@@ -236,7 +236,7 @@ def make_chain(
         for row in rows:
             if history_stage is not None and row.table is not announced:
                 announced = row.table
-                history_stage.observe(announced, (int(row.commit_lsn), row.ordinal))
+                history_stage.observe(announced, (int(row.commit_lsn), row.ordinal), 0)  # the watermark's commit has no other rows
             table = row.table.qualified
             policy = capture.policies.get(table)
             deliver.row(policy.apply(row) if policy is not None else row, table)
@@ -314,6 +314,7 @@ def make_snapshots(
 def make_serializer(cfg: Config, partitions_of: Callable[[str], int]) -> EventSerializer[Any]:
     """The configured format's serializer (module-level: snapshot workers build theirs with it)."""
     serializer = _format_serializer(cfg, partitions_of)
+    serializer.position_headers = cfg.kafka.position_headers
     entries = tuple(cfg.tables)
 
     def skip_truncate(table: TableSchema) -> bool:

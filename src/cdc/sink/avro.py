@@ -449,7 +449,7 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         }
         key = _write(key_writer, {"prefix": event.prefix}, "a logical message's key")
         body = _write(value_writer, value, f"logical message {event.prefix!r}")
-        headers = position_headers(event.lsn, event.commit_lsn, event.xid, event.ordinal)
+        headers = position_headers(event.lsn, event.commit_lsn, event.xid, event.ordinal, enabled=self.position_headers)
         return [Record(self._message_topic, key, body, headers)]
 
     def side_record(

@@ -174,10 +174,13 @@ class Producing:
             on_done(True)
 
         # Headers as a dict: confluent-kafka converts one faster than a list of pairs; a list when
-        # two headers share a name (a dict would keep one).
-        by_name: Any = dict(headers)
-        if len(by_name) != len(headers):
-            by_name = list(headers)
+        # two headers share a name (a dict would keep one); None when there are none (kafka.position_headers
+        # off): an empty dict still gives librdkafka a header list to carry.
+        by_name: Any = None
+        if headers:
+            by_name = dict(headers)
+            if len(by_name) != len(headers):
+                by_name = list(headers)
         produce = self._producer.produce
         while True:
             try:

@@ -267,7 +267,8 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         if self._schemas:
             key = self._message_key_prefix + key + b"}"
             value = self._message_value_prefix + value + b"}"
-        return [Record(self._message_topic, key, value, position_headers(event.lsn, event.commit_lsn, event.xid, event.ordinal))]
+        headers = position_headers(event.lsn, event.commit_lsn, event.xid, event.ordinal, enabled=self.position_headers)
+        return [Record(self._message_topic, key, value, headers)]
 
     def _envelope(
         self,

@@ -15,8 +15,12 @@ Records
       columns are all NULL is an error). Compaction keeps the latest marker of each
       partition; a consumer recognises a marker by ``op`` ``"t"`` (or the header).
     * Logical message: topic ``<prefix>.message``, Debezium's MessageKey/MessageValue.
-    * Every record carries ``cdc.lsn``, ``cdc.commit_lsn``, ``cdc.txid`` (when known) and
-      ``cdc.ordinal`` headers, decimal ASCII (the names: ``cdc.sink.wire``).
+    * With ``position_headers`` (``kafka.position_headers``), every record carries ``cdc.lsn``,
+      ``cdc.commit_lsn``, ``cdc.txid`` (when known) and ``cdc.ordinal`` headers, decimal ASCII (the
+      names: ``cdc.sink.wire``). They repeat the envelope's ``source.lsn``, ``source.sequence``
+      (``["<commit lsn>","<lsn>"]``) and ``source.txId``; readers take the position from there when
+      they are absent (``cdc.sink.position``). Without them a tombstone carries no position: it
+      follows its delete event, whose envelope has it.
 
 Keys
     A JSON object of the key columns in column order, serialized the same way for every
@@ -145,6 +149,9 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         self._clock_ns = clock_ns
         # Tables whose truncates write no marker (tables[].truncate: skip); None: every table gets markers.
         self.skip_truncate: Callable[[TableSchema], bool] | None = None
+        # The cdc.* position headers on every record (else the envelope alone says it). On for a serializer
+        # made directly; the daemon's (make_serializer) follows kafka.position_headers, off by default.
+        self.position_headers = True
         self._opts = TypeOptions(settings.decimal_handling, settings.time_precision, settings.interval_handling)
         self._prefix = settings.topic_prefix
         self._version = settings.connector_version
@@ -235,7 +242,9 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         commit_lsn, xid = event.commit_lsn, event.xid
         tx = self._tx_headers
         headers: tuple[tuple[str, bytes], ...]
-        if tx[0] == commit_lsn and tx[1] == xid and xid is not None:
+        if not self.position_headers:
+            headers = ()
+        elif tx[0] == commit_lsn and tx[1] == xid and xid is not None:
             headers = ((LSN_HEADER, b"%d" % event.lsn), tx[2], tx[3], (ORDINAL_HEADER, b"%d" % event.ordinal))
         else:
             headers = position_headers(event.lsn, commit_lsn, xid, event.ordinal)
@@ -270,7 +279,8 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         raise SerializationError(f"a ChangeEvent cannot have op {op.value!r} (truncates and messages have their own events)")
 
     def _truncate(self, event: TruncateEvent) -> list[Record]:
-        headers = (*position_headers(event.lsn, event.commit_lsn, event.xid, event.ordinal), (TRUNCATE_HEADER, b"1"))
+        position = position_headers(event.lsn, event.commit_lsn, event.xid, event.ordinal, enabled=self.position_headers)
+        headers = (*position, (TRUNCATE_HEADER, b"1"))
         now = self._clock_ns()
         records: list[Record] = []
         for table in event.tables:
@@ -455,7 +465,13 @@ def sequence_text(commit_lsn: int | None, lsn: int) -> str:
     return f'[{first},"{int(lsn)}"]'
 
 
-def position_headers(lsn: int, commit_lsn: int | None, xid: int | None, ordinal: int) -> tuple[tuple[str, bytes], ...]:
+def position_headers(
+    lsn: int, commit_lsn: int | None, xid: int | None, ordinal: int, *, enabled: bool = True
+) -> tuple[tuple[str, bytes], ...]:
+    """The ``cdc.*`` position headers of a record (none when not ``enabled``: ``kafka.position_headers``).
+    Every writer of them builds them here."""
+    if not enabled:
+        return ()
     if commit_lsn is not None and xid is not None:
         return (
             (LSN_HEADER, b"%d" % lsn),

@@ -98,6 +98,7 @@ class JsonKafkaOutput:
     mask_fixed_value: str = "****"
     mask_salt: str | None = field(default=None, repr=False)
     render_rows: bool = True  # decoder.render_rows
+    position_headers: bool = True  # kafka.position_headers (on, as for a serializer made directly)
     _partitions: dict[str, int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -113,6 +114,7 @@ class JsonKafkaOutput:
 
     def __call__(self, worker: int = 0) -> Output:
         serializer = JsonSerializer(self.settings, self._partitions.__getitem__)
+        serializer.position_headers = self.position_headers
         dead = DeadLetters(self.dead_letter_topic) if self.dead_letter_topic else None
         delivery = AtLeastOnce(dict(self.producer), max_record_bytes=self.max_record_bytes, dead_letters=dead)
         by_table = policies(self.tables, self.mask_fixed_value, self.mask_salt)

@@ -51,7 +51,7 @@ import structlog
 from psycopg import sql
 
 from cdc import log as logsetup
-from cdc.event import ChangeEvent, Op, TxBegin, TxCommit, change_event
+from cdc.event import Op, TxBegin, TxCommit, change_event
 from cdc.lsn import Lsn
 from cdc.decoder.rows import Decline
 from cdc.decoder.types import PARSE_ERRORS, ValueConversionError, parser_for
@@ -62,11 +62,11 @@ from cdc.sink.errors import SerializationError
 from cdc.sink.json import JsonSerializer, ReadParts
 from cdc.sink.kafka import SinkError
 from cdc.sink.record import Record
-from cdc.sink.records import position_headers
+from cdc.sink.records import EventSerializer, position_headers
 from cdc.sink.wire import ORDINAL_HEADER
 from cdc.snapshot.copyout import lines
 from cdc.snapshot.copytext import CopyFormatError, RowParser, row_parser, unescape
-from cdc.snapshot.output import Output, OutputFactory
+from cdc.snapshot.output import Output, OutputFactory, Serializer
 from cdc.snapshot.plan import LEAVES, Chunk, SnapshotTable, chunk_select, session_setup
 from cdc.snapshot.sqljson import JsonQuery, json_query
 
@@ -430,7 +430,8 @@ def _copy_chunk_json(
     value_head, value_middle, value_end = parts.value_head, parts.value_middle, parts.value_end
     times = parts.times
     schema, point, xid, ts = table.schema, spec.consistent_point, spec.xid, spec.commit_ts_us
-    position: dict[str, str | bytes | None] = dict(position_headers(point, point, xid, 0))
+    position, with_ordinal = _row_headers(point, xid, enabled=_headers_on(output.serializer))
+    headers = position
     read_op = Op.READ
     wid = spec.worker_id
     ordinal = task.ordinal_base
@@ -463,12 +464,14 @@ def _copy_chunk_json(
                     after = after.replace(b"\\\\", b"\\")
                 if b"\\" in key:
                     key = key.replace(b"\\\\", b"\\")
-                headers = position.copy()
-                headers[ORDINAL_HEADER] = b"%d" % ordinal
+                if with_ordinal:
+                    headers = position.copy()  # type: ignore[union-attr]
+                    headers[ORDINAL_HEADER] = b"%d" % ordinal
                 key = key_head + key + key_end
                 value = value_head + after + tail
-                if len(value) > limit:
-                    delivery.send(Record(topic, key, value, position_headers(point, point, xid, ordinal)), table.name)
+                if len(value) > limit:  # the same headers, in position_headers' order
+                    pairs: Any = tuple(headers.items()) if headers else ()
+                    delivery.send(Record(topic, key, value, pairs), table.name)
                     continue
                 while True:
                     try:
@@ -481,11 +484,18 @@ def _copy_chunk_json(
     return n
 
 
-def _row_headers(point: Lsn, xid: int | None) -> tuple[dict[str, str | bytes | None] | None, bool]:
+def _headers_on(serializer: Serializer) -> bool:
+    """Whether the serializer writes the ``cdc.*`` position headers (``kafka.position_headers``, which the
+    pipeline's ``make_serializer`` sets on it); one without that switch writes them."""
+    return not isinstance(serializer, EventSerializer) or serializer.position_headers
+
+
+def _row_headers(point: Lsn, xid: int | None, *, enabled: bool) -> tuple[dict[str, str | bytes | None] | None, bool]:
     """The position headers of this snapshot's rows as ``position_headers`` makes them (the one place that
-    says what a record carries; the rendered path takes its headers from here alone), as a dict to copy per
-    row, and whether the row's ordinal goes in it; None when they are none."""
-    headers: dict[str, str | bytes | None] = dict(position_headers(point, point, xid, 0))
+    says what a record carries; the rendered and server-JSON paths take their headers from here alone), as a
+    dict to copy per row, and whether the row's ordinal goes in it; None when they are none (``enabled``
+    false: ``kafka.position_headers`` off, the envelope's source block has the position)."""
+    headers: dict[str, str | bytes | None] = dict(position_headers(point, point, xid, 0, enabled=enabled))
     return (headers or None), ORDINAL_HEADER in headers
 
 
@@ -511,7 +521,7 @@ def _copy_chunk_rendered(
     value_head, value_middle, value_end = parts.value_head, parts.value_middle, parts.value_end
     times = parts.times
     schema, point, xid, ts = table.schema, spec.consistent_point, spec.xid, spec.commit_ts_us
-    position, with_ordinal = _row_headers(point, xid)
+    position, with_ordinal = _row_headers(point, xid, enabled=_headers_on(output.serializer))
     headers = position
     read_op = Op.READ
     wid = spec.worker_id
