@@ -49,7 +49,11 @@ def test_the_postgres_source_streams_the_given_slot_and_publication_without_snap
     assert (config["database.user"], config["database.password"], config["database.dbname"]) == ("cdc", "secret", "bench")
     assert (config["plugin.name"], config["slot.name"], config["publication.name"]) == ("pgoutput", "bench_dbz_0", "bench_pub")
     assert config["publication.autocreate.mode"] == "disabled"
-    assert config["snapshot.mode"] == "never"  # no_data would start at the server's current position, past the workload
+    # no snapshot at all, so it streams from the slot's position (no_data starts at the server's current one)
+    assert config["snapshot.mode"] == "configuration_based"
+    assert config["snapshot.mode.configuration.based.snapshot.schema"] == "false"
+    assert config["snapshot.mode.configuration.based.snapshot.data"] == "false"
+    assert config["snapshot.mode.configuration.based.start.stream"] == "true"
     assert config["table.include.list"] == "public.bench_rows,public.other"
     assert config["topic.prefix"] == "bench_x"
     assert config["key.converter.schemas.enable"] == config["value.converter.schemas.enable"] == "false"

@@ -99,10 +99,11 @@ def postgres_source_config(
 ) -> dict[str, str]:
     """Debezium's PostgreSQL connector streaming an existing slot through pgoutput, as the daemon does.
 
-    ``snapshot.mode=never``: no snapshot, and with no stored offset Debezium starts at the slot's position,
-    so it reads exactly the WAL a daemon on a slot made at the same point reads (``no_data`` would start
-    at the server's current position). The publication is the caller's (``disabled``: never made or
-    altered). JSON without schemas, the daemon's default format. Everything else is Debezium's default."""
+    No snapshot, not even of the schema (``configuration_based`` with all three switches saying so: what
+    ``never`` was before Debezium 3 removed it): with no stored offset Debezium then streams from the slot's
+    position, so it reads exactly the WAL a daemon on a slot made at the same point reads (``no_data`` would
+    start at the server's current position, past what the slot holds). The publication is the caller's
+    (``disabled``: never made or altered). JSON without schemas, the daemon's default format. Everything else is Debezium's default."""
     conn = psycopg.conninfo.conninfo_to_dict(dsn)
     return {
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
@@ -118,7 +119,10 @@ def postgres_source_config(
         "publication.name": publication,
         "publication.autocreate.mode": "disabled",
         "table.include.list": ",".join(tables),
-        "snapshot.mode": "never",
+        "snapshot.mode": "configuration_based",
+        "snapshot.mode.configuration.based.snapshot.schema": "false",
+        "snapshot.mode.configuration.based.snapshot.data": "false",
+        "snapshot.mode.configuration.based.start.stream": "true",
         "key.converter": "org.apache.kafka.connect.json.JsonConverter",
         "key.converter.schemas.enable": "false",
         "value.converter": "org.apache.kafka.connect.json.JsonConverter",
