@@ -256,61 +256,69 @@ def latency(dsn: str, bootstrap: str, workdir: Path, seconds: float, rate: int) 
         "snapshot": {"mode": "no_data"},  # only the latency workload: not the rows written before
     }
     proc, _ = daemon(config, workdir, slot)
-    topic = f"{prefix}.{TABLE}"
-    samples: list[float] = []
     try:
         time.sleep(3)
-        consumer = Consumer(
-            {"bootstrap.servers": bootstrap, "group.id": "bench-latency", "fetch.wait.max.ms": 5, "auto.offset.reset": "latest"}
-        )
-        while topic not in consumer.list_topics(timeout=10).topics:
-            time.sleep(0.1)
-        parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        assign = []
-        for p in parts:
-            _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            assign.append(TopicPartition(topic, p, high))
-        consumer.assign(assign)
-        stop = threading.Event()
-
-        def write() -> None:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                i = 10_000_000_000
-                interval = 1.0 / rate
-                next_at = time.perf_counter()
-                end = next_at + seconds
-                while time.perf_counter() < end:
-                    conn.execute(
-                        "INSERT INTO bench_rows VALUES (%s, 'l', 1, 'c', now(), gen_random_uuid())", (i,)
-                    )
-                    i += 1
-                    next_at += interval
-                    pause = next_at - time.perf_counter()
-                    if pause > 0:
-                        time.sleep(pause)
-            stop.set()
-
-        writer = threading.Thread(target=write)
-        writer.start()
-        quiet_since = None
-        while True:
-            msg = consumer.poll(0.05)
-            now_ms = time.time_ns() / 1e6
-            if msg is None or msg.error():
-                if stop.is_set():
-                    quiet_since = quiet_since or time.monotonic()
-                    if time.monotonic() - quiet_since > 3:
-                        break
-                continue
-            quiet_since = None
-            value = msg.value()
-            if value:
-                samples.append(now_ms - json.loads(value)["source"]["ts_ms"])
-        writer.join()
-        consumer.close()
+        return latency_samples(dsn, bootstrap, f"{prefix}.{TABLE}", seconds, rate)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+
+
+def latency_samples(
+    dsn: str, bootstrap: str, topic: str, seconds: float, rate: int, first_id: int = 10_000_000_000
+) -> list[float]:
+    """Milliseconds from commit (``source.ts_ms``) to a consumer seeing the record, for ``rate`` single-row
+    transactions a second over ``seconds`` (ids from ``first_id``), with a connector already streaming into
+    ``topic``; until the topic has been quiet for 3 s after the last write."""
+    samples: list[float] = []
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "bench-latency", "fetch.wait.max.ms": 5, "auto.offset.reset": "latest"}
+    )
+    while topic not in consumer.list_topics(timeout=10).topics:
+        time.sleep(0.1)
+    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    assign = []
+    for p in parts:
+        _, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        assign.append(TopicPartition(topic, p, high))
+    consumer.assign(assign)
+    stop = threading.Event()
+
+    def write() -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            i = first_id
+            interval = 1.0 / rate
+            next_at = time.perf_counter()
+            end = next_at + seconds
+            while time.perf_counter() < end:
+                conn.execute(
+                    "INSERT INTO bench_rows VALUES (%s, 'l', 1, 'c', now(), gen_random_uuid())", (i,)
+                )
+                i += 1
+                next_at += interval
+                pause = next_at - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)
+        stop.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    quiet_since = None
+    while True:
+        msg = consumer.poll(0.05)
+        now_ms = time.time_ns() / 1e6
+        if msg is None or msg.error():
+            if stop.is_set():
+                quiet_since = quiet_since or time.monotonic()
+                if time.monotonic() - quiet_since > 3:
+                    break
+            continue
+        quiet_since = None
+        value = msg.value()
+        if value:
+            samples.append(now_ms - json.loads(value)["source"]["ts_ms"])
+    writer.join()
+    consumer.close()
     return samples
 
 

@@ -1,4 +1,5 @@
-"""Kafka Connect standalone with Debezium's JDBC sink, to prove Debezium's own consumers read our topics.
+"""Kafka Connect standalone with Debezium's connectors: its JDBC sink, to prove Debezium's own consumers
+read our topics, and its PostgreSQL source, to measure it beside the daemon (``bench/debezium.py``).
 
 Not a service of ``cdc dev up``: a test (or ``make debezium-compat``) starts one worker, adds
 connectors through its REST API, and stops it. The jars come from Maven Central through the same
@@ -7,7 +8,8 @@ mechanism as the broker's (``_proc.maven_fetch``), into ``$CDC_CACHE_DIR/connect
 * ``connect-pom.xml``: the worker (connect-runtime, connect-json) at the broker's Kafka version;
 * ``debezium-jdbc-pom.xml``: ``io.debezium:debezium-connector-jdbc`` with its dependencies and
   the PostgreSQL JDBC driver, laid out as one Connect plugin (``plugin.path``), so it gets its
-  own class loader as in a real Connect installation.
+  own class loader as in a real Connect installation;
+* ``debezium-postgres-pom.xml``: ``io.debezium:debezium-connector-postgres``, laid out the same way.
 
 A worker's files live under the directory it is given: ``worker.properties``,
 ``log4j2.properties``, ``connect.log`` (its log4j2 log), ``connect.out`` (JVM stdout/stderr),
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 import secrets
 import time
 import urllib.error
@@ -25,6 +28,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import psycopg
 from structlog.typing import FilteringBoundLogger
 
 from cdc.dev import _proc
@@ -32,23 +36,38 @@ from cdc.dev._proc import DevServiceError
 
 WORKER_POM = "connect-pom.xml"
 JDBC_POM = "debezium-jdbc-pom.xml"
+POSTGRES_POM = "debezium-postgres-pom.xml"
 START_TIMEOUT_S = 180.0  # a cold JVM scanning the plugin on two busy cores
 HEAP = "512m"
 MAIN = "org.apache.kafka.connect.cli.ConnectStandalone"
+# The tests' JVM: small, and C1 only, because their worker starts often and moves a few records.
+TEST_JVM = (f"-Xmx{HEAP}", "-XX:TieredStopAtLevel=1")
+# Connect as Kafka ships it (connect-standalone.sh's heap, kafka-run-class.sh's KAFKA_JVM_PERFORMANCE_OPTS),
+# with the full JIT: what a benchmark of a connector's throughput must run, not the tests' start-up settings.
+SHIPPED_JVM = (
+    "-Xms256M", "-Xmx2G", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
+)  # fmt: skip
+
+
+def pom_property(pom: str, name: str) -> str:
+    """The value of ``<properties><name>`` in a pom's text."""
+    match = re.search(rf"<{re.escape(name)}>([^<]+)</{re.escape(name)}>", pom)
+    if match is None:
+        raise DevServiceError(f"no <{name}> in the pom")
+    return match.group(1).strip()
 
 
 def worker_version() -> str:
-    match = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", _proc.package_text(WORKER_POM))
-    if match is None:
-        raise DevServiceError(f"no <kafka.version> in the packaged {WORKER_POM}")
-    return match.group(1)
+    return pom_property(_proc.package_text(WORKER_POM), "kafka.version")
 
 
 def jdbc_sink_version() -> str:
-    match = re.search(r"<debezium\.version>([^<]+)</debezium\.version>", _proc.package_text(JDBC_POM))
-    if match is None:
-        raise DevServiceError(f"no <debezium.version> in the packaged {JDBC_POM}")
-    return match.group(1)
+    return pom_property(_proc.package_text(JDBC_POM), "debezium.version")
+
+
+def postgres_source_version() -> str:
+    return pom_property(_proc.package_text(POSTGRES_POM), "debezium.version")
 
 
 def worker_jars(log: FilteringBoundLogger) -> Path:
@@ -65,6 +84,50 @@ def plugin_path(log: FilteringBoundLogger) -> Path:
     if not any((root / "libs").glob("debezium-connector-jdbc-*.jar")):
         raise DevServiceError(f"the Debezium JDBC sink cache {root} is incomplete; delete it and retry")
     return root
+
+
+def postgres_plugin_path(log: FilteringBoundLogger) -> Path:
+    """A ``plugin.path`` directory whose one plugin (``libs/``) is Debezium's PostgreSQL source, fetched on first use."""
+    root = _proc.maven_fetch(POSTGRES_POM, "connect", f"debezium-postgres-{postgres_source_version()}", log)
+    if not any((root / "libs").glob("debezium-connector-postgres-*.jar")):
+        raise DevServiceError(f"the Debezium PostgreSQL connector cache {root} is incomplete; delete it and retry")
+    return root
+
+
+def postgres_source_config(
+    dsn: str, *, slot: str, publication: str, tables: Sequence[str], topic_prefix: str
+) -> dict[str, str]:
+    """Debezium's PostgreSQL connector streaming an existing slot through pgoutput, as the daemon does.
+
+    No snapshot, not even of the schema (``configuration_based`` with all three switches saying so: what
+    ``never`` was before Debezium 3 removed it): with no stored offset Debezium then streams from the slot's
+    position, so it reads exactly the WAL a daemon on a slot made at the same point reads (``no_data`` would
+    start at the server's current position, past what the slot holds). The publication is the caller's
+    (``disabled``: never made or altered). JSON without schemas, the daemon's default format. Everything else is Debezium's default."""
+    conn = psycopg.conninfo.conninfo_to_dict(dsn)
+    return {
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "tasks.max": "1",
+        "plugin.name": "pgoutput",
+        "database.hostname": str(conn.get("host") or "localhost"),
+        "database.port": str(conn.get("port") or 5432),
+        "database.user": str(conn.get("user") or "postgres"),
+        "database.password": str(conn.get("password") or ""),
+        "database.dbname": str(conn["dbname"]),
+        "topic.prefix": topic_prefix,
+        "slot.name": slot,
+        "publication.name": publication,
+        "publication.autocreate.mode": "disabled",
+        "table.include.list": ",".join(tables),
+        "snapshot.mode": "configuration_based",
+        "snapshot.mode.configuration.based.snapshot.schema": "false",
+        "snapshot.mode.configuration.based.snapshot.data": "false",
+        "snapshot.mode.configuration.based.start.stream": "true",
+        "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "key.converter.schemas.enable": "false",
+        "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+        "value.converter.schemas.enable": "false",
+    }
 
 
 def _log4j2(log_file: Path) -> str:
@@ -92,10 +155,21 @@ class ConnectError(DevServiceError):
 class ConnectWorker:
     """One Kafka Connect standalone worker (JSON converters with schemas unless a connector overrides them)."""
 
-    def __init__(self, work_dir: Path, bootstrap: str, log: FilteringBoundLogger | None = None) -> None:
+    def __init__(
+        self,
+        work_dir: Path,
+        bootstrap: str,
+        log: FilteringBoundLogger | None = None,
+        *,
+        plugins: Sequence[Path] | None = None,
+        jvm: Sequence[str] = TEST_JVM,
+    ) -> None:
+        """``plugins``: the ``plugin.path`` directories (default: the JDBC sink's); ``jvm``: heap and JIT options."""
         self.work_dir = work_dir.resolve()
         self.bootstrap = bootstrap
         self.log = _proc.logger(log)
+        self.plugins = plugins
+        self.jvm = tuple(jvm)
         self.pid: int | None = None
         self.port: int | None = None
         self._tag = f"-Dcdc.dev.connect={self.work_dir}"
@@ -119,7 +193,7 @@ class ConnectWorker:
     def start(self) -> ConnectWorker:
         java = _proc.find_java()
         libs = worker_jars(self.log)
-        plugins = plugin_path(self.log)
+        plugins = self.plugins if self.plugins is not None else [plugin_path(self.log)]
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.port = _proc.free_port("kafka-connect")
         settings = {
@@ -130,7 +204,7 @@ class ConnectWorker:
             "value.converter.schemas.enable": "true",
             "offset.storage.file.filename": str(self.work_dir / "offsets"),
             "offset.flush.interval.ms": "1000",
-            "plugin.path": str(plugins),
+            "plugin.path": ",".join(str(p) for p in plugins),
             # Debezium's jars and Connect's own carry ServiceLoader manifests: no class scan at start-up.
             "plugin.discovery": "service_load",
             "listeners": f"http://127.0.0.1:{self.port}",
@@ -140,7 +214,7 @@ class ConnectWorker:
         worker.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
         (self.work_dir / "log4j2.properties").write_text(_log4j2(self.log_file))
         cmd = [
-            java, f"-Xmx{HEAP}", "-XX:+ExitOnOutOfMemoryError", "-XX:TieredStopAtLevel=1", "-Xshare:auto",
+            java, *self.jvm, "-XX:+ExitOnOutOfMemoryError", "-Xshare:auto",
             self._tag, f"-Dlog4j2.configurationFile={self.work_dir / 'log4j2.properties'}",
             "-cp", str(libs / "*"), MAIN, str(worker),
         ]  # fmt: skip
