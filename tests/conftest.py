@@ -1,6 +1,6 @@
 """Fixture modules, listed once (as quix-streams' tests/conftest.py does): each test asks for fixtures by name.
 
-`make test` runs the suite on two pytest-xdist workers. The scheduler below hands out whole groups: a
+`make test` runs the suite on pytest-xdist workers (three unless CDC_TEST_WORKERS says). The scheduler below hands out whole groups: a
 module's tests go to one worker (its module-scoped fixtures are built once), every Spark module to one
 worker (one Spark JVM at a time), and every podman module to one worker (the image builds share
 build/). Tests run beside each other against the session's servers, so a test that stops or reconfigures

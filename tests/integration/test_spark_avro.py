@@ -25,6 +25,7 @@ from cdc.sink.registry import RegistryClient, RegistrySettings
 from tests.support.connector import write_config
 from tests.support.spark import (
     SHOP_DECLARED,
+    SHOP_TABLES,
     CapturedDatabase,
     assert_shop_matches,
     delta_versions,
@@ -91,6 +92,11 @@ def test_batch_rebuild_from_avro_topics_matches_the_database_and_a_second_run_ch
     customers = spark.read.format("delta").load(str(cfg.warehouse / "tables" / "public.customers"))
     assert {r["_cdc_key"] for r in customers.where("id = 1000").collect()} == {'{"id":1000}'}  # the key's JSON text
     assert customers.where("tier = 'gold'").count() == 5
+    # Records without position headers (the default): each row's position comes from its Avro envelope
+    # (source.lsn, source.sequence); test_spark_positions holds the JSON envelope to the headers' values.
+    for table in SHOP_TABLES:
+        rows = spark.read.format("delta").load(str(cfg.warehouse / "tables" / table))
+        assert rows.count() > 0 and rows.where("_cdc_lsn IS NULL OR _cdc_commit_lsn IS NULL OR _cdc_commit_lsn < _cdc_lsn").isEmpty(), table
 
     before = delta_versions(cfg.warehouse)
     again = jobs.rebuild(spark, cfg)

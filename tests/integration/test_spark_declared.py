@@ -125,15 +125,16 @@ def _verified(spark: Any, library: Library, cfg: jobs.JobConfig) -> None:
 def test_declared_views_and_index_rebuilt_from_offset_0_then_kept_by_the_continuous_job(
     spark: Any, library: Library, tmp_path: Path
 ) -> None:
-    rebuilt = library.job(tmp_path / "rebuilt")
-    summary = jobs.rebuild(spark, rebuilt)
-    assert summary["view author_stats"] == 12 and summary["index books"] == 40
-    _verified(spark, library, rebuilt)
-    hits = declared.search(declared.index_path(rebuilt.warehouse, "books"), "Interpretation")
-    assert [h["id"] for h in hits] == ["isbn-7"]
-    assert {h["id"] for h in declared.search(declared.index_path(rebuilt.warehouse, "books"), "format:ebook", limit=100)} == {
-        f"isbn-{i}" for i in range(3, 41, 3)
-    }
+    if library.registry_url is None:  # Avro's batch rebuild of declared views runs in test_spark_avro.py (35 s less)
+        rebuilt = library.job(tmp_path / "rebuilt")
+        summary = jobs.rebuild(spark, rebuilt)
+        assert summary["view author_stats"] == 12 and summary["index books"] == 40
+        _verified(spark, library, rebuilt)
+        hits = declared.search(declared.index_path(rebuilt.warehouse, "books"), "Interpretation")
+        assert [h["id"] for h in hits] == ["isbn-7"]
+        assert {h["id"] for h in declared.search(declared.index_path(rebuilt.warehouse, "books"), "format:ebook", limit=100)} == {
+            f"isbn-{i}" for i in range(3, 41, 3)
+        }
 
     streamed = library.job(tmp_path / "streamed")
     jobs.start_continuous(spark, streamed, available_now=True).awaitTermination(300)
