@@ -202,6 +202,15 @@ def test_every_op_of_several_tables_and_transactions_writes_the_same_records(sch
     assert compare(list(variants(events)), schemas, headers) > compiled
 
 
+def test_transaction_blocks_are_written_compiled_as_the_reference_writes_them() -> None:
+    events = [e for e in decode(workload()[:8]) if isinstance(e, ChangeEvent)]
+    blocks = [dataclasses.replace(e, transaction=TransactionBlock(f"700:{4096 + i}", i + 1, i)) for i, e in enumerate(events)]
+    for schemas in (False, True):
+        assert compare(blocks, schemas, True) == len(events) == 6
+    (record,) = EventSerializer.records(new_serializer(False, False, lambda: CLOCK), blocks[1])
+    assert record.value is not None and b'"transaction":{"id":"700:4097","total_order":2,"data_collection_order":1},"op":"c"' in record.value
+
+
 def test_a_table_announced_again_and_tables_interleaved_in_one_transaction_keep_their_own_records() -> None:
     info, columns, identity = TABLES[16384]
     payloads = [

@@ -16,5 +16,6 @@ class JsonRecords:
         header_names: tuple[str, str, str, str],
         schemas: bool,
         clock: Callable[[], int],
+        dumps: Callable[[Any], bytes],
     ) -> None: ...
     def __call__(self, event: Any) -> list[Any]: ...

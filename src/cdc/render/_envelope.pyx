@@ -3,7 +3,7 @@
 records (topic, key bytes, value bytes: Debezium's envelope around the rows and the spliced source block,
 headers), out, in one call. Beside the reference (``EventSerializer.records`` of ``cdc.sink.json``), which
 it must match byte for byte (tests/unit/test_envelope_codec.py), and which it hands every other event:
-typed rows, a transaction block, a key change, truncates, messages, a source block that cannot be spliced.
+typed rows, a key change, truncates, messages, a source block that cannot be spliced.
 
 ``JsonRecords(serializer, reference, ...)`` is called as ``records(event) -> list[Record]``; it reads from
 the serializer what it may change after it was made (``position_headers``) at each event, and takes the
@@ -19,7 +19,8 @@ from libc.string cimport memcpy
 cdef bytes _BEFORE = b'{"before":'
 cdef bytes _AFTER = b',"after":'
 cdef bytes _SOURCE = b',"source":'
-cdef bytes _OP = b',"transaction":null,"op":"'
+cdef bytes _TRANSACTION = b',"transaction":'
+cdef bytes _OP = b',"op":"'
 cdef bytes _TS_MS = b'","ts_ms":'
 cdef bytes _TS_US = b',"ts_us":'
 cdef bytes _TS_NS = b',"ts_ns":'
@@ -76,9 +77,10 @@ cdef class JsonRecords:
     cdef object h_commit_lsn, h_xid
     cdef tuple h_commit, h_txid
     cdef object record_new
+    cdef object dumps  # orjson.dumps: a transaction block (transaction_metadata: true) as the reference writes it
 
     def __init__(self, serializer, reference, change_class, row_class, record_class, ops, position_headers,
-                 header_names, bint schemas, clock):
+                 header_names, bint schemas, clock, dumps):
         self.serializer = serializer
         self.reference = reference
         self.change_class = change_class
@@ -94,6 +96,7 @@ cdef class JsonRecords:
         self.h_xid = None
         self.h_commit_lsn = None
         self.record_new = tuple.__new__
+        self.dumps = dumps
 
     cdef tuple _plan(self, table):
         """(table, topic, key_prefix, value_prefix), or None where the reference must take the event."""
@@ -135,8 +138,9 @@ cdef class JsonRecords:
             self.h_commit_lsn, self.h_xid = commit_lsn, xid
         return ((self.lsn_header, lsn_text), self.h_commit, self.h_txid, (self.ordinal_header, b"%d" % ordinal))
 
-    cdef bytes _value(self, tuple plan, before, after, bytes op, const char* lsn_text, Py_ssize_t lsn_len, int64_t now):
-        """The envelope: [schema prefix] {"before":..,"after":..,"source":..,"transaction":null,"op":..,"ts_*":..} [}]."""
+    cdef bytes _value(self, tuple plan, before, after, bytes transaction, bytes op, const char* lsn_text,
+                      Py_ssize_t lsn_len, int64_t now):
+        """The envelope: [schema prefix] {"before":..,"after":..,"source":..,"transaction":..,"op":..,"ts_*":..} [}]."""
         cdef char ms_text[24]
         cdef char us_text[24]
         cdef char ns_text[24]
@@ -149,7 +153,8 @@ cdef class JsonRecords:
         cdef Py_ssize_t n = (
             PyBytes_GET_SIZE(value_prefix) + PyBytes_GET_SIZE(_BEFORE) + PyBytes_GET_SIZE(b) + PyBytes_GET_SIZE(_AFTER)
             + PyBytes_GET_SIZE(a) + PyBytes_GET_SIZE(_SOURCE) + PyBytes_GET_SIZE(self.s_head) + lsn_len
-            + PyBytes_GET_SIZE(self.s_middle) + lsn_len + PyBytes_GET_SIZE(self.s_tail) + PyBytes_GET_SIZE(_OP)
+            + PyBytes_GET_SIZE(self.s_middle) + lsn_len + PyBytes_GET_SIZE(self.s_tail) + PyBytes_GET_SIZE(_TRANSACTION)
+            + PyBytes_GET_SIZE(transaction) + PyBytes_GET_SIZE(_OP)
             + PyBytes_GET_SIZE(op) + PyBytes_GET_SIZE(_TS_MS) + ms_len + PyBytes_GET_SIZE(_TS_US) + us_len
             + PyBytes_GET_SIZE(_TS_NS) + ns_len + 1 + (1 if self.schemas else 0)
         )
@@ -166,6 +171,8 @@ cdef class JsonRecords:
         at = _put(at, self.s_middle)
         at = _put_raw(at, lsn_text, lsn_len)
         at = _put(at, self.s_tail)
+        at = _put(at, _TRANSACTION)
+        at = _put(at, transaction)
         at = _put(at, _OP)
         at = _put(at, op)
         at = _put(at, _TS_MS)
@@ -183,7 +190,7 @@ cdef class JsonRecords:
         return self.record_new(self.record_class, (topic, key, value, headers, None))
 
     def __call__(self, event):
-        if type(event) is not self.change_class or event.transaction is not None:
+        if type(event) is not self.change_class:
             return self.reference(event)
         op = event.op
         row_class = self.row_class
@@ -226,6 +233,8 @@ cdef class JsonRecords:
         cdef int64_t now = self.clock()
         if now < 0:
             return self.reference(event)
+        block = event.transaction
+        cdef bytes transaction = _NULL if block is None else self.dumps(block.as_dict())
         headers = ()
         if self.serializer.position_headers:
             headers = self._headers(lsn, PyBytes_FromStringAndSize(lsn_text, lsn_len), commit_lsn, xid, event.ordinal)
@@ -234,7 +243,7 @@ cdef class JsonRecords:
             key = <bytes>plan[2] + key + b"}"
         topic = plan[1]
         if delete:
-            value = self._value(plan, before.data, None, op_text, lsn_text, lsn_len, now)
+            value = self._value(plan, before.data, None, transaction, op_text, lsn_text, lsn_len, now)
             return [self._record(topic, key, value, headers), self._record(topic, key, None, headers)]
-        value = self._value(plan, None if before is None else before.data, after.data, op_text, lsn_text, lsn_len, now)
+        value = self._value(plan, None if before is None else before.data, after.data, transaction, op_text, lsn_text, lsn_len, now)
         return [self._record(topic, key, value, headers)]

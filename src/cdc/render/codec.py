@@ -152,8 +152,11 @@ def compiled_json_records(
     clock_ns: Callable[[], int],
 ) -> Records:
     """The compiled envelope's ``records`` of a JSON serializer (ImportError when it is not built): a row change
-    of rendered rows in one call, every other event handed to ``reference``, the serializer's own
+    of rendered rows in one call (its transaction block, when there is one, through ``orjson`` as the reference
+    writes it), every other event handed to ``reference``, the serializer's own
     ``EventSerializer.records``; ``schemas`` and ``clock_ns`` are the serializer's."""
+    import orjson
+
     from cdc.render import _envelope
     from cdc.event import ChangeEvent, Op
     from cdc.sink.record import Record
@@ -171,6 +174,7 @@ def compiled_json_records(
         (LSN_HEADER, COMMIT_LSN_HEADER, TXID_HEADER, ORDINAL_HEADER),
         schemas,
         clock_ns,
+        orjson.dumps,
     )
     return records
 
