@@ -202,6 +202,7 @@ cdef class JsonRecords:
             if type(after) is not row_class:
                 return self.reference(event)
             op_text = b"c" if op is self.op_create else b"r"
+            before = None  # the reference writes a create's or read's envelope without one, whatever the event holds
             keyed = after
         elif op is self.op_delete:
             if type(before) is not row_class:
