@@ -1,7 +1,9 @@
 """Which row codec writes the decoder's rendered rows, chosen once, here: the compiled one
 (``cdc.render._compiled``, built from Cython when the package is installed on a machine with a C
 compiler) or the reference (``cdc.render.rows.render_parser``, pure Python). Both write the same bytes
-(``tests/unit/test_codec.py`` holds them to it), so the choice changes speed only. ``TableRenderer`` is the
+(``tests/unit/test_codec.py`` holds them to it), so the choice changes speed only. The same choice covers
+the JSON format's envelope around those rows (``json_records``: ``cdc.render._envelope``, or the
+serializer's own ``records``; ``tests/unit/test_envelope_codec.py``). ``TableRenderer`` is the
 decoder's ``RowRenderer`` built from a choice of which tables may be rendered at all
 (``cdc.pipeline.wiring.rendering_of`` derives it from the stages), with the chosen codec's parsers.
 
@@ -15,13 +17,20 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import structlog
 
 from cdc.decoder.rows import Decline, RowParser
 from cdc.event import TableSchema
 from cdc.render.rows import CopyRowParser, RenderedRow, RowRendering, render_copy_parser, render_parser
+
+if TYPE_CHECKING:
+    from cdc.event import ChangeEvent, MessageEvent, TruncateEvent
+    from cdc.sink.record import Record
+
+    Records = Callable[[ChangeEvent | TruncateEvent | MessageEvent], list[Record]]
+    """A serializer's ``records``."""
 
 FORCE_REFERENCE_ENV: Final = "CDC_PURE_PYTHON"
 """Set to anything but ``""`` or ``"0"``: the reference codec, compiled or not."""
@@ -45,6 +54,21 @@ def _load() -> tuple[ModuleType | None, str]:
 
 
 _COMPILED, _WHY_NOT = _load()
+
+
+def _load_envelope() -> ModuleType | None:
+    """The compiled JSON envelope, or None (the reference forced, or not built: an older build of the package
+    may hold the row codec alone)."""
+    if _COMPILED is None:
+        return None
+    try:
+        from cdc.render import _envelope
+    except ImportError:
+        return None
+    return _envelope
+
+
+_ENVELOPE = _load_envelope()
 
 IMPLEMENTATION: Final[Literal["compiled", "reference"]] = "compiled" if _COMPILED is not None else "reference"
 
@@ -120,12 +144,65 @@ def copy_parser(
     return render_copy_parser(rendering, converters, unescape)
 
 
+def compiled_json_records(
+    serializer: Any,
+    reference: Records,
+    *,
+    schemas: bool,
+    clock_ns: Callable[[], int],
+) -> Records:
+    """The compiled envelope's ``records`` of a JSON serializer (ImportError when it is not built): a row change
+    of rendered rows in one call (its transaction block, when there is one, through ``orjson`` as the reference
+    writes it), every other event handed to ``reference``, the serializer's own
+    ``EventSerializer.records``; ``schemas`` and ``clock_ns`` are the serializer's."""
+    import orjson
+
+    from cdc.render import _envelope
+    from cdc.event import ChangeEvent, Op
+    from cdc.sink.record import Record
+    from cdc.sink.records import position_headers
+    from cdc.sink.wire import COMMIT_LSN_HEADER, LSN_HEADER, ORDINAL_HEADER, TXID_HEADER
+
+    records: Records = _envelope.JsonRecords(
+        serializer,
+        reference,
+        ChangeEvent,
+        RenderedRow,
+        Record,
+        (Op.CREATE, Op.READ, Op.UPDATE, Op.DELETE),
+        position_headers,
+        (LSN_HEADER, COMMIT_LSN_HEADER, TXID_HEADER, ORDINAL_HEADER),
+        schemas,
+        clock_ns,
+        orjson.dumps,
+    )
+    return records
+
+
+def json_records(
+    serializer: Any,
+    reference: Records,
+    *,
+    schemas: bool,
+    clock_ns: Callable[[], int],
+) -> Records:
+    """The chosen ``records`` of a JSON serializer: the compiled envelope's, or ``reference`` itself."""
+    if _ENVELOPE is None:
+        return reference
+    return compiled_json_records(serializer, reference, schemas=schemas, clock_ns=clock_ns)
+
+
 def log_choice(log: Any = None) -> None:
     """Say at start-up which codec runs: an info event, or a warning naming the fix when the compiled one is
     missing (not when ``CDC_PURE_PYTHON`` asked for the reference)."""
     log = log if log is not None else structlog.get_logger(__name__)
     if _COMPILED is not None:
-        log.info("row_codec", implementation="compiled", module=_COMPILED.__file__)
+        log.info(
+            "row_codec",
+            implementation="compiled",
+            module=_COMPILED.__file__,
+            json_envelope="compiled" if _ENVELOPE is not None else "reference",
+        )
     elif os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
         log.info("row_codec", implementation="reference", reason=_WHY_NOT)
     else:

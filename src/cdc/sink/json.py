@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
 from cdc.event import AnyRow, MessageEvent, Op, TableSchema, TransactionBlock
+from cdc.render.codec import json_records
 from cdc.render.json import json_row_rendering
 from cdc.render.rows import RowRendering, encoded
 from cdc.sink.connect import (
@@ -133,6 +134,13 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         if self._schemas:
             self._message_key_prefix = schema_prefix(MESSAGE_KEY_SCHEMA.node(False))
             self._message_value_prefix = schema_prefix(MESSAGE_VALUE_SCHEMA.node(False))
+        # The per-row call: the codec cdc.render.codec chose. Compiled, a row change of rendered rows is one
+        # call (plan, source block, key, envelope, headers, records) and every other event goes to the
+        # reference, EventSerializer.records, which this otherwise stays. An attribute, so that callers
+        # binding serializer.records once (the chain) call the compiled one directly.
+        self.records = json_records(  # type: ignore[method-assign,assignment]
+            self, self.records, schemas=self._schemas, clock_ns=clock_ns
+        )
 
     @property
     def settings(self) -> JsonSettings:

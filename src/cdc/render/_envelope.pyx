@@ -1,0 +1,250 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""The compiled envelope of the JSON format: a row change whose rows the decoder rendered, in; its Kafka
+records (topic, key bytes, value bytes: Debezium's envelope around the rows and the spliced source block,
+headers), out, in one call. Beside the reference (``EventSerializer.records`` of ``cdc.sink.json``), which
+it must match byte for byte (tests/unit/test_envelope_codec.py), and which it hands every other event:
+typed rows, a key change, truncates, messages, a source block that cannot be spliced.
+
+``JsonRecords(serializer, reference, ...)`` is called as ``records(event) -> list[Record]``; it reads from
+the serializer what it may change after it was made (``position_headers``) at each event, and takes the
+plan of a table (``_plan``) and the source block's pieces (``_source_cached``) from it once per table and
+transaction. ``cdc.render.codec`` chooses between this module and the reference.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdint cimport int64_t, uint64_t
+from libc.string cimport memcpy
+
+# The envelope's constant text, between its parts (the template of cdc.sink.json._ENVELOPE_TEMPLATES).
+cdef bytes _BEFORE = b'{"before":'
+cdef bytes _AFTER = b',"after":'
+cdef bytes _SOURCE = b',"source":'
+cdef bytes _TRANSACTION = b',"transaction":'
+cdef bytes _OP = b',"op":"'
+cdef bytes _TS_MS = b'","ts_ms":'
+cdef bytes _TS_US = b',"ts_us":'
+cdef bytes _TS_NS = b',"ts_ns":'
+cdef bytes _NULL = b"null"
+
+cdef int _MAX_PLANS = 4096
+
+
+cdef inline Py_ssize_t _digits(char* out, uint64_t v) noexcept nogil:
+    """``v`` in decimal at ``out`` (room for 20); its length."""
+    cdef char tmp[20]
+    cdef Py_ssize_t n = 0, i
+    while True:
+        tmp[n] = <char>(48 + v % 10)
+        n += 1
+        v //= 10
+        if v == 0:
+            break
+    for i in range(n):
+        out[i] = tmp[n - 1 - i]
+    return n
+
+
+cdef inline char* _put(char* at, bytes piece) noexcept:
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(piece)
+    memcpy(at, PyBytes_AS_STRING(piece), n)
+    return at + n
+
+
+cdef inline char* _put_raw(char* at, const char* text, Py_ssize_t n) noexcept nogil:
+    memcpy(at, text, n)
+    return at + n
+
+
+cdef class JsonRecords:
+    """``records(event)`` of a ``JsonSerializer``: row changes of rendered rows compiled, the rest by ``reference``."""
+
+    cdef object serializer
+    cdef object reference  # the serializer's own records (EventSerializer.records), for everything else
+    cdef object change_class  # ChangeEvent
+    cdef object row_class  # RenderedRow
+    cdef object record_class  # Record
+    cdef object op_create, op_read, op_update, op_delete
+    cdef object position_headers  # cdc.sink.records.position_headers: headers outside a transaction
+    cdef str lsn_header, commit_header, txid_header, ordinal_header
+    cdef bint schemas
+    cdef object clock
+    cdef dict plans  # id(table) -> (table, topic, key_prefix, value_prefix)
+    # the source block's pieces of the last transaction and table seen
+    cdef object s_table, s_commit_lsn, s_xid, s_ts
+    cdef bint s_snapshot
+    cdef bytes s_head, s_middle, s_tail
+    # the position headers that stay the same through the last transaction seen
+    cdef object h_commit_lsn, h_xid
+    cdef tuple h_commit, h_txid
+    cdef object record_new
+    cdef object dumps  # orjson.dumps: a transaction block (transaction_metadata: true) as the reference writes it
+
+    def __init__(self, serializer, reference, change_class, row_class, record_class, ops, position_headers,
+                 header_names, bint schemas, clock, dumps):
+        self.serializer = serializer
+        self.reference = reference
+        self.change_class = change_class
+        self.row_class = row_class
+        self.record_class = record_class
+        self.op_create, self.op_read, self.op_update, self.op_delete = ops
+        self.position_headers = position_headers
+        self.lsn_header, self.commit_header, self.txid_header, self.ordinal_header = header_names
+        self.schemas = schemas
+        self.clock = clock
+        self.plans = {}
+        self.s_table = None
+        self.h_xid = None
+        self.h_commit_lsn = None
+        self.record_new = tuple.__new__
+        self.dumps = dumps
+
+    cdef tuple _plan(self, table):
+        """(table, topic, key_prefix, value_prefix), or None where the reference must take the event."""
+        cdef object entry = self.plans.get(id(table))
+        if entry is not None and (<tuple>entry)[0] is table:
+            return <tuple>entry
+        plan = self.serializer._plan(table)
+        if not plan.key_fields:
+            return None  # the reference raises the error
+        entry = (table, plan.topic, plan.key_prefix, plan.value_prefix)
+        if len(self.plans) >= _MAX_PLANS:
+            self.plans.clear()
+        self.plans[id(table)] = entry
+        return <tuple>entry
+
+    cdef bint _source(self, table, commit_ts_us, commit_lsn, xid, bint snapshot) except -1:
+        """Whether the source block of this transaction and table can be spliced (its pieces in s_*)."""
+        if (
+            table is self.s_table
+            and snapshot == self.s_snapshot
+            and commit_lsn == self.s_commit_lsn
+            and xid == self.s_xid
+            and commit_ts_us == self.s_ts
+        ):
+            return True
+        parts = self.serializer._source_cached(table, commit_ts_us, commit_lsn, xid, snapshot)
+        if parts[1] is None:
+            return False
+        self.s_head, self.s_middle, self.s_tail = parts[1], parts[2], parts[3]
+        self.s_table, self.s_commit_lsn, self.s_xid, self.s_ts, self.s_snapshot = table, commit_lsn, xid, commit_ts_us, snapshot
+        return True
+
+    cdef tuple _headers(self, lsn, bytes lsn_text, commit_lsn, xid, ordinal):
+        if commit_lsn is None or xid is None:
+            return self.position_headers(lsn, commit_lsn, xid, ordinal)
+        if not (xid == self.h_xid and commit_lsn == self.h_commit_lsn):
+            self.h_commit = (self.commit_header, b"%d" % commit_lsn)
+            self.h_txid = (self.txid_header, b"%d" % xid)
+            self.h_commit_lsn, self.h_xid = commit_lsn, xid
+        return ((self.lsn_header, lsn_text), self.h_commit, self.h_txid, (self.ordinal_header, b"%d" % ordinal))
+
+    cdef bytes _value(self, tuple plan, before, after, bytes transaction, bytes op, const char* lsn_text,
+                      Py_ssize_t lsn_len, int64_t now):
+        """The envelope: [schema prefix] {"before":..,"after":..,"source":..,"transaction":..,"op":..,"ts_*":..} [}]."""
+        cdef char ms_text[24]
+        cdef char us_text[24]
+        cdef char ns_text[24]
+        cdef Py_ssize_t ms_len = _digits(ms_text, <uint64_t>(now // 1000000))
+        cdef Py_ssize_t us_len = _digits(us_text, <uint64_t>(now // 1000))
+        cdef Py_ssize_t ns_len = _digits(ns_text, <uint64_t>now)
+        cdef bytes value_prefix = <bytes>plan[3] if self.schemas else b""
+        cdef bytes b = _NULL if before is None else <bytes>before
+        cdef bytes a = _NULL if after is None else <bytes>after
+        cdef Py_ssize_t n = (
+            PyBytes_GET_SIZE(value_prefix) + PyBytes_GET_SIZE(_BEFORE) + PyBytes_GET_SIZE(b) + PyBytes_GET_SIZE(_AFTER)
+            + PyBytes_GET_SIZE(a) + PyBytes_GET_SIZE(_SOURCE) + PyBytes_GET_SIZE(self.s_head) + lsn_len
+            + PyBytes_GET_SIZE(self.s_middle) + lsn_len + PyBytes_GET_SIZE(self.s_tail) + PyBytes_GET_SIZE(_TRANSACTION)
+            + PyBytes_GET_SIZE(transaction) + PyBytes_GET_SIZE(_OP)
+            + PyBytes_GET_SIZE(op) + PyBytes_GET_SIZE(_TS_MS) + ms_len + PyBytes_GET_SIZE(_TS_US) + us_len
+            + PyBytes_GET_SIZE(_TS_NS) + ns_len + 1 + (1 if self.schemas else 0)
+        )
+        cdef bytes out = PyBytes_FromStringAndSize(NULL, n)
+        cdef char* at = PyBytes_AS_STRING(out)
+        at = _put(at, value_prefix)
+        at = _put(at, _BEFORE)
+        at = _put(at, b)
+        at = _put(at, _AFTER)
+        at = _put(at, a)
+        at = _put(at, _SOURCE)
+        at = _put(at, self.s_head)
+        at = _put_raw(at, lsn_text, lsn_len)
+        at = _put(at, self.s_middle)
+        at = _put_raw(at, lsn_text, lsn_len)
+        at = _put(at, self.s_tail)
+        at = _put(at, _TRANSACTION)
+        at = _put(at, transaction)
+        at = _put(at, _OP)
+        at = _put(at, op)
+        at = _put(at, _TS_MS)
+        at = _put_raw(at, ms_text, ms_len)
+        at = _put(at, _TS_US)
+        at = _put_raw(at, us_text, us_len)
+        at = _put(at, _TS_NS)
+        at = _put_raw(at, ns_text, ns_len)
+        at[0] = 125  # '}'
+        if self.schemas:
+            at[1] = 125
+        return out
+
+    cdef inline object _record(self, topic, key, value, headers):
+        return self.record_new(self.record_class, (topic, key, value, headers, None))
+
+    def __call__(self, event):
+        if type(event) is not self.change_class:
+            return self.reference(event)
+        op = event.op
+        row_class = self.row_class
+        before = event.before
+        after = event.after
+        cdef bytes op_text
+        cdef bint delete = False
+        if op is self.op_create or op is self.op_read:
+            if type(after) is not row_class:
+                return self.reference(event)
+            op_text = b"c" if op is self.op_create else b"r"
+            before = None  # the reference writes a create's or read's envelope without one, whatever the event holds
+            keyed = after
+        elif op is self.op_delete:
+            if type(before) is not row_class:
+                return self.reference(event)
+            op_text = b"d"
+            delete = True
+            keyed = before
+        elif op is self.op_update:
+            if type(after) is not row_class:
+                return self.reference(event)
+            if before is not None and (type(before) is not row_class or before.key_data != after.key_data):
+                return self.reference(event)  # typed, or a key change (delete, tombstone, create)
+            op_text = b"u"
+            keyed = after
+        else:
+            return self.reference(event)
+        table = event.table
+        cdef tuple plan = self._plan(table)
+        if plan is None:
+            return self.reference(event)
+        commit_lsn, xid, commit_ts_us = event.commit_lsn, event.xid, event.commit_ts_us
+        if not self._source(table, commit_ts_us, commit_lsn, xid, event.snapshot):
+            return self.reference(event)
+        lsn = event.lsn
+        if lsn < 0:
+            return self.reference(event)
+        cdef char lsn_text[24]
+        cdef Py_ssize_t lsn_len = _digits(lsn_text, <uint64_t>lsn)
+        cdef int64_t now = self.clock()
+        if now < 0:
+            return self.reference(event)
+        block = event.transaction
+        cdef bytes transaction = _NULL if block is None else self.dumps(block.as_dict())
+        headers = ()
+        if self.serializer.position_headers:
+            headers = self._headers(lsn, PyBytes_FromStringAndSize(lsn_text, lsn_len), commit_lsn, xid, event.ordinal)
+        key = keyed.key_data
+        if self.schemas:
+            key = <bytes>plan[2] + key + b"}"
+        topic = plan[1]
+        if delete:
+            value = self._value(plan, before.data, None, transaction, op_text, lsn_text, lsn_len, now)
+            return [self._record(topic, key, value, headers), self._record(topic, key, None, headers)]
+        value = self._value(plan, None if before is None else before.data, after.data, transaction, op_text, lsn_text, lsn_len, now)
+        return [self._record(topic, key, value, headers)]

@@ -1,0 +1,303 @@
+"""The compiled JSON envelope (``cdc.render._envelope``) against the reference (``EventSerializer.records`` of
+the JSON serializer): the same events in, the same records out, byte for byte (topic, key, value, headers,
+partition), and the same errors.
+
+The events are decoded once from pgoutput (rows rendered by the chosen row codec) and handed to two
+serializers of the same settings, one serializing with the compiled envelope, one with the reference:
+inserts, updates with and without the old row, key changes, deletes by key and by the whole old row,
+unchanged TOASTed values, NULLs, snapshot reads, transaction blocks, several tables and transactions, with
+the schema block and the position headers on and off; then hypothesis for values, positions and clocks.
+
+The compiled module must be there: without it these tests fail (collection error), unless
+``CDC_PURE_PYTHON`` is set, the run of the suite on the reference, where they are skipped as such.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cdc.decoder.changes import ChangeDecoder
+from cdc.decoder.pgoutput import UNCHANGED
+from cdc.event import ChangeEvent, Event, Op, TableInfo, TransactionBlock
+from cdc.lsn import Lsn
+from cdc.render import codec
+from cdc.render.codec import TableRenderer
+from cdc.render.rows import RenderedRow
+from cdc.sink.json import JsonSerializer, JsonSettings
+from cdc.sink.records import EventSerializer
+from tests.support.accounts import numeric_typmod
+from tests.support.pgoutput import begin, commit, delete, insert, relation, tuple_data, update
+
+try:
+    from cdc.render import _envelope
+except ImportError as exc:  # pragma: no cover - the reference's run, or a broken build
+    if os.environ.get(codec.FORCE_REFERENCE_ENV, "") in ("", "0"):
+        raise ImportError(
+            f"the compiled JSON envelope is not built ({exc}): build it (pip install -e ., or python setup.py "
+            "build_ext --inplace), or set CDC_PURE_PYTHON=1 to run the suite on the reference alone"
+        ) from exc
+    pytest.skip(f"{codec.FORCE_REFERENCE_ENV} is set and the compiled envelope is not built", allow_module_level=True)
+
+NUMERIC = numeric_typmod(12, 2)
+# relation id -> (table, columns as a Relation message gives them, replica identity)
+TABLES: dict[int, tuple[TableInfo, tuple[tuple[int, str, int, int], ...], bytes]] = {
+    16384: (
+        TableInfo("public", "accounts", 16384, "d", ("id",), ("id", "name", "amount", "at", "ref", "doc", "note"),
+                  frozenset({"id", "name"})),  # fmt: skip
+        ((1, "id", 20, -1), (0, "name", 25, -1), (0, "amount", 1700, NUMERIC), (0, "at", 1184, -1), (0, "ref", 2950, -1),
+         (0, "doc", 3802, -1), (0, "note", 1043, 24)),  # fmt: skip
+        b"d",
+    ),
+    16385: (
+        TableInfo("shop", "orders", 16385, "f", ("order_id",), ("order_id", "item", "qty"), frozenset({"order_id"})),
+        ((1, "order_id", 20, -1), (0, "item", 25, -1), (0, "qty", 23, -1)),
+        b"f",
+    ),
+    16386: (
+        TableInfo("public", "pairs", 16386, "d", ("a", "b"), ("a", "b", "v"), frozenset({"a", "b"})),
+        ((1, "a", 23, -1), (1, "b", 25, -1), (0, "v", 16, -1)),
+        b"d",
+    ),
+}
+CLOCK = 1_700_000_000_123_456_789
+
+
+def counter(start: int, step: int = 1_000_003) -> Callable[[], int]:
+    """A clock that moves on each call: both sides must read it once per event, in the same order."""
+    now = [start - step]
+
+    def clock() -> int:
+        now[0] += step
+        return now[0]
+
+    return clock
+
+
+def new_serializer(schemas: bool, headers: bool, clock: Callable[[], int]) -> JsonSerializer:
+    ser = JsonSerializer(JsonSettings(topic_prefix="p", database="db", schemas_enable=schemas), lambda topic: 2, clock_ns=clock)
+    ser.position_headers = headers
+    return ser
+
+
+def decode(payloads: Sequence[tuple[bytes, int]], relation_ids: Sequence[int] = tuple(TABLES)) -> list[Event]:
+    """The events of ``payloads`` (each with its WAL position) after the tables' Relation messages; rows
+    rendered for the JSON format by the chosen row codec."""
+    ser = new_serializer(False, True, lambda: CLOCK)
+    tables = {f"{info.schema}.{info.name}": info for info, _, _ in (TABLES[r] for r in relation_ids)}
+    decoder = ChangeDecoder(tables, {}, renderer=TableRenderer(ser.row_rendering))
+    for rel in relation_ids:
+        info, columns, identity = TABLES[rel]
+        decoder.feed(relation(rel, info.schema, info.name, identity, columns), Lsn(0x10))
+    events: list[Event] = []
+    for payload, lsn in payloads:
+        events += decoder.feed(payload, Lsn(lsn))
+    return events
+
+
+def serialize(records: Callable[[Any], Any], events: Sequence[Event]) -> list[Any]:
+    out: list[Any] = []
+    for event in events:
+        if not isinstance(event, ChangeEvent):
+            continue
+        try:
+            out.append(records(event))
+        except Exception as exc:  # noqa: BLE001 - the two must fail alike too
+            out.append((type(exc).__name__, str(exc)))
+    return out
+
+
+def compare(events: Sequence[Event], schemas: bool, headers: bool, clock_start: int = CLOCK) -> int:
+    """Both over ``events``: the same records, byte for byte; how many events the compiled envelope wrote itself."""
+    reference = new_serializer(schemas, headers, counter(clock_start))
+    expected = serialize(lambda e: EventSerializer.records(reference, e), events)
+    clock = counter(clock_start)
+    compiled_side = new_serializer(schemas, headers, clock)
+    handed: list[Any] = []
+
+    def fallback(event: Any) -> Any:
+        handed.append(event)
+        return EventSerializer.records(compiled_side, event)
+
+    records = codec.compiled_json_records(compiled_side, fallback, schemas=schemas, clock_ns=clock)
+    assert isinstance(records, _envelope.JsonRecords)
+    got = serialize(records, events)
+    assert got == expected
+    for a, b in zip(got, expected, strict=True):  # the same bytes, and records of the same class
+        if isinstance(b, list):
+            assert [type(r) for r in a] == [type(r) for r in b]
+    return sum(isinstance(e, ChangeEvent) for e in events) - len(handed)
+
+
+def account(i: int, name: bytes | None = b"ann", amount: bytes | None = b"12.50", note: Any = b"n") -> bytes:
+    return tuple_data(str(i).encode(), name, amount, b"2026-11-27 10:11:12.345678+00",
+                      b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", b'{"k": [1, "x"]}', note)  # fmt: skip
+
+
+def workload() -> list[tuple[bytes, int]]:
+    """Three transactions over three tables: every op, NULLs, unchanged TOAST, key changes."""
+    first = [
+        (begin(final_lsn=0x1000, xid=700), 0x100),
+        (insert(16384, account(1)), 0x101),
+        (insert(16385, tuple_data(b"10", b"pen", b"3")), 0x102),
+        (insert(16384, account(2, amount=None, note=None)), 0x103),
+        (insert(16386, tuple_data(b"1", b"x", b"t")), 0x104),
+        (insert(16386, tuple_data(b"2", b"y", None)), 0x105),
+        (insert(16384, account(3, name=b'quote " and \\ back \xc3\xa9 \xf0\x9f\x98\x80')), 0x106),
+        (commit(commit_lsn=0x1000, end_lsn=0x1010), 0x107),
+    ]
+    second = [
+        (begin(final_lsn=0x2000, xid=701), 0x200),
+        (update(16384, account(1, amount=b"-0.01")), 0x201),  # no old row
+        (update(16384, account(1, note=UNCHANGED)), 0x202),  # an unchanged TOASTed value
+        (update(16384, account(9), key=tuple_data(b"1", None, None, None, None, None, None)), 0x203),  # key change
+        (update(16385, tuple_data(b"10", b"pen", b"4"), old=tuple_data(b"10", b"pen", b"3")), 0x204),  # old row, same key
+        (update(16385, tuple_data(b"11", b"pen", b"4"), old=tuple_data(b"10", b"pen", b"4")), 0x205),  # old row, key change
+        (update(16385, tuple_data(b"11", b"ink", b"5"), old=tuple_data(b"11", None, b"4")), 0x206),
+        (update(16386, tuple_data(b"1", b"x", b"f")), 0x207),
+        (delete(16384, key=tuple_data(b"2", None, None, None, None, None, None)), 0x208),  # key only
+        (delete(16385, old=tuple_data(b"11", b"ink", b"5")), 0x209),  # the whole old row
+        (delete(16386, key=tuple_data(b"2", b"y", None)), 0x20A),
+        (commit(commit_lsn=0x2000, end_lsn=0x2010), 0x20B),
+    ]
+    third = [
+        (begin(final_lsn=0xFFFFFFFFFFFFFF00, ts=0, xid=0xFFFFFFFF), 0xFFFFFFFFFFFFFE00),
+        (insert(16384, account(4)), 0xFFFFFFFFFFFFFE01),
+        (insert(16384, account(5, name=None)), 0xFFFFFFFFFFFFFE02),  # a NULL in a NOT NULL column: typed path
+        (insert(16386, tuple_data(None, None, b"t")), 0xFFFFFFFFFFFFFE03),  # a NULL key: an error, the same one
+        (delete(16384, key=tuple_data(b"4", None, None, None, None, None, None)), 0xFFFFFFFFFFFFFFFF),
+        (commit(commit_lsn=0xFFFFFFFFFFFFFF00, end_lsn=0xFFFFFFFFFFFFFF10), 0xFFFFFFFFFFFFFF10),
+    ]
+    return first + second + third
+
+
+def variants(events: Sequence[Event]) -> Iterator[Event]:
+    """Each event as it is, then as a snapshot read, with a transaction block, outside a known transaction, and
+    an update as a read or delete that still holds its other row."""
+    for event in events:
+        yield event
+        if not isinstance(event, ChangeEvent):
+            continue
+        if event.op is Op.CREATE:
+            yield dataclasses.replace(event, op=Op.READ, snapshot=True)
+            yield dataclasses.replace(event, op=Op.READ, snapshot=True, xid=None)
+        yield dataclasses.replace(event, transaction=TransactionBlock("701:8192", 3, 1))
+        if event.op is Op.UPDATE:  # shapes no stage makes, but the reference has an answer for: the same one
+            yield dataclasses.replace(event, op=Op.READ)
+            yield dataclasses.replace(event, op=Op.DELETE, before=event.after)
+        yield dataclasses.replace(event, xid=None)
+
+
+@pytest.mark.parametrize("headers", [False, True])
+@pytest.mark.parametrize("schemas", [False, True])
+def test_every_op_of_several_tables_and_transactions_writes_the_same_records(schemas: bool, headers: bool) -> None:
+    events = decode(workload())
+    rows = [r for e in events if isinstance(e, ChangeEvent) for r in (e.before, e.after) if r is not None]
+    assert sum(type(r) is RenderedRow for r in rows) >= 15  # mostly rendered, some typed (TOAST, NULLs)
+    assert any(type(r) is not RenderedRow for r in rows)
+    compiled = compare(events, schemas, headers)
+    assert compiled >= 12  # the compiled envelope wrote most of them itself
+    assert compare(list(variants(events)), schemas, headers) > compiled
+
+
+def test_transaction_blocks_are_written_compiled_as_the_reference_writes_them() -> None:
+    events = [e for e in decode(workload()[:8]) if isinstance(e, ChangeEvent)]
+    blocks = [dataclasses.replace(e, transaction=TransactionBlock(f"700:{4096 + i}", i + 1, i)) for i, e in enumerate(events)]
+    for schemas in (False, True):
+        assert compare(blocks, schemas, True) == len(events) == 6
+    (record,) = EventSerializer.records(new_serializer(False, False, lambda: CLOCK), blocks[1])
+    assert record.value is not None and b'"transaction":{"id":"700:4097","total_order":2,"data_collection_order":1},"op":"c"' in record.value
+
+
+def test_a_table_announced_again_and_tables_interleaved_in_one_transaction_keep_their_own_records() -> None:
+    info, columns, identity = TABLES[16384]
+    payloads = [
+        (begin(final_lsn=0x3000, xid=702), 0x300),
+        (insert(16384, account(1)), 0x301),
+        (insert(16385, tuple_data(b"7", b"cup", b"1")), 0x302),
+        (relation(16384, info.schema, info.name, identity, columns), 0x303),  # an equal schema, a new object
+        (insert(16384, account(2)), 0x304),
+        (relation(16384, info.schema, info.name, identity, columns[:-1]), 0x305),  # a column dropped
+        (insert(16384, tuple_data(b"3", b"bo", b"1.00", b"2026-11-27 10:11:12+00", b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+                                  b"[]")), 0x306),
+        (insert(16385, tuple_data(b"8", b"cup", b"2")), 0x307),
+        (commit(commit_lsn=0x3000, end_lsn=0x3010), 0x308),
+    ]
+    events = decode(payloads)
+    assert sum(isinstance(e, ChangeEvent) for e in events) == 5
+    for schemas in (False, True):
+        for headers in (False, True):
+            assert compare(events, schemas, headers) == 5
+
+
+def test_the_chooser_gives_the_compiled_envelope_unless_the_reference_is_forced() -> None:
+    ser = new_serializer(False, False, lambda: CLOCK)
+    forced = os.environ.get(codec.FORCE_REFERENCE_ENV, "") not in ("", "0")
+    assert isinstance(ser.records, _envelope.JsonRecords) is not forced
+    events = [e for e in decode(workload()[:3]) if isinstance(e, ChangeEvent)]
+    assert ser.records(events[0]) == EventSerializer.records(new_serializer(False, False, lambda: CLOCK), events[0])
+
+
+def test_the_position_headers_switched_after_the_serializer_was_made_are_followed() -> None:
+    events = [e for e in decode(workload()[:3]) if isinstance(e, ChangeEvent)]
+    ser = new_serializer(False, False, lambda: CLOCK)
+    records = codec.compiled_json_records(ser, ser.records, schemas=False, clock_ns=lambda: CLOCK)
+    assert records(events[0])[0].headers == ()
+    ser.position_headers = True
+    assert [name for name, _ in records(events[0])[0].headers] == ["cdc.lsn", "cdc.commit_lsn", "cdc.txid", "cdc.ordinal"]
+
+
+# -- hypothesis: values, positions, transactions and clocks ---------------------------------------------
+
+INTS = st.integers(-(2**63), 2**63 - 1).map(lambda n: str(n).encode())
+TEXTS = st.text(max_size=10).map(str.encode)
+AMOUNTS = st.integers(-(10**10), 10**10).map(lambda n: f"{n / 100:.2f}".encode()) | st.sampled_from([b"NaN", b"1.5", b"-0.00"])
+VALUE = st.one_of(st.none(), st.just(UNCHANGED))
+
+
+@st.composite
+def transactions(draw: st.DrawFn) -> list[tuple[bytes, int]]:
+    payloads: list[tuple[bytes, int]] = []
+    for _ in range(draw(st.integers(1, 3))):
+        lsn = draw(st.integers(0, 2**64 - 40))
+        payloads.append((begin(final_lsn=draw(st.integers(0, 2**64 - 1)), ts=draw(st.integers(0, 2**62)),
+                               xid=draw(st.integers(1, 2**32 - 1))), lsn))  # fmt: skip
+        for i in range(draw(st.integers(1, 6))):
+            rel = draw(st.sampled_from([16384, 16385]))
+            if rel == 16384:
+                new = tuple_data(draw(INTS), draw(TEXTS | VALUE), draw(AMOUNTS | VALUE), b"2026-01-02 03:04:05+00",
+                                 b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", b"{}", draw(TEXTS | VALUE))  # fmt: skip
+                key = tuple_data(draw(INTS), None, None, None, None, None, None)
+            else:
+                new = tuple_data(draw(INTS), draw(TEXTS | VALUE), draw(INTS | VALUE))
+                key = tuple_data(draw(INTS), draw(TEXTS | st.none()), draw(INTS | st.none()))
+            kind = draw(st.sampled_from(["insert", "update", "update_old", "delete"]))
+            if kind == "insert":
+                payload = insert(rel, new)
+            elif kind == "update":
+                payload = update(rel, new)
+            elif kind == "update_old":
+                payload = update(rel, new, old=new if draw(st.booleans()) else key) if rel == 16385 else update(rel, new, key=key)
+            else:
+                payload = delete(rel, old=new) if rel == 16385 and draw(st.booleans()) else delete(rel, key=key)
+            payloads.append((payload, lsn + 1 + i))
+        payloads.append((commit(), lsn + 20))
+    return payloads
+
+
+@settings(max_examples=300, deadline=None)
+@given(transactions(), st.booleans(), st.booleans(), st.integers(0, 2**63 - 2**40), st.booleans())
+def test_random_transactions_write_the_same_records(
+    payloads: list[tuple[bytes, int]], schemas: bool, headers: bool, clock: int, more: bool
+) -> None:
+    try:
+        events = decode(payloads, (16384, 16385))
+    except Exception:  # noqa: BLE001 - what the decoder refuses is not the envelope's business
+        return
+    compare(list(variants(events)) if more else events, schemas, headers, clock)
