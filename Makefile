@@ -26,13 +26,17 @@ demo: $(STAMP)
 # Kafka); the whole suite runs on 15. 16.2 is a release with PostgreSQL's publication race
 # (test_publication_race.py shows the daemon's guard against it).
 PG_VERSIONS      := 16 17 18
+# test_pipeline's tests of what the server does (its slot across SIGKILL and SIGTERM); its topic and
+# compaction tests are Kafka's alone and run once, in the suite.
+PG_VERSION_PIPELINE := test_insert_update_delete_become_envelopes_keyed_by_primary_key_with_a_tombstone_after_the_delete \
+	test_sigkill_between_changes_and_a_restart_lose_no_change test_sigterm_stops_cleanly_and_confirms_the_last_commit
 PG_VERSION_TESTS := $(addprefix tests/integration/,test_decoder_types.py test_decoder_changes.py test_publication_filters.py \
 	test_decoder_streaming.py test_decoder_daemon.py test_snapshot_initial.py \
-	test_render_json.py test_table_patterns.py test_pipeline.py \
-	test_snapshot_incremental.py test_publication_race.py test_slot_failover_default.py)
+	test_render_json.py test_table_patterns.py test_snapshot_incremental.py test_publication_race.py \
+	test_slot_failover_default.py $(addprefix test_pipeline.py::,$(PG_VERSION_PIPELINE)))
 
-# The suite on two xdist workers with the version list beside it, then the unit tests on the pure-Python
-# row codec: see scripts/test.sh. The services are stopped (CDC_TEST_STOP_SERVICES=1, as CI sets it)
+# The suite on three xdist workers with the version list beside it, and after that list the unit tests
+# on the pure-Python row codec: see scripts/test.sh. The services are stopped (CDC_TEST_STOP_SERVICES=1, as CI sets it)
 # once, after the last session that uses them.
 test: $(STAMP) lint
 	PG_VERSIONS="$(PG_VERSIONS)" PG_VERSION_TESTS="$(PG_VERSION_TESTS)" PYTHON=$(BIN)/python bash scripts/test.sh

@@ -1,16 +1,18 @@
 """Fixture modules, listed once (as quix-streams' tests/conftest.py does): each test asks for fixtures by name.
 
 `make test` runs the suite on pytest-xdist workers (three unless CDC_TEST_WORKERS says). The scheduler below
-hands out whole groups: a module's tests go to one worker (its module-scoped fixtures are built once), the
-Spark modules to two workers (two groups, each with one Spark JVM), and every podman module to one worker
-(the image builds share build/). Tests run beside each other against the session's servers, so a test
+hands out whole groups: a module's tests go to one worker (its module-scoped fixtures are built once), every
+Spark module to one worker (one Spark JVM at a time), and every podman module to one worker (the image
+builds share build/). Tests run beside each other against the session's servers, so a test
 that stops or reconfigures a server uses one of its own (test_broker_outage.py starts its own broker; the
 failover and slot invalidation tests their own PostgreSQL).
 
 The longest groups go first (``FIRST``, in the collection's order, which ``pytest_collection_modifyitems``
 sets): the Spark modules took 1,550 s of a 1,572 s suite on one worker (2026-11-28), so a Spark group
 handed out late ends the run alone. xdist's own reordering of groups by their number of tests (on by
-default) would put the unit modules first: the scheduler turns it off.
+default) would put the unit modules first: the scheduler turns it off. The Spark modules are not split
+over two workers: two Spark JVMs beside the podman builds made the run slower on two cores (27:34
+against 26:17, 2026-11-28), the machine's CPU being the limit, not the workers.
 
 xdist's own ``--dist loadgroup`` is not used: with pytest 9 it leaves the node ids alone (xdist 3.8
 renames ``_nodeid``, pytest 9 reads ``_id``), so its groups are silently ignored.
@@ -31,17 +33,11 @@ def group_of(nodeid: str) -> str:
     if module.startswith("tests/container/"):
         return "podman"
     if module.startswith("tests/integration/test_spark"):
-        return "spark-2" if module in SECOND_SPARK_GROUP else "spark-1"
+        return "spark"
     return module
 
 
-SECOND_SPARK_GROUP = frozenset(
-    f"tests/integration/{name}.py" for name in ("test_spark", "test_spark_avro", "test_spark_decode")
-)
-"""The Spark modules of the second Spark group: about half of the Spark tests' time (the other half is
-test_spark_declared's, with test_spark_positions and test_spark_type_changes)."""
-
-FIRST = ("spark-1", "spark-2", "podman")
+FIRST = ("spark", "podman")
 """Groups that run before all others, longest first."""
 
 
