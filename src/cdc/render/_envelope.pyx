@@ -1,9 +1,13 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
-"""The compiled envelope of the JSON format: a row change whose rows the decoder rendered, in; its Kafka
+"""The compiled envelopes of the JSON and Avro formats. JSON: a row change whose rows the decoder rendered, in; its Kafka
 records (topic, key bytes, value bytes: Debezium's envelope around the rows and the spliced source block,
 headers), out, in one call. Beside the reference (``EventSerializer.records`` of ``cdc.sink.json``), which
 it must match byte for byte (tests/unit/test_envelope_codec.py), and which it hands every other event:
 typed rows, a key change, truncates, messages, a source block that cannot be spliced.
+
+``AvroRecords`` does the same for the Avro format (``cdc.sink.avro``; tests/unit/test_avro_envelope_codec.py):
+the Confluent wire format around the envelope's Avro binary, its constant pieces (schema ids included) taken
+from the serializer's own plan, which alone registers schemas.
 
 ``JsonRecords(serializer, reference, ...)`` is called as ``records(event) -> list[Record]``; it reads from
 the serializer what it may change after it was made (``position_headers``) at each event, and takes the
@@ -247,4 +251,266 @@ cdef class JsonRecords:
             value = self._value(plan, before.data, None, transaction, op_text, lsn_text, lsn_len, now)
             return [self._record(topic, key, value, headers), self._record(topic, key, None, headers)]
         value = self._value(plan, None if before is None else before.data, after.data, transaction, op_text, lsn_text, lsn_len, now)
+        return [self._record(topic, key, value, headers)]
+
+
+# --- Avro ---------------------------------------------------------------------------------------------
+
+cdef inline char* _varint(char* at, uint64_t z) noexcept nogil:
+    """Avro's varint of an already zig-zagged ``z`` at ``at`` (room for 10); past its end."""
+    while z >= 0x80:
+        at[0] = <char>((z & 0x7F) | 0x80)
+        at += 1
+        z >>= 7
+    at[0] = <char>z
+    return at + 1
+
+
+cdef inline uint64_t _zigzag(int64_t n) noexcept nogil:
+    return (<uint64_t>n << 1) ^ <uint64_t>(n >> 63)
+
+
+cdef inline int64_t _floor_div(int64_t n, int64_t d) noexcept nogil:
+    """Python's ``n // d`` (d > 0): C's division truncates towards zero."""
+    cdef int64_t q = n / d
+    if n % d != 0 and n < 0:
+        q -= 1
+    return q
+
+
+cdef class AvroRecords:
+    """``records(event)`` of an ``AvroSerializer``: row changes of rendered rows compiled, the rest by ``reference``.
+
+    The value is the Confluent wire format around the envelope's Avro binary: the plan's wire prefix, the
+    ``before``/``after`` unions (their branch bytes and the rows' binaries), the source block spliced around
+    its two per-event fields (``sequence``, ``lsn``), the transaction union, ``op`` and the three clock
+    fields. Each constant piece is taken from the serializer's own compiled field writers by
+    ``cdc.render.codec.avro_envelope_pieces`` (which checks them against the varints written here), so the
+    schemas, their ids and their registration stay the reference's.
+    """
+
+    cdef object serializer
+    cdef object reference
+    cdef object change_class, row_class, record_class
+    cdef object op_create, op_read, op_update, op_delete
+    cdef object position_headers
+    cdef str lsn_header, commit_header, txid_header, ordinal_header
+    cdef object clock
+    cdef object pieces  # codec.avro_envelope_pieces: plan -> the envelope's constant pieces, or None
+    cdef bytes seq_prefix, lsn_prefix  # the source's sequence and lsn fields before their values (union branch)
+    cdef dict plans  # id(table) -> (table, pieces or None)
+    cdef object s_table, s_commit_lsn, s_xid, s_ts
+    cdef bint s_snapshot
+    cdef bytes s_head, s_middle, s_tail
+    cdef object h_commit_lsn, h_xid
+    cdef tuple h_commit, h_txid
+    cdef object record_new
+
+    def __init__(self, serializer, reference, change_class, row_class, record_class, ops, position_headers,
+                 header_names, clock, pieces, bytes seq_prefix, bytes lsn_prefix):
+        self.serializer = serializer
+        self.reference = reference
+        self.change_class = change_class
+        self.row_class = row_class
+        self.record_class = record_class
+        self.op_create, self.op_read, self.op_update, self.op_delete = ops
+        self.position_headers = position_headers
+        self.lsn_header, self.commit_header, self.txid_header, self.ordinal_header = header_names
+        self.clock = clock
+        self.pieces = pieces
+        self.seq_prefix = seq_prefix
+        self.lsn_prefix = lsn_prefix
+        self.plans = {}
+        self.s_table = None
+        self.h_xid = None
+        self.h_commit_lsn = None
+        self.record_new = tuple.__new__
+
+    cdef tuple _plan(self, table):
+        """(topic, key prefix, wire prefix, before null, before tag, after null, after tag, no transaction,
+        transaction writer, op c, op r, op u, op d, ts_ms prefix, ts_us prefix, ts_ns prefix), or None where
+        the reference must take the event. The serializer's plan is made (and its schemas registered) by the
+        serializer itself, as the reference would at this event."""
+        cdef object entry = self.plans.get(id(table))
+        if entry is not None and (<tuple>entry)[0] is table:
+            return <tuple>(<tuple>entry)[1]
+        pieces = self.pieces(self.serializer._plan(table))
+        if len(self.plans) >= _MAX_PLANS:
+            self.plans.clear()
+        self.plans[id(table)] = (table, pieces)
+        return <tuple>pieces
+
+    cdef bint _source(self, table, commit_ts_us, commit_lsn, xid, bint snapshot) except -1:
+        if (
+            table is self.s_table
+            and snapshot == self.s_snapshot
+            and commit_lsn == self.s_commit_lsn
+            and xid == self.s_xid
+            and commit_ts_us == self.s_ts
+        ):
+            return True
+        if self.serializer._source_fields is None:
+            return False
+        parts = self.serializer._source_cached(table, commit_ts_us, commit_lsn, xid, snapshot)
+        self.s_head, self.s_middle, self.s_tail = parts[1], parts[3], parts[5]
+        self.s_table, self.s_commit_lsn, self.s_xid, self.s_ts, self.s_snapshot = table, commit_lsn, xid, commit_ts_us, snapshot
+        return True
+
+    cdef tuple _headers(self, lsn, bytes lsn_text, commit_lsn, xid, ordinal):
+        if commit_lsn is None or xid is None:
+            return self.position_headers(lsn, commit_lsn, xid, ordinal)
+        if not (xid == self.h_xid and commit_lsn == self.h_commit_lsn):
+            self.h_commit = (self.commit_header, b"%d" % commit_lsn)
+            self.h_txid = (self.txid_header, b"%d" % xid)
+            self.h_commit_lsn, self.h_xid = commit_lsn, xid
+        return ((self.lsn_header, lsn_text), self.h_commit, self.h_txid, (self.ordinal_header, b"%d" % ordinal))
+
+    cdef bytes _value(self, tuple plan, before, after, bytes transaction, bytes op, bint has_commit,
+                      uint64_t commit_lsn, uint64_t lsn, const char* lsn_text, Py_ssize_t lsn_len, int64_t now):
+        """wire prefix, before, after, source (head, sequence, middle, lsn, tail), transaction, op, ts_ms/us/ns."""
+        cdef char seq[72]  # varint of the text's length, then ["<commit lsn>","<lsn>"] or [null,"<lsn>"]
+        cdef char text[64]
+        cdef char* t = text
+        t[0] = 91  # '['
+        t += 1
+        if has_commit:
+            t[0] = 34
+            t = t + 1
+            t += _digits(t, commit_lsn)
+            t[0] = 34
+            t += 1
+        else:
+            t = _put_raw(t, b"null", 4)
+        t = _put_raw(t, b',"', 2)
+        t = _put_raw(t, lsn_text, lsn_len)
+        t = _put_raw(t, b'"]', 2)
+        cdef Py_ssize_t text_len = t - text
+        cdef char* s = _varint(seq, _zigzag(text_len))
+        s = _put_raw(s, text, text_len)
+        cdef Py_ssize_t seq_len = s - seq
+        cdef char lsn_var[10]
+        cdef Py_ssize_t lsn_var_len = _varint(lsn_var, _zigzag(<int64_t>lsn)) - lsn_var
+        cdef char times[30]
+        cdef char* m = _varint(times, _zigzag(_floor_div(now, 1000000)))
+        cdef Py_ssize_t ms_len = m - times
+        cdef char* u = _varint(m, _zigzag(_floor_div(now, 1000)))
+        cdef Py_ssize_t us_len = u - m
+        cdef Py_ssize_t ns_len = _varint(u, _zigzag(now)) - u
+        cdef bytes b_head = <bytes>plan[3] if before is None else <bytes>plan[4]
+        cdef bytes b = b"" if before is None else <bytes>before
+        cdef bytes a_head = <bytes>plan[5] if after is None else <bytes>plan[6]
+        cdef bytes a = b"" if after is None else <bytes>after
+        cdef bytes wire = <bytes>plan[2]
+        cdef bytes ms_prefix = <bytes>plan[13]
+        cdef bytes us_prefix = <bytes>plan[14]
+        cdef bytes ns_prefix = <bytes>plan[15]
+        cdef Py_ssize_t n = (
+            PyBytes_GET_SIZE(wire) + PyBytes_GET_SIZE(b_head) + PyBytes_GET_SIZE(b) + PyBytes_GET_SIZE(a_head)
+            + PyBytes_GET_SIZE(a) + PyBytes_GET_SIZE(self.s_head) + PyBytes_GET_SIZE(self.seq_prefix) + seq_len
+            + PyBytes_GET_SIZE(self.s_middle) + PyBytes_GET_SIZE(self.lsn_prefix) + lsn_var_len
+            + PyBytes_GET_SIZE(self.s_tail) + PyBytes_GET_SIZE(transaction) + PyBytes_GET_SIZE(op)
+            + PyBytes_GET_SIZE(ms_prefix) + ms_len + PyBytes_GET_SIZE(us_prefix) + us_len
+            + PyBytes_GET_SIZE(ns_prefix) + ns_len
+        )
+        cdef bytes out = PyBytes_FromStringAndSize(NULL, n)
+        cdef char* at = PyBytes_AS_STRING(out)
+        at = _put(at, wire)
+        at = _put(at, b_head)
+        at = _put(at, b)
+        at = _put(at, a_head)
+        at = _put(at, a)
+        at = _put(at, self.s_head)
+        at = _put(at, self.seq_prefix)
+        at = _put_raw(at, seq, seq_len)
+        at = _put(at, self.s_middle)
+        at = _put(at, self.lsn_prefix)
+        at = _put_raw(at, lsn_var, lsn_var_len)
+        at = _put(at, self.s_tail)
+        at = _put(at, transaction)
+        at = _put(at, op)
+        at = _put(at, ms_prefix)
+        at = _put_raw(at, times, ms_len)
+        at = _put(at, us_prefix)
+        at = _put_raw(at, m, us_len)
+        at = _put(at, ns_prefix)
+        at = _put_raw(at, u, ns_len)
+        return out
+
+    cdef inline object _record(self, topic, key, value, headers):
+        return self.record_new(self.record_class, (topic, key, value, headers, None))
+
+    def __call__(self, event):
+        if type(event) is not self.change_class:
+            return self.reference(event)
+        op = event.op
+        row_class = self.row_class
+        before = event.before
+        after = event.after
+        cdef int op_index
+        cdef bint delete = False
+        if op is self.op_create or op is self.op_read:
+            if type(after) is not row_class:
+                return self.reference(event)
+            op_index = 9 if op is self.op_create else 10
+            before = None  # a create's or read's envelope has no old row, whatever the event holds
+            keyed = after
+        elif op is self.op_delete:
+            if type(before) is not row_class:
+                return self.reference(event)
+            op_index = 12
+            delete = True
+            after = None
+            keyed = before
+        elif op is self.op_update:
+            if type(after) is not row_class:
+                return self.reference(event)
+            if before is not None and (type(before) is not row_class or before.key_data != after.key_data):
+                return self.reference(event)  # typed, or a key change (delete, tombstone, create)
+            op_index = 11
+            keyed = after
+        else:
+            return self.reference(event)
+        table = event.table
+        cdef tuple plan = self._plan(table)
+        if plan is None:
+            return self.reference(event)
+        commit_lsn, xid, commit_ts_us = event.commit_lsn, event.xid, event.commit_ts_us
+        lsn = event.lsn
+        # an LSN past an Avro long, or one that is not a 64-bit position: the reference's answer (an error)
+        if not 0 <= lsn < 0x8000000000000000 or not (commit_lsn is None or 0 <= commit_lsn <= 0xFFFFFFFFFFFFFFFF):
+            return self.reference(event)
+        if not self._source(table, commit_ts_us, commit_lsn, xid, event.snapshot):
+            return self.reference(event)
+        block = event.transaction
+        cdef bytes transaction
+        if block is None:
+            transaction = <bytes>plan[7]
+        else:
+            try:
+                transaction = plan[8](block.as_dict())
+            except Exception:
+                return self.reference(event)  # a block that does not fit: the reference's error
+        cdef char lsn_text[24]
+        cdef Py_ssize_t lsn_len = _digits(lsn_text, <uint64_t>lsn)
+        cdef int64_t now = self.clock()
+        headers = ()
+        if self.serializer.position_headers:
+            headers = self._headers(lsn, PyBytes_FromStringAndSize(lsn_text, lsn_len), commit_lsn, xid, event.ordinal)
+        key = <bytes>plan[1] + keyed.key_data
+        topic = plan[0]
+        value = self._value(
+            plan,
+            None if before is None else before.data,
+            None if after is None else after.data,
+            transaction,
+            <bytes>plan[op_index],
+            commit_lsn is not None,
+            0 if commit_lsn is None else <uint64_t>commit_lsn,
+            <uint64_t>lsn,
+            lsn_text,
+            lsn_len,
+            now,
+        )
+        if delete:
+            return [self._record(topic, key, value, headers), self._record(topic, key, None, headers)]
         return [self._record(topic, key, value, headers)]

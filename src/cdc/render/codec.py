@@ -3,7 +3,8 @@
 compiler) or the reference (``cdc.render.rows.render_parser``, pure Python). Both write the same bytes
 (``tests/unit/test_codec.py`` holds them to it), so the choice changes speed only. The same choice covers
 the JSON format's envelope around those rows (``json_records``: ``cdc.render._envelope``, or the
-serializer's own ``records``; ``tests/unit/test_envelope_codec.py``). ``TableRenderer`` is the
+serializer's own ``records``; ``tests/unit/test_envelope_codec.py``), and the Avro format's (``avro_records``:
+``cdc.render._envelope.AvroRecords``; ``tests/unit/test_avro_envelope_codec.py``). ``TableRenderer`` is the
 decoder's ``RowRenderer`` built from a choice of which tables may be rendered at all
 (``cdc.pipeline.wiring.rendering_of`` derives it from the stages), with the chosen codec's parsers.
 
@@ -192,6 +193,103 @@ def json_records(
     return compiled_json_records(serializer, reference, schemas=schemas, clock_ns=clock_ns)
 
 
+_AVRO_ENVELOPE_FIELDS: Final = ("before", "after", "source", "transaction", "op", "ts_ms", "ts_us", "ts_ns")
+
+
+def avro_envelope_pieces(plan: Any) -> tuple[Any, ...] | None:
+    """The constant pieces of the Avro envelope of one table's plan (``cdc.sink.avro._AvroPlan``) for
+    ``_envelope.AvroRecords``, taken from the plan's own compiled field writers: (topic, key wire prefix,
+    value wire prefix, before null, before branch, after null, after branch, no transaction, the transaction
+    field's writer, op ``c``, ``r``, ``u``, ``d``, ts_ms, ts_us and ts_ns before their varints). None (the
+    reference takes the table's events) when the table has no key, the envelope is not compiled, or a field
+    is not written as a prefix and the varint that ``AvroRecords`` writes."""
+    from cdc.sink.avro_write import COMPILED_ERRORS, Encoded, write_long
+
+    if plan.key is None or not plan.key_fields or plan.envelope is None:
+        return None
+    from cdc.sink.avro_schema import avro_name
+
+    fields = plan.value.fields.get(avro_name(f"{plan.topic}.Envelope"))
+    if fields is None or tuple(fields) != _AVRO_ENVELOPE_FIELDS:
+        return None
+    try:
+        rows = []
+        for name in ("before", "after"):
+            write = fields[name]
+            rows += [write(None), write(Encoded(b""))]
+        ops = tuple(fields["op"](op) for op in "crud")
+        times = tuple(_long_prefix(fields[name], write_long) for name in ("ts_ms", "ts_us", "ts_ns"))
+        no_transaction = fields["transaction"](None)
+    except COMPILED_ERRORS:
+        return None
+    if None in times:
+        return None
+    return (plan.topic, plan.key.prefix, plan.value.prefix, *rows, no_transaction, fields["transaction"], *ops, *times)
+
+
+_LONG_SAMPLES: Final = (0, 1, -1, 63, 64, 2**31, 2**40 + 12345, 2**62 + 7, 2**63 - 1, -(2**63))
+
+
+def _long_prefix(write: Callable[[Any], bytes], write_long: Callable[[int], bytes]) -> bytes | None:
+    """What ``write`` (a long field's writer, or a union's) puts before the long's varint; None when it is not
+    that for every sample."""
+    prefix = write(0)[:-1]
+    if any(write(n) != prefix + write_long(n) for n in _LONG_SAMPLES):
+        return None
+    return prefix
+
+
+def _string_prefix(write: Callable[[Any], bytes], write_long: Callable[[int], bytes]) -> bytes | None:
+    """What ``write`` (a string field's writer, or a union's) puts before the string's length and text."""
+    prefix = write("")[:-1]
+    if any(write(t) != prefix + write_long(len(t.encode())) + t.encode() for t in ("", "[null,\"0\"]", "x" * 200)):
+        return None
+    return prefix
+
+
+def compiled_avro_records(serializer: Any, reference: Records, *, clock_ns: Callable[[], int]) -> Records:
+    """The compiled envelope's ``records`` of an Avro serializer (ImportError when it is not built): a row
+    change of rendered rows in one call, every other event handed to ``reference``, the serializer's own
+    ``EventSerializer.records`` (also every event, when its source block is not compiled)."""
+    from cdc.render import _envelope
+    from cdc.event import ChangeEvent, Op
+    from cdc.sink.avro_write import COMPILED_ERRORS, write_long
+    from cdc.sink.record import Record
+    from cdc.sink.records import position_headers
+    from cdc.sink.wire import COMMIT_LSN_HEADER, LSN_HEADER, ORDINAL_HEADER, TXID_HEADER
+
+    source_fields = dict(serializer._source_fields or ())
+    try:
+        seq_prefix = _string_prefix(source_fields["sequence"], write_long)
+        lsn_prefix = _long_prefix(source_fields["lsn"], write_long)
+    except (*COMPILED_ERRORS, KeyError):
+        seq_prefix = lsn_prefix = None
+    if seq_prefix is None or lsn_prefix is None:
+        return reference
+    records: Records = _envelope.AvroRecords(
+        serializer,
+        reference,
+        ChangeEvent,
+        RenderedRow,
+        Record,
+        (Op.CREATE, Op.READ, Op.UPDATE, Op.DELETE),
+        position_headers,
+        (LSN_HEADER, COMMIT_LSN_HEADER, TXID_HEADER, ORDINAL_HEADER),
+        clock_ns,
+        avro_envelope_pieces,
+        seq_prefix,
+        lsn_prefix,
+    )
+    return records
+
+
+def avro_records(serializer: Any, reference: Records, *, clock_ns: Callable[[], int]) -> Records:
+    """The chosen ``records`` of an Avro serializer: the compiled envelope's, or ``reference`` itself."""
+    if _ENVELOPE is None or not hasattr(_ENVELOPE, "AvroRecords"):
+        return reference
+    return compiled_avro_records(serializer, reference, clock_ns=clock_ns)
+
+
 def log_choice(log: Any = None) -> None:
     """Say at start-up which codec runs: an info event, or a warning naming the fix when the compiled one is
     missing (not when ``CDC_PURE_PYTHON`` asked for the reference)."""
@@ -202,6 +300,7 @@ def log_choice(log: Any = None) -> None:
             implementation="compiled",
             module=_COMPILED.__file__,
             json_envelope="compiled" if _ENVELOPE is not None else "reference",
+            avro_envelope="compiled" if _ENVELOPE is not None and hasattr(_ENVELOPE, "AvroRecords") else "reference",
         )
     elif os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
         log.info("row_codec", implementation="reference", reason=_WHY_NOT)

@@ -57,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
 from cdc.event import AnyRow, MessageEvent, TableSchema, TransactionBlock
+from cdc.render.codec import avro_records
 from cdc.render.rows import RowRendering, encoded
 from cdc.render.avro import avro_row_rendering
 from cdc.sink.avro_schema import avro_field_name, avro_name, avro_schema
@@ -185,6 +186,9 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             ]
         except Unsupported:
             self._source_fields = None
+        # The per-row call, chosen by cdc.render.codec as in JsonSerializer: compiled, a row change of rendered
+        # rows is one call, every other event goes to the reference (EventSerializer.records).
+        self.records = avro_records(self, self.records, clock_ns=clock_ns)  # type: ignore[method-assign,assignment]
 
     @property
     def settings(self) -> AvroSettings:

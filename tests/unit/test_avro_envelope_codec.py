@@ -1,0 +1,338 @@
+"""The compiled Avro envelope (``cdc.render._envelope.AvroRecords``) against the reference
+(``EventSerializer.records`` of the Avro serializer): the same events in, the same records out, byte for byte
+(topic, key, value in the Confluent wire format, headers, partition), the same errors, and the same schemas
+registered under the same subjects in the same order.
+
+As ``test_envelope_codec.py`` does for JSON: the events are decoded once from pgoutput (rows rendered into
+Avro binary by the chosen row codec) and handed to two serializers of the same settings, each with its own
+in-memory registry, one serializing with the compiled envelope, one with the reference: inserts, updates with
+and without the old row, key changes, deletes by key and by the whole old row, unchanged TOASTed values,
+NULLs, snapshot reads, transaction blocks, several tables and transactions, with the position headers on and
+off; then hypothesis for values, positions and clocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cdc.decoder.changes import ChangeDecoder
+from cdc.decoder.pgoutput import UNCHANGED
+from cdc.event import ChangeEvent, Event, Op, TableInfo, TransactionBlock
+from cdc.lsn import Lsn
+from cdc.render import codec
+from cdc.render.codec import TableRenderer
+from cdc.render.rows import RenderedRow
+from cdc.sink.avro import AvroSerializer, AvroSettings
+from cdc.sink.records import EventSerializer
+from tests.support.accounts import numeric_typmod
+from tests.support.pgoutput import begin, commit, delete, insert, relation, tuple_data, update
+
+try:
+    from cdc.render import _envelope
+except ImportError as exc:  # pragma: no cover - the reference's run, or a broken build
+    if os.environ.get(codec.FORCE_REFERENCE_ENV, "") in ("", "0"):
+        raise ImportError(
+            f"the compiled envelope is not built ({exc}): build it (pip install -e ., or python setup.py "
+            "build_ext --inplace), or set CDC_PURE_PYTHON=1 to run the suite on the reference alone"
+        ) from exc
+    pytest.skip(f"{codec.FORCE_REFERENCE_ENV} is set and the compiled envelope is not built", allow_module_level=True)
+
+NUMERIC = numeric_typmod(12, 2)
+# relation id -> (table, columns as a Relation message gives them, replica identity)
+TABLES: dict[int, tuple[TableInfo, tuple[tuple[int, str, int, int], ...], bytes]] = {
+    16384: (
+        TableInfo("public", "accounts", 16384, "d", ("id",), ("id", "name", "amount", "at", "ref", "doc", "note"),
+                  frozenset({"id", "name"})),  # fmt: skip
+        ((1, "id", 20, -1), (0, "name", 25, -1), (0, "amount", 1700, NUMERIC), (0, "at", 1184, -1), (0, "ref", 2950, -1),
+         (0, "doc", 3802, -1), (0, "note", 1043, 24)),  # fmt: skip
+        b"d",
+    ),
+    16385: (
+        TableInfo("shop", "orders", 16385, "f", ("order_id",), ("order_id", "item", "qty"), frozenset({"order_id"})),
+        ((1, "order_id", 20, -1), (0, "item", 25, -1), (0, "qty", 23, -1)),
+        b"f",
+    ),
+    16386: (
+        TableInfo("public", "pairs", 16386, "d", ("a", "b"), ("a", "b", "v"), frozenset({"a", "b"})),
+        ((1, "a", 23, -1), (1, "b", 25, -1), (0, "v", 16, -1)),
+        b"d",
+    ),
+}
+CLOCK = 1_700_000_000_123_456_789
+
+
+class Registry:
+    """In memory: an id per distinct schema (from ``first_id``), every call kept in order."""
+
+    def __init__(self, first_id: int = 1) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self._ids: dict[bytes, int] = {}
+        self._next = first_id
+
+    def register(self, subject: str, schema: Any, *, source: str | None = None) -> int:
+        canonical = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
+        schema_id = self._ids.get(canonical)
+        if schema_id is None:
+            schema_id = self._ids[canonical] = self._next
+            self._next += 1
+        self.calls.append((subject, schema_id))
+        return schema_id
+
+
+def counter(start: int, step: int = 1_000_003) -> Callable[[], int]:
+    """A clock that moves on each call: both sides must read it once per event, in the same order."""
+    now = [start - step]
+
+    def clock() -> int:
+        now[0] += step
+        return now[0]
+
+    return clock
+
+
+def new_serializer(headers: bool, clock: Callable[[], int], first_id: int = 1) -> tuple[AvroSerializer, Registry]:
+    registry = Registry(first_id)
+    ser = AvroSerializer(AvroSettings(topic_prefix="p", database="db"), lambda topic: 2, registry, clock_ns=clock)
+    ser.position_headers = headers
+    return ser, registry
+
+
+def decode(payloads: Sequence[tuple[bytes, int]], relation_ids: Sequence[int] = tuple(TABLES)) -> list[Event]:
+    """The events of ``payloads`` (each with its WAL position) after the tables' Relation messages; rows
+    rendered for the Avro format by the chosen row codec."""
+    ser, _ = new_serializer(True, lambda: CLOCK)
+    tables = {f"{info.schema}.{info.name}": info for info, _, _ in (TABLES[r] for r in relation_ids)}
+    decoder = ChangeDecoder(tables, {}, renderer=TableRenderer(ser.row_rendering))
+    for rel in relation_ids:
+        info, columns, identity = TABLES[rel]
+        decoder.feed(relation(rel, info.schema, info.name, identity, columns), Lsn(0x10))
+    events: list[Event] = []
+    for payload, lsn in payloads:
+        events += decoder.feed(payload, Lsn(lsn))
+    return events
+
+
+def serialize(records: Callable[[Any], Any], events: Sequence[Event]) -> list[Any]:
+    out: list[Any] = []
+    for event in events:
+        if not isinstance(event, ChangeEvent):
+            continue
+        try:
+            out.append(records(event))
+        except Exception as exc:  # noqa: BLE001 - the two must fail alike too
+            out.append((type(exc).__name__, str(exc)))
+    return out
+
+
+def compare(events: Sequence[Event], headers: bool, clock_start: int = CLOCK, first_id: int = 1) -> int:
+    """Both over ``events``: the same records, byte for byte, and the same registrations; how many events the
+    compiled envelope wrote itself."""
+    reference, reference_registry = new_serializer(headers, counter(clock_start), first_id)
+    expected = serialize(lambda e: EventSerializer.records(reference, e), events)
+    clock = counter(clock_start)
+    compiled_side, compiled_registry = new_serializer(headers, clock, first_id)
+    handed: list[Any] = []
+
+    def fallback(event: Any) -> Any:
+        handed.append(event)
+        return EventSerializer.records(compiled_side, event)
+
+    records = codec.compiled_avro_records(compiled_side, fallback, clock_ns=clock)
+    assert isinstance(records, _envelope.AvroRecords)
+    got = serialize(records, events)
+    assert got == expected
+    for a, b in zip(got, expected, strict=True):  # the same bytes, and records of the same class
+        if isinstance(b, list):
+            assert [type(r) for r in a] == [type(r) for r in b]
+    assert compiled_registry.calls == reference_registry.calls
+    return sum(isinstance(e, ChangeEvent) for e in events) - len(handed)
+
+
+def account(i: int, name: bytes | None = b"ann", amount: bytes | None = b"12.50", note: Any = b"n") -> bytes:
+    return tuple_data(str(i).encode(), name, amount, b"2026-11-27 10:11:12.345678+00",
+                      b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", b'{"k": [1, "x"]}', note)  # fmt: skip
+
+
+def workload() -> list[tuple[bytes, int]]:
+    """Three transactions over three tables: every op, NULLs, unchanged TOAST, key changes, LSNs past an Avro long."""
+    first = [
+        (begin(final_lsn=0x1000, xid=700), 0x100),
+        (insert(16384, account(1)), 0x101),
+        (insert(16385, tuple_data(b"10", b"pen", b"3")), 0x102),
+        (insert(16384, account(2, amount=None, note=None)), 0x103),
+        (insert(16386, tuple_data(b"1", b"x", b"t")), 0x104),
+        (insert(16386, tuple_data(b"2", b"y", None)), 0x105),
+        (insert(16384, account(3, name=b'quote " and \\ back \xc3\xa9 \xf0\x9f\x98\x80')), 0x106),
+        (commit(commit_lsn=0x1000, end_lsn=0x1010), 0x107),
+    ]
+    second = [
+        (begin(final_lsn=0x2000, xid=701), 0x200),
+        (update(16384, account(1, amount=b"-0.01")), 0x201),  # no old row
+        (update(16384, account(1, note=UNCHANGED)), 0x202),  # an unchanged TOASTed value
+        (update(16384, account(9), key=tuple_data(b"1", None, None, None, None, None, None)), 0x203),  # key change
+        (update(16385, tuple_data(b"10", b"pen", b"4"), old=tuple_data(b"10", b"pen", b"3")), 0x204),  # old row, same key
+        (update(16385, tuple_data(b"11", b"pen", b"4"), old=tuple_data(b"10", b"pen", b"4")), 0x205),  # old row, key change
+        (update(16385, tuple_data(b"11", b"ink", b"5"), old=tuple_data(b"11", None, b"4")), 0x206),
+        (update(16386, tuple_data(b"1", b"x", b"f")), 0x207),
+        (delete(16384, key=tuple_data(b"2", None, None, None, None, None, None)), 0x208),  # key only
+        (delete(16385, old=tuple_data(b"11", b"ink", b"5")), 0x209),  # the whole old row
+        (delete(16386, key=tuple_data(b"2", b"y", None)), 0x20A),
+        (commit(commit_lsn=0x2000, end_lsn=0x2010), 0x20B),
+    ]
+    third = [
+        (begin(final_lsn=0x7FFFFFFFFFFFFF00, ts=0, xid=0xFFFFFFFF), 0x7FFFFFFFFFFFFE00),
+        (insert(16384, account(4)), 0x7FFFFFFFFFFFFE01),
+        (insert(16384, account(5, name=None)), 0x7FFFFFFFFFFFFE02),  # a NULL in a NOT NULL column
+        (insert(16386, tuple_data(None, None, b"t")), 0x7FFFFFFFFFFFFE03),  # a NULL key: an error, the same one
+        (delete(16384, key=tuple_data(b"4", None, None, None, None, None, None)), 0x7FFFFFFFFFFFFFFF),
+        (commit(commit_lsn=0x7FFFFFFFFFFFFF00, end_lsn=0x7FFFFFFFFFFFFF10), 0x7FFFFFFFFFFFFF10),
+    ]
+    fourth = [  # past an Avro long: the source's lsn cannot be written, by either side
+        (begin(final_lsn=0xFFFFFFFFFFFFFF00, xid=702), 0xFFFFFFFFFFFFFE00),
+        (insert(16385, tuple_data(b"12", b"cap", b"1")), 0xFFFFFFFFFFFFFE01),
+        (commit(commit_lsn=0xFFFFFFFFFFFFFF00, end_lsn=0xFFFFFFFFFFFFFF10), 0xFFFFFFFFFFFFFF10),
+    ]
+    return first + second + third + fourth
+
+
+def variants(events: Sequence[Event]) -> Iterator[Event]:
+    """Each event as it is, then as a snapshot read, with a transaction block, outside a known transaction, and
+    an update as a read or delete that still holds its other row."""
+    for event in events:
+        yield event
+        if not isinstance(event, ChangeEvent):
+            continue
+        if event.op is Op.CREATE:
+            yield dataclasses.replace(event, op=Op.READ, snapshot=True)
+            yield dataclasses.replace(event, op=Op.READ, snapshot=True, xid=None)
+        yield dataclasses.replace(event, transaction=TransactionBlock("701:8192", 3, 1))
+        if event.op is Op.UPDATE:  # shapes no stage makes, but the reference has an answer for: the same one
+            yield dataclasses.replace(event, op=Op.READ)
+            yield dataclasses.replace(event, op=Op.DELETE, before=event.after)
+        yield dataclasses.replace(event, xid=None)
+
+
+@pytest.mark.parametrize("headers", [False, True])
+def test_every_op_of_several_tables_and_transactions_writes_the_same_records(headers: bool) -> None:
+    events = decode(workload())
+    rows = [r for e in events if isinstance(e, ChangeEvent) for r in (e.before, e.after) if r is not None]
+    assert sum(type(r) is RenderedRow for r in rows) >= 15  # mostly rendered, some typed (TOAST, NULLs)
+    assert any(type(r) is not RenderedRow for r in rows)
+    compiled = compare(events, headers)
+    assert compiled >= 12  # the compiled envelope wrote most of them itself
+    assert compare(list(variants(events)), headers) > compiled
+
+
+def test_schema_ids_of_every_width_are_the_registrys() -> None:
+    events = decode(workload()[:8])
+    for first_id in (0, 1, 0x7F, 0x01020304, 2**32 - 10):
+        assert compare(events, True, first_id=first_id) == 6
+
+
+def test_transaction_blocks_are_written_compiled_as_the_reference_writes_them() -> None:
+    events = [e for e in decode(workload()[:8]) if isinstance(e, ChangeEvent)]
+    blocks = [dataclasses.replace(e, transaction=TransactionBlock(f"700:{4096 + i}", i + 1, i)) for i, e in enumerate(events)]
+    assert compare(blocks, True) == len(events) == 6
+    odd = [dataclasses.replace(events[0], transaction=TransactionBlock("x", 2**63, 0))]  # past a long: the same error
+    assert compare(odd, True) == 0
+
+
+def test_a_table_announced_again_and_tables_interleaved_in_one_transaction_keep_their_own_records() -> None:
+    info, columns, identity = TABLES[16384]
+    payloads = [
+        (begin(final_lsn=0x3000, xid=702), 0x300),
+        (insert(16384, account(1)), 0x301),
+        (insert(16385, tuple_data(b"7", b"cup", b"1")), 0x302),
+        (relation(16384, info.schema, info.name, identity, columns), 0x303),  # an equal schema, a new object
+        (insert(16384, account(2)), 0x304),
+        (relation(16384, info.schema, info.name, identity, columns[:-1]), 0x305),  # a column dropped: a new schema id
+        (insert(16384, tuple_data(b"3", b"bo", b"1.00", b"2026-11-27 10:11:12+00", b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+                                  b"[]")), 0x306),
+        (insert(16385, tuple_data(b"8", b"cup", b"2")), 0x307),
+        (commit(commit_lsn=0x3000, end_lsn=0x3010), 0x308),
+    ]
+    events = decode(payloads)
+    assert sum(isinstance(e, ChangeEvent) for e in events) == 5
+    for headers in (False, True):
+        assert compare(events, headers) == 5
+
+
+def test_the_chooser_gives_the_compiled_envelope_unless_the_reference_is_forced() -> None:
+    ser, _ = new_serializer(False, lambda: CLOCK)
+    forced = os.environ.get(codec.FORCE_REFERENCE_ENV, "") not in ("", "0")
+    assert isinstance(ser.records, _envelope.AvroRecords) is not forced
+    events = [e for e in decode(workload()[:3]) if isinstance(e, ChangeEvent)]
+    assert ser.records(events[0]) == EventSerializer.records(new_serializer(False, lambda: CLOCK)[0], events[0])
+
+
+def test_the_position_headers_switched_after_the_serializer_was_made_are_followed() -> None:
+    events = [e for e in decode(workload()[:3]) if isinstance(e, ChangeEvent)]
+    ser, _ = new_serializer(False, lambda: CLOCK)
+    records = codec.compiled_avro_records(ser, ser.records, clock_ns=lambda: CLOCK)
+    assert records(events[0])[0].headers == ()
+    ser.position_headers = True
+    assert [name for name, _ in records(events[0])[0].headers] == ["cdc.lsn", "cdc.commit_lsn", "cdc.txid", "cdc.ordinal"]
+
+
+def test_clocks_before_the_epoch_and_at_its_edge_write_the_same_times() -> None:
+    events = decode(workload()[:8])
+    for start in (0, -1, -(10**18), 999_999, 2**63 - 2**40):
+        assert compare(events, True, clock_start=start, first_id=3) == 6
+
+
+# -- hypothesis: values, positions, transactions and clocks ---------------------------------------------
+
+INTS = st.integers(-(2**63), 2**63 - 1).map(lambda n: str(n).encode())
+TEXTS = st.text(max_size=10).map(str.encode)
+AMOUNTS = st.integers(-(10**10), 10**10).map(lambda n: f"{n / 100:.2f}".encode()) | st.sampled_from([b"NaN", b"1.5", b"-0.00"])
+VALUE = st.one_of(st.none(), st.just(UNCHANGED))
+
+
+@st.composite
+def transactions(draw: st.DrawFn) -> list[tuple[bytes, int]]:
+    payloads: list[tuple[bytes, int]] = []
+    for _ in range(draw(st.integers(1, 3))):
+        lsn = draw(st.integers(0, 2**63 - 40) | st.integers(0, 2**64 - 40))
+        payloads.append((begin(final_lsn=draw(st.integers(0, 2**64 - 1)), ts=draw(st.integers(0, 2**62)),
+                               xid=draw(st.integers(1, 2**32 - 1))), lsn))  # fmt: skip
+        for i in range(draw(st.integers(1, 6))):
+            rel = draw(st.sampled_from([16384, 16385]))
+            if rel == 16384:
+                new = tuple_data(draw(INTS), draw(TEXTS | VALUE), draw(AMOUNTS | VALUE), b"2026-01-02 03:04:05+00",
+                                 b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", b"{}", draw(TEXTS | VALUE))  # fmt: skip
+                key = tuple_data(draw(INTS), None, None, None, None, None, None)
+            else:
+                new = tuple_data(draw(INTS), draw(TEXTS | VALUE), draw(INTS | VALUE))
+                key = tuple_data(draw(INTS), draw(TEXTS | st.none()), draw(INTS | st.none()))
+            kind = draw(st.sampled_from(["insert", "update", "update_old", "delete"]))
+            if kind == "insert":
+                payload = insert(rel, new)
+            elif kind == "update":
+                payload = update(rel, new)
+            elif kind == "update_old":
+                payload = update(rel, new, old=new if draw(st.booleans()) else key) if rel == 16385 else update(rel, new, key=key)
+            else:
+                payload = delete(rel, old=new) if rel == 16385 and draw(st.booleans()) else delete(rel, key=key)
+            payloads.append((payload, lsn + 1 + i))
+        payloads.append((commit(), lsn + 20))
+    return payloads
+
+
+@settings(max_examples=300, deadline=None)
+@given(transactions(), st.booleans(), st.integers(-(2**62), 2**63 - 2**40), st.booleans())
+def test_random_transactions_write_the_same_records(
+    payloads: list[tuple[bytes, int]], headers: bool, clock: int, more: bool
+) -> None:
+    try:
+        events = decode(payloads, (16384, 16385))
+    except Exception:  # noqa: BLE001 - what the decoder refuses is not the envelope's business
+        return
+    compare(list(variants(events)) if more else events, headers, clock)
