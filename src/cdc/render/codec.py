@@ -145,6 +145,36 @@ def copy_parser(
     return render_copy_parser(rendering, converters, unescape)
 
 
+EnvelopeClasses = tuple[
+    type[Any],
+    type[Any],
+    type[Any],
+    tuple[Any, Any, Any, Any],
+    Callable[..., tuple[tuple[str, bytes], ...]],
+    tuple[str, str, str, str],
+]
+"""The first arguments of ``_envelope.JsonRecords`` and ``AvroRecords`` after the serializer and reference."""
+
+
+def _envelope_classes() -> EnvelopeClasses:
+    """What both compiled envelopes take first after the serializer and its reference: the event, row and
+    record classes, the ops they write (create, read, update, delete), the position headers' writer outside
+    a transaction, and the headers' names."""
+    from cdc.event import ChangeEvent, Op
+    from cdc.sink.record import Record
+    from cdc.sink.records import position_headers
+    from cdc.sink.wire import COMMIT_LSN_HEADER, LSN_HEADER, ORDINAL_HEADER, TXID_HEADER
+
+    return (
+        ChangeEvent,
+        RenderedRow,
+        Record,
+        (Op.CREATE, Op.READ, Op.UPDATE, Op.DELETE),
+        position_headers,
+        (LSN_HEADER, COMMIT_LSN_HEADER, TXID_HEADER, ORDINAL_HEADER),
+    )
+
+
 def compiled_json_records(
     serializer: Any,
     reference: Records,
@@ -159,20 +189,11 @@ def compiled_json_records(
     import orjson
 
     from cdc.render import _envelope
-    from cdc.event import ChangeEvent, Op
-    from cdc.sink.record import Record
-    from cdc.sink.records import position_headers
-    from cdc.sink.wire import COMMIT_LSN_HEADER, LSN_HEADER, ORDINAL_HEADER, TXID_HEADER
 
     records: Records = _envelope.JsonRecords(
         serializer,
         reference,
-        ChangeEvent,
-        RenderedRow,
-        Record,
-        (Op.CREATE, Op.READ, Op.UPDATE, Op.DELETE),
-        position_headers,
-        (LSN_HEADER, COMMIT_LSN_HEADER, TXID_HEADER, ORDINAL_HEADER),
+        *_envelope_classes(),
         schemas,
         clock_ns,
         orjson.dumps,
@@ -252,11 +273,7 @@ def compiled_avro_records(serializer: Any, reference: Records, *, clock_ns: Call
     change of rendered rows in one call, every other event handed to ``reference``, the serializer's own
     ``EventSerializer.records`` (also every event, when its source block is not compiled)."""
     from cdc.render import _envelope
-    from cdc.event import ChangeEvent, Op
     from cdc.sink.avro_write import COMPILED_ERRORS, write_long
-    from cdc.sink.record import Record
-    from cdc.sink.records import position_headers
-    from cdc.sink.wire import COMMIT_LSN_HEADER, LSN_HEADER, ORDINAL_HEADER, TXID_HEADER
 
     source_fields = dict(serializer._source_fields or ())
     try:
@@ -269,12 +286,7 @@ def compiled_avro_records(serializer: Any, reference: Records, *, clock_ns: Call
     records: Records = _envelope.AvroRecords(
         serializer,
         reference,
-        ChangeEvent,
-        RenderedRow,
-        Record,
-        (Op.CREATE, Op.READ, Op.UPDATE, Op.DELETE),
-        position_headers,
-        (LSN_HEADER, COMMIT_LSN_HEADER, TXID_HEADER, ORDINAL_HEADER),
+        *_envelope_classes(),
         clock_ns,
         avro_envelope_pieces,
         seq_prefix,
