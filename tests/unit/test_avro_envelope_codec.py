@@ -31,6 +31,7 @@ from cdc.render import codec
 from cdc.render.codec import TableRenderer
 from cdc.render.rows import RenderedRow
 from cdc.sink.avro import AvroSerializer, AvroSettings
+from cdc.sink.errors import SerializationError
 from cdc.sink.records import EventSerializer
 from tests.support.accounts import numeric_typmod
 from tests.support.envelope_workload import account, two_transactions, variants
@@ -239,8 +240,21 @@ def test_the_position_headers_switched_after_the_serializer_was_made_are_followe
 
 def test_clocks_before_the_epoch_and_at_its_edge_write_the_same_times() -> None:
     events = decode(workload()[:8])
-    for start in (0, -1, -(10**18), 999_999, 2**63 - 2**40):
+    for start in (0, -1, -(10**18), 999_999, 2**63 - 2**40, -(2**63)):
         assert compare(events, True, clock_start=start, first_id=3) == 6
+
+
+def test_a_clock_beyond_an_avro_long_is_the_same_error_on_both_sides() -> None:
+    """ts_ns is an Avro long: past it (2262, or a broken clock) both raise the reference's SerializationError,
+    from the event where the clock crosses the edge on (compare() holds the errors equal, message included)."""
+    events = decode(workload()[:8])
+    for start in (2**63 - 2_000_000, 2**64, -(2**63) - 1):
+        assert compare(events, False, clock_start=start, first_id=3) == 6
+    ser, _ = new_serializer(False, lambda: 2**63)
+    records = codec.compiled_avro_records(ser, lambda e: EventSerializer.records(ser, e), clock_ns=lambda: 2**63)
+    change = next(e for e in events if isinstance(e, ChangeEvent))
+    with pytest.raises(SerializationError, match="beyond what an Avro long holds"):
+        records(change)
 
 
 # -- hypothesis: values, positions, transactions and clocks ---------------------------------------------
@@ -282,7 +296,7 @@ def transactions(draw: st.DrawFn) -> list[tuple[bytes, int]]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(transactions(), st.booleans(), st.integers(-(2**62), 2**63 - 2**40), st.booleans())
+@given(transactions(), st.booleans(), st.integers(-(2**62), 2**63 - 2**40) | st.integers(-(2**64), 2**65), st.booleans())
 def test_random_transactions_write_the_same_records(
     payloads: list[tuple[bytes, int]], headers: bool, clock: int, more: bool
 ) -> None:

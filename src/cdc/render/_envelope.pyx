@@ -19,6 +19,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
 
+from cdc.sink.errors import clock_beyond_avro_long
+
 # The envelope's constant text, between its parts (the template of cdc.sink.json._ENVELOPE_TEMPLATES).
 cdef bytes _BEFORE = b'{"before":'
 cdef bytes _AFTER = b',"after":'
@@ -143,14 +145,9 @@ cdef class JsonRecords:
         return ((self.lsn_header, lsn_text), self.h_commit, self.h_txid, (self.ordinal_header, b"%d" % ordinal))
 
     cdef bytes _value(self, tuple plan, before, after, bytes transaction, bytes op, const char* lsn_text,
-                      Py_ssize_t lsn_len, int64_t now):
+                      Py_ssize_t lsn_len, const char* ms_text, Py_ssize_t ms_len, const char* us_text,
+                      Py_ssize_t us_len, const char* ns_text, Py_ssize_t ns_len):
         """The envelope: [schema prefix] {"before":..,"after":..,"source":..,"transaction":..,"op":..,"ts_*":..} [}]."""
-        cdef char ms_text[24]
-        cdef char us_text[24]
-        cdef char ns_text[24]
-        cdef Py_ssize_t ms_len = _digits(ms_text, <uint64_t>(now // 1000000))
-        cdef Py_ssize_t us_len = _digits(us_text, <uint64_t>(now // 1000))
-        cdef Py_ssize_t ns_len = _digits(ns_text, <uint64_t>now)
         cdef bytes value_prefix = <bytes>plan[3] if self.schemas else b""
         cdef bytes b = _NULL if before is None else <bytes>before
         cdef bytes a = _NULL if after is None else <bytes>after
@@ -231,13 +228,31 @@ cdef class JsonRecords:
         if not self._source(table, commit_ts_us, commit_lsn, xid, event.snapshot):
             return self.reference(event)
         lsn = event.lsn
-        if lsn < 0:
+        if not 0 <= lsn <= 0xFFFFFFFFFFFFFFFF:
             return self.reference(event)
         cdef char lsn_text[24]
         cdef Py_ssize_t lsn_len = _digits(lsn_text, <uint64_t>lsn)
-        cdef int64_t now = self.clock()
-        if now < 0:
-            return self.reference(event)
+        # The clock is read once an event, as the reference reads it; a reading outside 0..2^63 (before the
+        # epoch, or past 2262) is written with Python's digits, as the reference writes any int.
+        now = self.clock()
+        cdef char ms_buf[24]
+        cdef char us_buf[24]
+        cdef char ns_buf[24]
+        cdef const char* ms_text = ms_buf
+        cdef const char* us_text = us_buf
+        cdef const char* ns_text = ns_buf
+        cdef Py_ssize_t ms_len, us_len, ns_len
+        cdef int64_t now64
+        cdef bytes ms_b, us_b, ns_b
+        if 0 <= now < 0x8000000000000000:
+            now64 = now
+            ms_len = _digits(ms_buf, <uint64_t>(now64 // 1000000))
+            us_len = _digits(us_buf, <uint64_t>(now64 // 1000))
+            ns_len = _digits(ns_buf, <uint64_t>now64)
+        else:
+            ms_b, us_b, ns_b = b"%d" % (now // 1000000), b"%d" % (now // 1000), b"%d" % now
+            ms_text, us_text, ns_text = ms_b, us_b, ns_b
+            ms_len, us_len, ns_len = PyBytes_GET_SIZE(ms_b), PyBytes_GET_SIZE(us_b), PyBytes_GET_SIZE(ns_b)
         block = event.transaction
         cdef bytes transaction = _NULL if block is None else self.dumps(block.as_dict())
         headers = ()
@@ -248,9 +263,11 @@ cdef class JsonRecords:
             key = <bytes>plan[2] + key + b"}"
         topic = plan[1]
         if delete:
-            value = self._value(plan, before.data, None, transaction, op_text, lsn_text, lsn_len, now)
+            value = self._value(plan, before.data, None, transaction, op_text, lsn_text, lsn_len,
+                                ms_text, ms_len, us_text, us_len, ns_text, ns_len)
             return [self._record(topic, key, value, headers), self._record(topic, key, None, headers)]
-        value = self._value(plan, None if before is None else before.data, after.data, transaction, op_text, lsn_text, lsn_len, now)
+        value = self._value(plan, None if before is None else before.data, after.data, transaction, op_text,
+                            lsn_text, lsn_len, ms_text, ms_len, us_text, us_len, ns_text, ns_len)
         return [self._record(topic, key, value, headers)]
 
 
@@ -492,7 +509,10 @@ cdef class AvroRecords:
                 return self.reference(event)  # a block that does not fit: the reference's error
         cdef char lsn_text[24]
         cdef Py_ssize_t lsn_len = _digits(lsn_text, <uint64_t>lsn)
-        cdef int64_t now = self.clock()
+        clock = self.clock()
+        if not -0x8000000000000000 <= clock <= 0x7FFFFFFFFFFFFFFF:
+            raise clock_beyond_avro_long(clock)  # the reference's error: ts_ns is an Avro long
+        cdef int64_t now = clock
         headers = ()
         if self.serializer.position_headers:
             headers = self._headers(lsn, PyBytes_FromStringAndSize(lsn_text, lsn_len), commit_lsn, xid, event.ordinal)

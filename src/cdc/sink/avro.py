@@ -71,7 +71,7 @@ from cdc.sink.connect import (
     envelope_schema,
     truncate_key_schema,
 )
-from cdc.sink.errors import SerializationError
+from cdc.sink.errors import AVRO_LONG_MAX, AVRO_LONG_MIN, SerializationError, clock_beyond_avro_long
 from cdc.sink.record import Record
 from cdc.sink.records import (
     EventSerializer,
@@ -425,6 +425,8 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
                 return fast(before, after, source, op, now_ns, transaction)
             except COMPILED_ERRORS:
                 pass  # the generic path below names what does not fit (through fastavro)
+        if not AVRO_LONG_MIN <= now_ns <= AVRO_LONG_MAX:
+            raise clock_beyond_avro_long(now_ns)
         record = plan.value_record
         payload = {
             # (name, value): fastavro's tuple notation picks the union branch without validating the row
