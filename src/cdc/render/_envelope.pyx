@@ -33,6 +33,7 @@ cdef bytes _TS_NS = b',"ts_ns":'
 cdef bytes _NULL = b"null"
 
 cdef int _MAX_PLANS = 4096
+cdef tuple _OP_TEXT = (b"c", b"r", b"u", b"d")  # by _Records._rows's op
 
 
 cdef inline Py_ssize_t _digits(char* out, uint64_t v) noexcept nogil:
@@ -61,8 +62,10 @@ cdef inline char* _put_raw(char* at, const char* text, Py_ssize_t n) noexcept no
     return at + n
 
 
-cdef class JsonRecords:
-    """``records(event)`` of a ``JsonSerializer``: row changes of rendered rows compiled, the rest by ``reference``."""
+cdef class _Records:
+    """What the two compiled envelopes share: the serializer and its reference, the event's classes, which
+    row changes they write themselves (``_rows``), the source block's pieces of the last transaction and
+    table seen (``_source``; the format's ``_source_parts`` fetches them), and the position headers."""
 
     cdef object serializer
     cdef object reference  # the serializer's own records (EventSerializer.records), for everything else
@@ -72,9 +75,8 @@ cdef class JsonRecords:
     cdef object op_create, op_read, op_update, op_delete
     cdef object position_headers  # cdc.sink.records.position_headers: headers outside a transaction
     cdef str lsn_header, commit_header, txid_header, ordinal_header
-    cdef bint schemas
     cdef object clock
-    cdef dict plans  # id(table) -> (table, topic, key_prefix, value_prefix)
+    cdef dict plans  # id(table) -> the format's plan of a table
     # the source block's pieces of the last transaction and table seen
     cdef object s_table, s_commit_lsn, s_xid, s_ts
     cdef bint s_snapshot
@@ -83,10 +85,11 @@ cdef class JsonRecords:
     cdef object h_commit_lsn, h_xid
     cdef tuple h_commit, h_txid
     cdef object record_new
-    cdef object dumps  # orjson.dumps: a transaction block (transaction_metadata: true) as the reference writes it
+    # the rows of the event _rows last took: the envelope's before and after, and the row that gives the key
+    cdef object before, after, keyed
 
     def __init__(self, serializer, reference, change_class, row_class, record_class, ops, position_headers,
-                 header_names, bint schemas, clock, dumps):
+                 header_names, clock):
         self.serializer = serializer
         self.reference = reference
         self.change_class = change_class
@@ -95,13 +98,90 @@ cdef class JsonRecords:
         self.op_create, self.op_read, self.op_update, self.op_delete = ops
         self.position_headers = position_headers
         self.lsn_header, self.commit_header, self.txid_header, self.ordinal_header = header_names
-        self.schemas = schemas
         self.clock = clock
         self.plans = {}
         self.s_table = None
         self.h_xid = None
         self.h_commit_lsn = None
         self.record_new = tuple.__new__
+
+    cdef int _rows(self, event) except -2:
+        """The op this envelope writes itself (0 create, 1 read, 2 update, 3 delete), its rows in ``before``,
+        ``after`` and ``keyed``; -1 where the reference must take the event (not a row change, typed rows, a
+        key change: Debezium's delete, tombstone and create)."""
+        if type(event) is not self.change_class:
+            return -1
+        op = event.op
+        row_class = self.row_class
+        if op is self.op_create or op is self.op_read:
+            after = event.after
+            if type(after) is not row_class:
+                return -1
+            self.before = None  # the reference writes a create's or read's envelope without one, whatever the event holds
+            self.after = self.keyed = after
+            return 0 if op is self.op_create else 1
+        if op is self.op_delete:
+            before = event.before
+            if type(before) is not row_class:
+                return -1
+            self.before = self.keyed = before
+            self.after = None
+            return 3
+        if op is self.op_update:
+            after = event.after
+            before = event.before
+            if type(after) is not row_class:
+                return -1
+            if before is not None and (type(before) is not row_class or before.key_data != after.key_data):
+                return -1  # typed, or a key change (delete, tombstone, create)
+            self.before = before
+            self.after = self.keyed = after
+            return 2
+        return -1
+
+    cdef bint _source(self, table, commit_ts_us, commit_lsn, xid, bint snapshot) except -1:
+        """Whether the source block of this transaction and table can be spliced (its pieces in s_*)."""
+        if (
+            table is self.s_table
+            and snapshot == self.s_snapshot
+            and commit_lsn == self.s_commit_lsn
+            and xid == self.s_xid
+            and commit_ts_us == self.s_ts
+        ):
+            return True
+        if not self._source_parts(table, commit_ts_us, commit_lsn, xid, snapshot):
+            return False
+        self.s_table, self.s_commit_lsn, self.s_xid, self.s_ts, self.s_snapshot = table, commit_lsn, xid, commit_ts_us, snapshot
+        return True
+
+    cdef bint _source_parts(self, table, commit_ts_us, commit_lsn, xid, bint snapshot) except -1:
+        """The format's source pieces into s_head, s_middle, s_tail; False: they cannot be spliced."""
+        raise NotImplementedError
+
+    cdef tuple _headers(self, lsn, bytes lsn_text, commit_lsn, xid, ordinal):
+        if commit_lsn is None or xid is None:
+            return self.position_headers(lsn, commit_lsn, xid, ordinal)
+        if not (xid == self.h_xid and commit_lsn == self.h_commit_lsn):
+            self.h_commit = (self.commit_header, b"%d" % commit_lsn)
+            self.h_txid = (self.txid_header, b"%d" % xid)
+            self.h_commit_lsn, self.h_xid = commit_lsn, xid
+        return ((self.lsn_header, lsn_text), self.h_commit, self.h_txid, (self.ordinal_header, b"%d" % ordinal))
+
+    cdef inline object _record(self, topic, key, value, headers):
+        return self.record_new(self.record_class, (topic, key, value, headers, None))
+
+
+cdef class JsonRecords(_Records):
+    """``records(event)`` of a ``JsonSerializer``: row changes of rendered rows compiled, the rest by ``reference``."""
+
+    cdef bint schemas
+    cdef object dumps  # orjson.dumps: a transaction block (transaction_metadata: true) as the reference writes it
+
+    def __init__(self, serializer, reference, change_class, row_class, record_class, ops, position_headers,
+                 header_names, bint schemas, clock, dumps):
+        _Records.__init__(self, serializer, reference, change_class, row_class, record_class, ops, position_headers,
+                          header_names, clock)
+        self.schemas = schemas
         self.dumps = dumps
 
     cdef tuple _plan(self, table):
@@ -118,31 +198,12 @@ cdef class JsonRecords:
         self.plans[id(table)] = entry
         return <tuple>entry
 
-    cdef bint _source(self, table, commit_ts_us, commit_lsn, xid, bint snapshot) except -1:
-        """Whether the source block of this transaction and table can be spliced (its pieces in s_*)."""
-        if (
-            table is self.s_table
-            and snapshot == self.s_snapshot
-            and commit_lsn == self.s_commit_lsn
-            and xid == self.s_xid
-            and commit_ts_us == self.s_ts
-        ):
-            return True
+    cdef bint _source_parts(self, table, commit_ts_us, commit_lsn, xid, bint snapshot) except -1:
         parts = self.serializer._source_cached(table, commit_ts_us, commit_lsn, xid, snapshot)
         if parts[1] is None:
             return False
         self.s_head, self.s_middle, self.s_tail = parts[1], parts[2], parts[3]
-        self.s_table, self.s_commit_lsn, self.s_xid, self.s_ts, self.s_snapshot = table, commit_lsn, xid, commit_ts_us, snapshot
         return True
-
-    cdef tuple _headers(self, lsn, bytes lsn_text, commit_lsn, xid, ordinal):
-        if commit_lsn is None or xid is None:
-            return self.position_headers(lsn, commit_lsn, xid, ordinal)
-        if not (xid == self.h_xid and commit_lsn == self.h_commit_lsn):
-            self.h_commit = (self.commit_header, b"%d" % commit_lsn)
-            self.h_txid = (self.txid_header, b"%d" % xid)
-            self.h_commit_lsn, self.h_xid = commit_lsn, xid
-        return ((self.lsn_header, lsn_text), self.h_commit, self.h_txid, (self.ordinal_header, b"%d" % ordinal))
 
     cdef bytes _value(self, tuple plan, before, after, bytes transaction, bytes op, const char* lsn_text,
                       Py_ssize_t lsn_len, const char* ms_text, Py_ssize_t ms_len, const char* us_text,
@@ -187,39 +248,11 @@ cdef class JsonRecords:
             at[1] = 125
         return out
 
-    cdef inline object _record(self, topic, key, value, headers):
-        return self.record_new(self.record_class, (topic, key, value, headers, None))
-
     def __call__(self, event):
-        if type(event) is not self.change_class:
+        cdef int op = self._rows(event)
+        if op < 0:
             return self.reference(event)
-        op = event.op
-        row_class = self.row_class
-        before = event.before
-        after = event.after
-        cdef bytes op_text
-        cdef bint delete = False
-        if op is self.op_create or op is self.op_read:
-            if type(after) is not row_class:
-                return self.reference(event)
-            op_text = b"c" if op is self.op_create else b"r"
-            before = None  # the reference writes a create's or read's envelope without one, whatever the event holds
-            keyed = after
-        elif op is self.op_delete:
-            if type(before) is not row_class:
-                return self.reference(event)
-            op_text = b"d"
-            delete = True
-            keyed = before
-        elif op is self.op_update:
-            if type(after) is not row_class:
-                return self.reference(event)
-            if before is not None and (type(before) is not row_class or before.key_data != after.key_data):
-                return self.reference(event)  # typed, or a key change (delete, tombstone, create)
-            op_text = b"u"
-            keyed = after
-        else:
-            return self.reference(event)
+        before, after, keyed = self.before, self.after, self.keyed
         table = event.table
         cdef tuple plan = self._plan(table)
         if plan is None:
@@ -262,12 +295,12 @@ cdef class JsonRecords:
         if self.schemas:
             key = <bytes>plan[2] + key + b"}"
         topic = plan[1]
-        if delete:
-            value = self._value(plan, before.data, None, transaction, op_text, lsn_text, lsn_len,
+        if op == 3:  # a delete: its envelope, then the tombstone
+            value = self._value(plan, before.data, None, transaction, <bytes>_OP_TEXT[3], lsn_text, lsn_len,
                                 ms_text, ms_len, us_text, us_len, ns_text, ns_len)
             return [self._record(topic, key, value, headers), self._record(topic, key, None, headers)]
-        value = self._value(plan, None if before is None else before.data, after.data, transaction, op_text,
-                            lsn_text, lsn_len, ms_text, ms_len, us_text, us_len, ns_text, ns_len)
+        value = self._value(plan, None if before is None else before.data, after.data, transaction,
+                            <bytes>_OP_TEXT[op], lsn_text, lsn_len, ms_text, ms_len, us_text, us_len, ns_text, ns_len)
         return [self._record(topic, key, value, headers)]
 
 
@@ -295,7 +328,7 @@ cdef inline int64_t _floor_div(int64_t n, int64_t d) noexcept nogil:
     return q
 
 
-cdef class AvroRecords:
+cdef class AvroRecords(_Records):
     """``records(event)`` of an ``AvroSerializer``: row changes of rendered rows compiled, the rest by ``reference``.
 
     The value is the Confluent wire format around the envelope's Avro binary: the plan's wire prefix, the
@@ -306,42 +339,16 @@ cdef class AvroRecords:
     schemas, their ids and their registration stay the reference's.
     """
 
-    cdef object serializer
-    cdef object reference
-    cdef object change_class, row_class, record_class
-    cdef object op_create, op_read, op_update, op_delete
-    cdef object position_headers
-    cdef str lsn_header, commit_header, txid_header, ordinal_header
-    cdef object clock
     cdef object pieces  # codec.avro_envelope_pieces: plan -> the envelope's constant pieces, or None
     cdef bytes seq_prefix, lsn_prefix  # the source's sequence and lsn fields before their values (union branch)
-    cdef dict plans  # id(table) -> (table, pieces or None)
-    cdef object s_table, s_commit_lsn, s_xid, s_ts
-    cdef bint s_snapshot
-    cdef bytes s_head, s_middle, s_tail
-    cdef object h_commit_lsn, h_xid
-    cdef tuple h_commit, h_txid
-    cdef object record_new
 
     def __init__(self, serializer, reference, change_class, row_class, record_class, ops, position_headers,
                  header_names, clock, pieces, bytes seq_prefix, bytes lsn_prefix):
-        self.serializer = serializer
-        self.reference = reference
-        self.change_class = change_class
-        self.row_class = row_class
-        self.record_class = record_class
-        self.op_create, self.op_read, self.op_update, self.op_delete = ops
-        self.position_headers = position_headers
-        self.lsn_header, self.commit_header, self.txid_header, self.ordinal_header = header_names
-        self.clock = clock
+        _Records.__init__(self, serializer, reference, change_class, row_class, record_class, ops, position_headers,
+                          header_names, clock)
         self.pieces = pieces
         self.seq_prefix = seq_prefix
         self.lsn_prefix = lsn_prefix
-        self.plans = {}
-        self.s_table = None
-        self.h_xid = None
-        self.h_commit_lsn = None
-        self.record_new = tuple.__new__
 
     cdef tuple _plan(self, table):
         """(topic, key prefix, wire prefix, before null, before tag, after null, after tag, no transaction,
@@ -357,30 +364,12 @@ cdef class AvroRecords:
         self.plans[id(table)] = (table, pieces)
         return <tuple>pieces
 
-    cdef bint _source(self, table, commit_ts_us, commit_lsn, xid, bint snapshot) except -1:
-        if (
-            table is self.s_table
-            and snapshot == self.s_snapshot
-            and commit_lsn == self.s_commit_lsn
-            and xid == self.s_xid
-            and commit_ts_us == self.s_ts
-        ):
-            return True
+    cdef bint _source_parts(self, table, commit_ts_us, commit_lsn, xid, bint snapshot) except -1:
         if self.serializer._source_fields is None:
             return False
         parts = self.serializer._source_cached(table, commit_ts_us, commit_lsn, xid, snapshot)
         self.s_head, self.s_middle, self.s_tail = parts[1], parts[3], parts[5]
-        self.s_table, self.s_commit_lsn, self.s_xid, self.s_ts, self.s_snapshot = table, commit_lsn, xid, commit_ts_us, snapshot
         return True
-
-    cdef tuple _headers(self, lsn, bytes lsn_text, commit_lsn, xid, ordinal):
-        if commit_lsn is None or xid is None:
-            return self.position_headers(lsn, commit_lsn, xid, ordinal)
-        if not (xid == self.h_xid and commit_lsn == self.h_commit_lsn):
-            self.h_commit = (self.commit_header, b"%d" % commit_lsn)
-            self.h_txid = (self.txid_header, b"%d" % xid)
-            self.h_commit_lsn, self.h_xid = commit_lsn, xid
-        return ((self.lsn_header, lsn_text), self.h_commit, self.h_txid, (self.ordinal_header, b"%d" % ordinal))
 
     cdef bytes _value(self, tuple plan, before, after, bytes transaction, bytes op, bint has_commit,
                       uint64_t commit_lsn, uint64_t lsn, const char* lsn_text, Py_ssize_t lsn_len, int64_t now):
@@ -453,40 +442,11 @@ cdef class AvroRecords:
         at = _put_raw(at, u, ns_len)
         return out
 
-    cdef inline object _record(self, topic, key, value, headers):
-        return self.record_new(self.record_class, (topic, key, value, headers, None))
-
     def __call__(self, event):
-        if type(event) is not self.change_class:
+        cdef int op = self._rows(event)
+        if op < 0:
             return self.reference(event)
-        op = event.op
-        row_class = self.row_class
-        before = event.before
-        after = event.after
-        cdef int op_index
-        cdef bint delete = False
-        if op is self.op_create or op is self.op_read:
-            if type(after) is not row_class:
-                return self.reference(event)
-            op_index = 9 if op is self.op_create else 10
-            before = None  # a create's or read's envelope has no old row, whatever the event holds
-            keyed = after
-        elif op is self.op_delete:
-            if type(before) is not row_class:
-                return self.reference(event)
-            op_index = 12
-            delete = True
-            after = None
-            keyed = before
-        elif op is self.op_update:
-            if type(after) is not row_class:
-                return self.reference(event)
-            if before is not None and (type(before) is not row_class or before.key_data != after.key_data):
-                return self.reference(event)  # typed, or a key change (delete, tombstone, create)
-            op_index = 11
-            keyed = after
-        else:
-            return self.reference(event)
+        before, after, keyed = self.before, self.after, self.keyed
         table = event.table
         cdef tuple plan = self._plan(table)
         if plan is None:
@@ -523,7 +483,7 @@ cdef class AvroRecords:
             None if before is None else before.data,
             None if after is None else after.data,
             transaction,
-            <bytes>plan[op_index],
+            <bytes>plan[9 + op],  # op c, r, u, d at 9..12, in _rows's order
             commit_lsn is not None,
             0 if commit_lsn is None else <uint64_t>commit_lsn,
             <uint64_t>lsn,
@@ -531,6 +491,6 @@ cdef class AvroRecords:
             lsn_len,
             now,
         )
-        if delete:
+        if op == 3:  # a delete: its envelope, then the tombstone
             return [self._record(topic, key, value, headers), self._record(topic, key, None, headers)]
         return [self._record(topic, key, value, headers)]
