@@ -26,6 +26,9 @@ demo: $(STAMP)
 # Kafka); the whole suite runs on 15. 16.2 is a release with PostgreSQL's publication race
 # (test_publication_race.py shows the daemon's guard against it).
 PG_VERSIONS      := 16 17 18
+# The version list on this one runs on the pure-Python row codec and envelopes (CDC_PURE_PYTHON=1), so that
+# every run of the suite also takes the reference through the daemon against real servers (#21).
+PG_VERSION_REFERENCE := 17
 # test_pipeline's tests of what the server does (its slot across SIGKILL and SIGTERM); its topic and
 # compaction tests are Kafka's alone and run once, in the suite.
 PG_VERSION_PIPELINE := test_insert_update_delete_become_envelopes_keyed_by_primary_key_with_a_tombstone_after_the_delete \
@@ -39,7 +42,8 @@ PG_VERSION_TESTS := $(addprefix tests/integration/,test_decoder_types.py test_de
 # on the pure-Python row codec: see scripts/test.sh. The services are stopped (CDC_TEST_STOP_SERVICES=1, as CI sets it)
 # once, after the last session that uses them.
 test: $(STAMP) lint
-	PG_VERSIONS="$(PG_VERSIONS)" PG_VERSION_TESTS="$(PG_VERSION_TESTS)" PYTHON=$(BIN)/python bash scripts/test.sh
+	PG_VERSIONS="$(PG_VERSIONS)" PG_VERSION_TESTS="$(PG_VERSION_TESTS)" PG_VERSION_REFERENCE="$(PG_VERSION_REFERENCE)" \
+		PYTHON=$(BIN)/python bash scripts/test.sh
 
 # Exactly once at full size: a 5,000,000-row source transaction with a 60 s Kafka transaction timeout,
 # and snapshots of 200,000 rows, each SIGKILLed 20 times (the suite runs the same tests smaller).
@@ -56,7 +60,8 @@ test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -ra -m cluster tests/integration/test_spark_cluster.py
 
 test-versions: $(STAMP)
-	PG_VERSIONS="$(PG_VERSIONS)" PG_VERSION_TESTS="$(PG_VERSION_TESTS)" PYTHON=$(BIN)/python bash scripts/test-versions.sh
+	PG_VERSIONS="$(PG_VERSIONS)" PG_VERSION_TESTS="$(PG_VERSION_TESTS)" PG_VERSION_REFERENCE="$(PG_VERSION_REFERENCE)" \
+		PYTHON=$(BIN)/python bash scripts/test-versions.sh
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -ra tests/unit

@@ -20,7 +20,11 @@ for v in $PG_VERSIONS; do
   tmp="/tmp/cdc-test-pg$v"
   rm -rf "$tmp" && mkdir -p "$tmp" && chmod 755 "$tmp"
   # shellcheck disable=SC2086  # the file list is split on purpose
-  TMPDIR=$tmp CDC_TEST_PG=$v "$PY" -m pytest -p no:cacheprovider -ra --basetemp "$tmp/pytest" $PG_VERSION_TESTS \
+  # PG_VERSION_REFERENCE's run is on the pure-Python row codec and envelopes (CDC_PURE_PYTHON=1): the
+  # reference through the same integration tests as the compiled codec on the other versions.
+  pure=0
+  if [ "$v" = "${PG_VERSION_REFERENCE:-}" ]; then pure=1; fi
+  CDC_PURE_PYTHON=$pure TMPDIR=$tmp CDC_TEST_PG=$v "$PY" -m pytest -p no:cacheprovider -ra --basetemp "$tmp/pytest" $PG_VERSION_TESTS \
     > "build/test-versions/$v.log" 2>&1 &
   pids[$v]=$!
   sleep 2  # the first run starts the shared services (dev.up holds a lock; the others then reuse them)
@@ -28,10 +32,11 @@ done
 failed=()
 for v in $PG_VERSIONS; do
   if wait "${pids[$v]}"; then code=0; else code=$?; fi
-  echo "== PostgreSQL $v (exit $code)"
+  if [ "$v" = "${PG_VERSION_REFERENCE:-}" ]; then how=", pure-Python row codec (CDC_PURE_PYTHON=1)"; else how=""; fi
+  echo "== PostgreSQL $v (exit $code)$how"
   # The summary: failures in full, the rest as pytest's short summary.
   if [ "$code" -ne 0 ]; then cat "build/test-versions/$v.log"; failed+=("$v"); else
-    grep -E '^(tests/|SKIPPED|=+ .* (passed|failed|error))' "build/test-versions/$v.log" || true
+    grep -E '^(row codec:|tests/|SKIPPED|=+ .* (passed|failed|error))' "build/test-versions/$v.log" || true
   fi
 done
 if [ "$stop" = "1" ]; then

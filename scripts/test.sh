@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make test`: the whole suite on PostgreSQL 15 (pytest-xdist workers, $CDC_TEST_WORKERS or 3;
 # tests/conftest.py groups the tests) and, beside it, the version list on PostgreSQL 16, 17 and 18
-# (scripts/test-versions.sh, each version with its own server beside the suite's Kafka), then the unit
+# (scripts/test-versions.sh, each version with its own server beside the suite's Kafka; $PG_VERSION_REFERENCE's run on
+# the pure-Python row codec and envelopes), then the unit
 # tests again on the pure-Python row codec (make unit-reference), still beside the suite. The tests mostly
 # wait on the servers: on two cores the version runs take about as long beside the suite as on their own
 # (~3 min each), which is why a third worker pays (measured in the closing note of 2026-11-28).

@@ -41,6 +41,16 @@ FIRST = ("spark", "podman")
 """Groups that run before all others, longest first."""
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which row codec and envelopes this session's processes (the daemons it starts included) run on:
+    the compiled ones, or the pure-Python reference (CDC_PURE_PYTHON=1, or the compiled module not built)."""
+    from cdc.render import codec
+
+    if codec._COMPILED is not None:  # noqa: SLF001 - the chooser's own verdict, as log_choice reports it
+        return "row codec: compiled (cdc.render._compiled, cdc.render._envelope)"
+    return f"row codec: pure-Python reference ({codec._WHY_NOT})"  # noqa: SLF001
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {group: i for i, group in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(FIRST)))  # stable: the rest keep their order
