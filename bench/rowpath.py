@@ -19,6 +19,11 @@ benchmark holds everything but the daemon's own work still:
 (callgrind), from runs over the first N and 2N rows of the capture: a count, so two versions can be
 told apart by a few percent even when the machine's speed is not steady (needs valgrind; slow).
 
+``--perf`` adds one run under Linux ``perf record`` (sampling, monotonic clock) and prints where the main
+thread's samples fall between the first frame and the last: the interpreter, the compiled codec and
+envelopes, confluent-kafka and librdkafka, libc, the kernel; and the busiest C functions. It tells the
+Python glue around the compiled parts from the work they do (needs ``perf``; apt-get install linux-perf).
+
 ``--compare SRC`` alternates every run with another checkout's ``src`` (one with the same wiring
 API, e.g. a git worktree of an earlier commit) and prints the pairwise ratio, so two versions are
 measured in the same machine state. The runs are ABBA-ordered. ``--compare-reference`` does the
@@ -148,11 +153,13 @@ def drive(path: Path, fmt: str, profile: Path | None, rows: int | None = None) -
             at = self.at
             if at == 0:
                 clock["cpu0"], clock["wall0"] = time.thread_time(), time.perf_counter()
+                clock["mono0"] = time.monotonic()
             if at < len(frames):
                 self.at = at + 1
                 return frames[at]
             if "cpu1" not in clock:
                 clock["cpu1"], clock["wall1"] = time.thread_time(), time.perf_counter()
+                clock["mono1"] = time.monotonic()
                 assert daemon is not None
                 daemon.stop()
             return None
@@ -191,6 +198,8 @@ def drive(path: Path, fmt: str, profile: Path | None, rows: int | None = None) -
         "us_wall": (clock["wall1"] - clock["wall0"]) / rows * 1e6,
         "rows": rows,
         "codec": codec.IMPLEMENTATION,
+        "window": [clock["mono0"], clock["mono1"]],  # time.monotonic(): for --perf's samples
+        "pid": os.getpid(),
     }
 
 
@@ -198,7 +207,13 @@ REFERENCE = "reference"  # --compare-reference: this checkout with CDC_PURE_PYTH
 
 
 def one_run(
-    src: str | None, path: Path, fmt: str, profile: Path | None = None, rows: int | None = None, callgrind: Path | None = None
+    src: str | None,
+    path: Path,
+    fmt: str,
+    profile: Path | None = None,
+    rows: int | None = None,
+    callgrind: Path | None = None,
+    perf: Path | None = None,
 ) -> dict[str, Any]:
     env = dict(os.environ)
     env.pop("CDC_PURE_PYTHON", None)
@@ -212,6 +227,8 @@ def one_run(
         command += ["--drive-rows", str(rows)]
     if callgrind is not None:
         command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={callgrind}", *command]
+    if perf is not None:
+        command = ["perf", "record", "--quiet", "-k", "CLOCK_MONOTONIC", "-F", "1999", "-o", str(perf), "--", *command]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"a run failed ({src or 'this checkout'}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
@@ -240,6 +257,44 @@ def calls_per_row(profile: Path, rows: int) -> tuple[float, list[tuple[float, st
     return python / rows, top
 
 
+# --perf: the shared objects of the main thread's samples, by what they are
+PERF_GROUPS = (
+    ("the interpreter (libpython: bytecode, objects, allocation)", ("libpython",)),
+    ("the compiled row codec and envelopes (cdc.render._compiled, _envelope)", ("_compiled.", "_envelope.")),
+    ("confluent-kafka and librdkafka (produce, delivery reports)", ("cimpl.", "librdkafka")),
+    ("libc (malloc, memcpy)", ("libc.so", "libc-")),
+    ("the kernel and vdso (syscalls, page faults, clock reads)", ("[kernel", "[vdso")),
+)
+
+
+def perf_breakdown(data: Path, pid: int, window: list[float]) -> tuple[int, list[tuple[str, float]], list[tuple[str, float]]]:
+    """The main thread's (tid == pid) samples between the first frame and the last: their count, the share of each
+    group of shared objects, and the busiest symbols."""
+    out = subprocess.run(
+        ["perf", "script", "-i", str(data), "--tid", str(pid), "-F", "time,ip,sym,dso"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    line_re = re.compile(r"\s*([\d.]+):\s+[0-9a-f]+\s+(.*?)\s+\((.*)\)\s*$")
+    groups: dict[str, int] = {}
+    symbols: dict[str, int] = {}
+    n = 0
+    for line in out.splitlines():
+        m = line_re.match(line)
+        if m is None or not window[0] <= float(m.group(1)) <= window[1]:
+            continue
+        n += 1
+        dso = Path(m.group(3)).name
+        group = next((name for name, marks in PERF_GROUPS if any(mark in dso for mark in marks)), "other")
+        groups[group] = groups.get(group, 0) + 1
+        symbol = f"{m.group(2) or '?'} ({dso.split('.cpython')[0]})"
+        symbols[symbol] = symbols.get(symbol, 0) + 1
+    if n == 0:
+        raise SystemExit("perf recorded no sample of the main thread in the run's window")
+    shares = sorted(((g, c / n) for g, c in groups.items()), key=lambda x: -x[1])
+    top = sorted(((sym, c / n) for sym, c in symbols.items()), key=lambda x: -x[1])[:15]
+    return n, shares, top
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=200_000)
@@ -252,6 +307,7 @@ def main() -> int:
         help="alternate with this checkout on its pure-Python row codec (CDC_PURE_PYTHON=1) instead of another checkout",
     )
     parser.add_argument("--calls", action="store_true", help="one more run under cProfile: Python calls per row")
+    parser.add_argument("--perf", action="store_true", help="one more run under perf record: where the main thread's time goes")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "cdc-bench-rowpath")
     parser.add_argument(
         "--instructions",
@@ -271,6 +327,8 @@ def main() -> int:
             parser.error("--compare and --compare-reference are exclusive")
         args.compare = REFERENCE
 
+    if args.perf and shutil.which("perf") is None:
+        parser.error("--perf needs perf: apt-get install linux-perf")
     if args.instructions and shutil.which("valgrind") is None:
         parser.error("--instructions needs valgrind: apt-get install valgrind")
     if args.instructions and 2 * args.instructions > args.rows:
@@ -311,6 +369,19 @@ def main() -> int:
                 continue
             per_row = instructions_per_row(src, frames, args.format, args.instructions, args.work)
             print(f"{who}: {per_row:,.0f} instructions a row (valgrind, {args.instructions:,} and {2 * args.instructions:,} rows)")
+    if args.perf:
+        for who, src in [("this checkout", None), (args.compare, args.compare)]:
+            if who is None:
+                continue
+            data = args.work / "perf.data"
+            result = one_run(src, frames, args.format, perf=data)
+            n, shares, busiest = perf_breakdown(data, int(result["pid"]), list(result["window"]))
+            print(f"{who}: {n} perf samples of the main thread over the rows ({result['us_cpu']:.2f} µs a row in this run):")
+            for group, share in shares:
+                print(f"  {100 * share:5.1f}%  {group}")
+            print("  busiest functions:")
+            for symbol, share in busiest:
+                print(f"  {100 * share:5.1f}%  {symbol}")
     if args.calls:
         for who, src in [("this checkout", None), (args.compare, args.compare)]:
             if who is None:
