@@ -1,5 +1,6 @@
-"""The compiled row codec (``cdc.render._compiled``, and the JSON envelope around its rows,
-``cdc.render._envelope``), optional extensions: everything else is in pyproject.toml.
+"""The compiled row codec (``cdc.render._compiled``, the JSON and Avro envelopes around its rows,
+``cdc.render._envelope``, and the at-least-once delivery's per-record path, ``cdc.sink._delivery``),
+optional extensions: everything else is in pyproject.toml.
 
 Cython is a build requirement (pyproject.toml), so ``pip install`` (editable or not) compiles
 ``src/cdc/render/_compiled.pyx`` on a machine with a C compiler and Python's headers. Where that fails
@@ -63,6 +64,7 @@ if cythonize is not None:
             [
                 Extension("cdc.render._compiled", ["src/cdc/render/_compiled.pyx"], optional=True),
                 Extension("cdc.render._envelope", ["src/cdc/render/_envelope.pyx"], optional=True),
+                Extension("cdc.sink._delivery", ["src/cdc/sink/_delivery.pyx"], optional=True),
             ],
             compiler_directives={"language_level": "3"},
             build_dir="build/cython",  # its C source out of the package (and the wheel)

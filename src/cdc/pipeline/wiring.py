@@ -57,7 +57,8 @@ from cdc.pipeline.stages import (
 )
 from cdc.selection import Selection, entry_for
 from cdc.sink.avro import AvroSerializer, AvroSettings
-from cdc.sink.delivery import AtLeastOnce, DeadLetters, Delivery, ExactlyOnce, read_position
+from cdc.sink.delivery import AtLeastOnce, DeadLetters, Delivery
+from cdc.sink.exactly_once import ExactlyOnce, read_position
 from cdc.sink.kafka import TopicSpec, admin_client, check_reachable, ensure_topics, producer_config
 from cdc.sink.metadata import TransactionMetadata, heartbeat_topic, transaction_topic
 from cdc.sink.registry import RegistryClient

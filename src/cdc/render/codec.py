@@ -305,6 +305,8 @@ def avro_records(serializer: Any, reference: Records, *, clock_ns: Callable[[], 
 def log_choice(log: Any = None) -> None:
     """Say at start-up which codec runs: an info event, or a warning naming the fix when the compiled one is
     missing (not when ``CDC_PURE_PYTHON`` asked for the reference)."""
+    from cdc.sink.delivery import compiled_sender  # here: cdc.sink.delivery reads FORCE_REFERENCE_ENV from this module
+
     log = log if log is not None else structlog.get_logger(__name__)
     if _COMPILED is not None:
         log.info(
@@ -313,6 +315,7 @@ def log_choice(log: Any = None) -> None:
             module=_COMPILED.__file__,
             json_envelope="compiled" if _ENVELOPE is not None else "reference",
             avro_envelope="compiled" if _ENVELOPE is not None and hasattr(_ENVELOPE, "AvroRecords") else "reference",
+            delivery="compiled" if compiled_sender() is not None else "reference",  # at least once's per-record path
         )
     elif os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
         log.info("row_codec", implementation="reference", reason=_WHY_NOT)

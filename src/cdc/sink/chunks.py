@@ -10,15 +10,8 @@ from confluent_kafka import KafkaException, Producer
 
 from cdc.event import TxBegin, TxCommit
 from cdc.lsn import Lsn
-from cdc.sink.delivery import (
-    DeadLetters,
-    Producing,
-    RetryableSinkError,
-    classify,
-    commit_transaction,
-    ignore,
-    transactional_config,
-)
+from cdc.sink.delivery import DeadLetters, Producing, RetryableSinkError, classify, ignore
+from cdc.sink.exactly_once import commit_transaction, transactional_config
 from cdc.sink.kafka import DeliveryFailed, SinkError, librdkafka_logger
 from cdc.sink.record import Record
 
