@@ -57,6 +57,7 @@ class Daemon:
         self._lock = InstanceLock(config.source.conninfo(), config.source.slot)
         self._stop = False
         self._reload_path: Path | None = None
+        self._signals: list[str] = []  # received, not yet logged (see note_signal)
         self.pipeline: Pipeline | None = None
         self.components: Components | None = None  # once wired
         self.snapshots: Snapshots | None = None  # from before the initial snapshot on
@@ -79,6 +80,16 @@ class Daemon:
     def request_reload(self, config_path: Path) -> None:
         """SIGHUP: re-read the table list at the next transaction boundary."""
         self._reload_path = config_path
+
+    def note_signal(self, name: str) -> None:
+        """From a signal handler, which must not log: structlog's writer holds a non-reentrant lock that the
+        interrupted main thread may hold itself (a SIGTERM arriving while a line was written hung the daemon
+        until SIGKILL). The signal is logged at the next transaction boundary, or when the daemon ends."""
+        self._signals.append(name)
+
+    def log_signals(self) -> None:
+        while self._signals:
+            log.info("signal", signal=self._signals.pop(0))
 
     def run(self) -> None:
         http = None
@@ -107,6 +118,7 @@ class Daemon:
                 watch.start()
 
             def between_transactions() -> None:
+                self.log_signals()
                 if self._reload_path is not None:
                     reloader.request(self._reload_path)
                     self._reload_path = None
@@ -120,6 +132,7 @@ class Daemon:
                 lambda: self._stop,
             )
         finally:
+            self.log_signals()
             if http is not None:
                 http.stop()
             if self.snapshots is not None:
@@ -153,6 +166,23 @@ class Daemon:
         return int(str(row[0])) if row and row[0] is not None else None
 
 
+def install_signal_handlers(daemon: Daemon, config_path: Path) -> None:
+    """SIGTERM and SIGINT stop the daemon, SIGHUP reloads its table list. The handlers only set flags and
+    note the signal (``Daemon.note_signal``): nothing in a handler may log."""
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        daemon.note_signal(signal.Signals(signum).name)
+        daemon.stop()
+
+    def on_hangup(signum: int, frame: FrameType | None) -> None:
+        daemon.note_signal("SIGHUP")
+        daemon.request_reload(config_path)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_hangup)
+
+
 def run(config_path: Path) -> int:
     """Entry point of ``cdc run``: 0 after a clean stop, 1 on a fatal error, 2 on a bad configuration."""
     try:
@@ -161,18 +191,7 @@ def run(config_path: Path) -> int:
         log.error("config_invalid", error=str(e))
         return 2
     daemon = Daemon(config)
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("signal", signal=signal.Signals(signum).name)
-        daemon.stop()
-
-    def on_hangup(signum: int, frame: FrameType | None) -> None:
-        log.info("signal", signal="SIGHUP")
-        daemon.request_reload(config_path)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGHUP, on_hangup)
+    install_signal_handlers(daemon, config_path)
     tune_gc()
     try:
         daemon.run()
