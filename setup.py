@@ -1,5 +1,6 @@
 """The compiled row codec (``cdc.render._compiled``, the JSON and Avro envelopes around its rows,
-``cdc.render._envelope``, and the at-least-once delivery's per-record path, ``cdc.sink._delivery``),
+``cdc.render._envelope``, the at-least-once delivery's per-record path, ``cdc.sink._delivery``, and the
+decoder's fast path, ``cdc.decoder._changes``),
 optional extensions: everything else is in pyproject.toml.
 
 Cython is a build requirement (pyproject.toml), so ``pip install`` (editable or not) compiles
@@ -65,6 +66,7 @@ if cythonize is not None:
                 Extension("cdc.render._compiled", ["src/cdc/render/_compiled.pyx"], optional=True),
                 Extension("cdc.render._envelope", ["src/cdc/render/_envelope.pyx"], optional=True),
                 Extension("cdc.sink._delivery", ["src/cdc/sink/_delivery.pyx"], optional=True),
+                Extension("cdc.decoder._changes", ["src/cdc/decoder/_changes.pyx"], optional=True),
             ],
             compiler_directives={"language_level": "3"},
             build_dir="build/cython",  # its C source out of the package (and the wheel)

@@ -50,6 +50,7 @@ import structlog
 from cdc.decoder import pgoutput as pg
 from cdc.decoder.rows import Decline, RowParser, RowRenderer
 from cdc.decoder.errors import ChangeError
+from cdc.decoder.fast import compiled_fast_changes, row_parser as _row_parser
 from cdc.decoder.spool import Spool
 from cdc.decoder.streamed import DELETE, INSERT, NO_EVENTS, UPDATE, StreamedTransactions, Streamed
 from cdc.decoder.types import (
@@ -157,6 +158,14 @@ class ChangeDecoder(StreamedTransactions):
         self._streamed: dict[int, Streamed] = {}
         self._replaying = False
         self._replay_in_progress: Generator[Event, None, None] | None = None
+        fast = compiled_fast_changes()
+        if fast is not None:
+            # The fast path compiled (cdc.decoder._changes): this method's work, _change's and change_event's
+            # in one call; the same events, the same declines.
+            self._fast_change = fast(  # type: ignore[method-assign]
+                self, self._reference_fast_change, ChangeEvent, (Op.CREATE, Op.UPDATE, Op.DELETE), _key_of,
+                _FAST_PATH_DECLINES, _NOTHING_UNCHANGED,
+            )  # fmt: skip
 
     def update_tables(self, tables: Mapping[str, TableInfo], types: Mapping[int, PgType]) -> None:
         """A reloaded table list; Relation messages that follow use it."""
@@ -356,6 +365,9 @@ class ChangeDecoder(StreamedTransactions):
 
     # -- the fast path of row changes -------------------------------------------------------------
 
+    def _reference_fast_change(self, kind: int, buf: bytes, at: int, lsn: Lsn) -> ChangeEvent | None:
+        return ChangeDecoder._fast_change(self, kind, buf, at, lsn)
+
     def _fast_change(self, kind: int, buf: bytes, at: int, lsn: Lsn) -> ChangeEvent | None:
         """Insert, Update or Delete parsed and converted in one pass; None: let the general path do it.
 
@@ -522,45 +534,6 @@ class ChangeDecoder(StreamedTransactions):
 
 def _partitions_of(tables: Mapping[str, TableInfo]) -> frozenset[str]:
     return frozenset(p for info in tables.values() for p in info.partitions)
-
-
-def _row_parser(names: tuple[str, ...], converters: list[Callable[[bytes], Any]]) -> RowParser:
-    """A function reading one tuple (text and NULL columns only) into a row, generated for one relation.
-
-    ``parse(buf, pos)`` reads the TupleData at ``pos`` (its column count) and returns the row and
-    the offset after it: the column loop unrolled, the converters bound as locals, several times
-    faster than TupleData plus a loop. It raises ``_Slow`` on what it does not handle (unchanged
-    TOAST, binary columns, another column count). Bounds are checked once: lengths are read
-    unsigned, so a bad one overshoots, and the next column's type byte then raises IndexError, or
-    the offset returned is past the end, which the caller checks.
-    """
-    count = len(names)
-    params = "".join(f", c{i}=c{i}" for i in range(count))
-    lines = [
-        f"def parse(buf, pos, Slow=Slow, u32=u32{params}):",
-        f"    if buf[pos] != {count >> 8} or buf[pos + 1] != {count & 0xFF}:",
-        "        raise Slow",
-        "    pos += 2",
-    ]
-    for i in range(count):
-        lines += [
-            "    kind = buf[pos]",
-            "    if kind == 116:",  # 't'
-            "        start = pos + 5",
-            "        pos = start + u32(buf, pos + 1)[0]",
-            f"        v{i} = c{i}(buf[start:pos])",
-            "    elif kind == 110:",  # 'n'
-            f"        v{i} = None",
-            "        pos += 1",
-            "    else:",
-            "        raise Slow",
-        ]
-    lines.append("    return {" + ", ".join(f"{name!r}: v{i}" for i, name in enumerate(names)) + "}, pos")
-    namespace: dict[str, Any] = {"Slow": _Slow, "u32": _U32.unpack_from}
-    namespace.update({f"c{i}": convert for i, convert in enumerate(converters)})
-    exec("\n".join(lines), namespace)  # noqa: S102 - the source is built here, names only through repr()
-    parse: RowParser = namespace["parse"]
-    return parse
 
 
 def _key_of(old: AnyRow, rel: _Relation) -> AnyRow:

@@ -32,6 +32,7 @@ from cdc.catalog import (
 from cdc.columns import ColumnPolicy
 from cdc.config import Config, TableConfig
 from cdc.decoder.changes import ChangeDecoder
+from cdc.decoder.fast import compiled_fast_changes
 from cdc.decoder.spool import Spool
 from cdc.decoder.stream import ReplicationStream
 from cdc.decoder.types import BUILTIN_TYPES
@@ -57,7 +58,7 @@ from cdc.pipeline.stages import (
 )
 from cdc.selection import Selection, entry_for
 from cdc.sink.avro import AvroSerializer, AvroSettings
-from cdc.sink.delivery import AtLeastOnce, DeadLetters, Delivery
+from cdc.sink.delivery import AtLeastOnce, DeadLetters, Delivery, compiled_sender
 from cdc.sink.exactly_once import ExactlyOnce, read_position
 from cdc.sink.kafka import TopicSpec, admin_client, check_reachable, ensure_topics, producer_config
 from cdc.sink.metadata import TransactionMetadata, heartbeat_topic, transaction_topic
@@ -184,7 +185,12 @@ def wire(
         renderer=TableRenderer(rendering_of(cfg, serializer, chain)),
         announce_relations=True,  # the schema history stage publishes the types they announce
     )
-    log_choice(log)  # which row codec renders the rows: compiled, or the reference (and why)
+    # which row codec renders the rows, the decoder's fast path and the delivery's sender: compiled, or the reference
+    log_choice(
+        log,
+        decoder="compiled" if compiled_fast_changes() is not None else "reference",
+        delivery="compiled" if compiled_sender() is not None else "reference",
+    )
 
     def transport() -> ReplicationStream:
         return ReplicationStream(

@@ -15,13 +15,13 @@ reference and says so at start-up (``log_choice``).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import structlog
 
+from cdc.compiled import FORCE_REFERENCE_ENV, reference_forced
 from cdc.decoder.rows import Decline, RowParser
 from cdc.event import TableSchema
 from cdc.render.rows import CopyRowParser, RenderedRow, RowRendering, render_copy_parser, render_parser
@@ -33,8 +33,6 @@ if TYPE_CHECKING:
     Records = Callable[[ChangeEvent | TruncateEvent | MessageEvent], list[Record]]
     """A serializer's ``records``."""
 
-FORCE_REFERENCE_ENV: Final = "CDC_PURE_PYTHON"
-"""Set to anything but ``""`` or ``"0"``: the reference codec, compiled or not."""
 
 BUILD_FIX: Final = (
     "reinstall the package where a C compiler and Python's headers are present (pip install -e . builds "
@@ -45,7 +43,7 @@ BUILD_FIX: Final = (
 
 def _load() -> tuple[ModuleType | None, str]:
     """The compiled module, or None and why not."""
-    if os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
+    if reference_forced():
         return None, f"{FORCE_REFERENCE_ENV} is set"
     try:
         from cdc.render import _compiled
@@ -302,11 +300,9 @@ def avro_records(serializer: Any, reference: Records, *, clock_ns: Callable[[], 
     return compiled_avro_records(serializer, reference, clock_ns=clock_ns)
 
 
-def log_choice(log: Any = None) -> None:
+def log_choice(log: Any = None, **others: str) -> None:
     """Say at start-up which codec runs: an info event, or a warning naming the fix when the compiled one is
     missing (not when ``CDC_PURE_PYTHON`` asked for the reference)."""
-    from cdc.sink.delivery import compiled_sender  # here: cdc.sink.delivery reads FORCE_REFERENCE_ENV from this module
-
     log = log if log is not None else structlog.get_logger(__name__)
     if _COMPILED is not None:
         log.info(
@@ -315,12 +311,12 @@ def log_choice(log: Any = None) -> None:
             module=_COMPILED.__file__,
             json_envelope="compiled" if _ENVELOPE is not None else "reference",
             avro_envelope="compiled" if _ENVELOPE is not None and hasattr(_ENVELOPE, "AvroRecords") else "reference",
-            delivery="compiled" if compiled_sender() is not None else "reference",  # at least once's per-record path
+            **others,  # the other compiled modules' choices (the decoder's fast path, the delivery's sender)
         )
-    elif os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
-        log.info("row_codec", implementation="reference", reason=_WHY_NOT)
+    elif reference_forced():
+        log.info("row_codec", implementation="reference", reason=_WHY_NOT, **others)
     else:
-        log.warning("row_codec_not_compiled", implementation="reference", reason=_WHY_NOT, fix=BUILD_FIX)
+        log.warning("row_codec_not_compiled", implementation="reference", reason=_WHY_NOT, fix=BUILD_FIX, **others)
 
 
 class TableRenderer:

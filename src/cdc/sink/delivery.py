@@ -20,7 +20,6 @@ Exactly once: ``cdc.sink.exactly_once``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -31,7 +30,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from cdc.event import TxBegin, TxCommit
 from cdc.lsn import Lsn
-from cdc.render.codec import FORCE_REFERENCE_ENV
+from cdc.compiled import reference_forced
 from cdc.sink.kafka import AckTracker, DeliveryFailed, RecordTooLarge, SinkError, librdkafka_logger
 from cdc.sink.record import Record
 from cdc.sink.wire import DEAD_LETTER_REASON_HEADER
@@ -197,7 +196,7 @@ def _delivery_failed(err: KafkaError, msg: Message) -> str:
 
 def compiled_sender() -> Any:
     """``cdc.sink._delivery.Sender``, or None: not built, or the reference forced (``CDC_PURE_PYTHON``)."""
-    if os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
+    if reference_forced():
         return None
     try:
         from cdc.sink._delivery import Sender
