@@ -3,11 +3,11 @@
 decoder's fast path, ``cdc.decoder._changes``),
 optional extensions: everything else is in pyproject.toml.
 
-Cython is a build requirement (pyproject.toml), so ``pip install`` (editable or not) compiles
-``src/cdc/render/_compiled.pyx`` on a machine with a C compiler and Python's headers. Where that fails
-(no compiler, no headers, no Cython in a build without isolation) the install still succeeds without it,
-with a warning, and the daemon runs on the pure-Python reference codec and says so at start-up
-(``cdc.render.codec``).
+Cython is a build requirement (pyproject.toml), so ``pip install`` (editable or not) compiles the
+``.pyx`` modules on a machine with a C compiler and Python's headers. Where one fails (no compiler, no
+headers, no Cython in a build without isolation, a module Cython cannot translate) the install still
+succeeds without it, with a warning naming it, and the daemon runs on that module's pure-Python reference
+and says so at start-up (the ``row_codec`` event, ``cdc.render.codec``).
 """
 
 import sys
@@ -29,20 +29,20 @@ class OptionalBuildExt(build_ext):
     def run(self) -> None:
         try:
             super().run()
-        except Exception as exc:  # noqa: BLE001 - anything: the package works without the extension
-            _skipped(exc)
+        except Exception as exc:  # noqa: BLE001 - anything: the package works without the extensions
+            _skipped(exc, "the compiled modules")
 
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001
-            _skipped(exc)
+            _skipped(exc, ext.name)
 
     def copy_extensions_to_source(self) -> None:  # editable installs: nothing to copy when the build failed
         try:
             super().copy_extensions_to_source()
         except Exception as exc:  # noqa: BLE001
-            _skipped(exc)
+            _skipped(exc, "the compiled modules")
 
     def get_outputs(self) -> list[str]:  # only what was built: an editable install looks for each output
         import os
@@ -50,30 +50,34 @@ class OptionalBuildExt(build_ext):
         return [path for path in super().get_outputs() if os.path.exists(path)]
 
 
-def _skipped(exc: BaseException) -> None:
+def _skipped(exc: BaseException, what: str) -> None:
     print(
-        f"WARNING: cdc.render._compiled was not built ({exc}); cdc runs on its pure-Python row codec. "
+        f"WARNING: {what} was not built ({exc}); cdc runs on the pure-Python reference in its place. "
         "To build it: a C compiler and Python's headers (apt-get install gcc python3-dev), then reinstall.",
         file=sys.stderr,
     )
 
 
+# One cythonize call per module: a module Cython cannot translate is left out alone, the others are built (each
+# module's users take their pure-Python reference where that module is missing).
+EXTENSIONS = (
+    ("cdc.render._compiled", "src/cdc/render/_compiled.pyx"),
+    ("cdc.render._envelope", "src/cdc/render/_envelope.pyx"),
+    ("cdc.sink._delivery", "src/cdc/sink/_delivery.pyx"),
+    ("cdc.decoder._changes", "src/cdc/decoder/_changes.pyx"),
+)
 ext_modules = []
 if cythonize is not None:
-    try:
-        ext_modules = cythonize(
-            [
-                Extension("cdc.render._compiled", ["src/cdc/render/_compiled.pyx"], optional=True),
-                Extension("cdc.render._envelope", ["src/cdc/render/_envelope.pyx"], optional=True),
-                Extension("cdc.sink._delivery", ["src/cdc/sink/_delivery.pyx"], optional=True),
-                Extension("cdc.decoder._changes", ["src/cdc/decoder/_changes.pyx"], optional=True),
-            ],
-            compiler_directives={"language_level": "3"},
-            build_dir="build/cython",  # its C source out of the package (and the wheel)
-        )
-    except Exception as exc:  # noqa: BLE001
-        _skipped(exc)
+    for name, source in EXTENSIONS:
+        try:
+            ext_modules += cythonize(
+                [Extension(name, [source], optional=True)],
+                compiler_directives={"language_level": "3"},
+                build_dir="build/cython",  # the C sources out of the package (and the wheel)
+            )
+        except Exception as exc:  # noqa: BLE001
+            _skipped(exc, name)
 else:
-    _skipped(ImportError("Cython is not installed in the build environment"))
+    _skipped(ImportError("Cython is not installed in the build environment"), "the compiled modules")
 
 setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})

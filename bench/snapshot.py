@@ -13,12 +13,12 @@ In one run, on the local services (``cdc dev up``):
 4. The initial snapshot (``cdc.snapshot.initial.InitialSnapshot``: a new slot with an
    exported snapshot, planning, worker processes, COPY, JSON, produce, wait for every
    acknowledgment) with each worker count, with the row codec writing the rows from the
-   COPY text (the default); for comparison, with the server building the rows' JSON
-   (``snapshot.server_json: true``, the default until 2026-11-27), the row codec with
-   no position headers on the records (``kafka.position_headers: false``, the daemon's
-   default since #21; the other paths write them, as before), and (opt-in) the
-   ordinary path where Python parses and serializes every row; a fresh slot and topic
-   each. Rows/s is rows over the whole run, start-up (slot, planning, worker start)
+   COPY text and the four position headers on every record (``--workers``;
+   ``kafka.position_headers: true``, the default until #21); for comparison, with the server
+   building the rows' JSON (``snapshot.server_json: true``, the default until 2026-11-27),
+   the row codec with no position headers (``--headerless-workers``: **the daemon's
+   default** since #21, the figure to quote), and (opt-in) the ordinary path where Python
+   parses and serializes every row; a fresh slot and topic each. Rows/s is rows over the whole run, start-up (slot, planning, worker start)
    included.
 5. The Kafka ceiling: the same number of this table's records, made beforehand (a sample,
    cycled), produced by 1 and N processes with the snapshot's own producer
@@ -231,9 +231,9 @@ def per_row_costs(dsn: str, bootstrap: str, prefix: str, sample: int) -> dict[st
 
 
 PATHS = {
-    "codec": ("row codec (default)", None, True, False),
-    "server": ("server-built JSON", True, True, False),
-    "headerless": ("row codec, no position headers", None, True, True),
+    "codec": ("row codec, four position headers (kafka.position_headers: true)", None, True, False),
+    "server": ("server-built JSON, four position headers", True, True, False),
+    "headerless": ("row codec, no position headers (the daemon's default)", None, True, True),
     "ordinary": ("ordinary path (Python JSON)", False, False, False),
 }  # name: (label, snapshot.server_json, decoder.render_rows, without headers)
 
@@ -292,7 +292,7 @@ def main() -> int:
     parser.add_argument("--server-workers", default=str(min(4, os.cpu_count() or 2)),
                         help="worker counts with server-built JSON (the default path before 2026-11-27); empty: skip")
     parser.add_argument("--headerless-workers", default=str(min(4, os.cpu_count() or 2)),
-                        help="worker counts of the row codec without position headers; empty: skip")
+                        help="worker counts of the row codec without position headers (the daemon's default); empty: skip")
     parser.add_argument("--ordinary-workers", default="",
                         help="worker counts for the ordinary path (Python builds the JSON), e.g. 2; empty: skip it")  # fmt: skip
     parser.add_argument("--copy-runs", type=int, default=3, help="bare COPY runs (median)")
