@@ -1,6 +1,7 @@
 """The row codec's COPY entry (the snapshot's): a ``COPY ... TO STDOUT`` text line in, the ``RenderedRow`` that
 the same values' pgoutput tuple gives out, byte for byte, in the compiled codec (``RowCodec.copy_row``) and
-the reference (``cdc.render.rows.render_copy_parser``).
+the reference (``cdc.render.rows.render_copy_parser``); and the snapshot's record of the line
+(``copy_record``), that row and key between the record's constant parts, in both.
 
 Every type case of ``tests/unit/test_codec.py`` as a value column and as the key, escaped as COPY escapes
 it, in JSON with and without the schema block and in Avro; then hypothesis over rows of the natively written
@@ -25,7 +26,7 @@ from cdc.decoder.types import parser_for
 from cdc.event import TableInfo, TableSchema
 from cdc.render import codec
 from cdc.render.codec import TableRenderer
-from cdc.render.rows import RenderedRow, RowRendering, render_copy_parser, render_parser
+from cdc.render.rows import RenderedRow, RowRendering, render_copy_parser, render_copy_record, render_parser
 from cdc.snapshot.copytext import unescape
 from tests.support.pgoutput import relation, tuple_data
 from tests.unit.test_codec import CASES, DIRECT, OIDS, TEXTS, TYPES, serializers
@@ -70,6 +71,26 @@ def outcome(parse: Callable[[bytes], Any], line: bytes) -> Any:
     return (row.data, row.key_data, repr(row.key))  # repr: a NaN key equals itself
 
 
+_PARTS = (b'{"k":', b"}", b'{"after":', b',"op":"r"}')  # key_head, key_end, value_head, value_end
+
+
+def record_outcome(record: Callable[..., tuple[bytes, bytes]], line: bytes | memoryview) -> Any:
+    """``copy_record``'s result on the line, or how it failed (as ``outcome``)."""
+    try:
+        return record(line, *_PARTS)
+    except Decline:
+        return "declined"
+    except Exception as exc:  # noqa: BLE001 - the same error in both, or the test fails
+        return (type(exc).__name__, str(exc))
+
+
+def as_record(got: Any) -> Any:
+    """The record ``copy_record`` makes of ``outcome``'s row: its key and row between the parts."""
+    if not (type(got) is tuple and len(got) == 3):
+        return got
+    return _PARTS[0] + got[1] + _PARTS[1], _PARTS[2] + got[0] + _PARTS[3]
+
+
 def from_tuple(rendering: RowRendering, parsers: Any, texts: tuple[bytes | None, ...]) -> Any:
     """What the streaming path's compiled codec makes of the same values in a pgoutput tuple."""
     parse = codec.compiled_parser(rendering, parsers)
@@ -88,12 +109,16 @@ def check(table: TableInfo, columns: Any, rows: list[tuple[bytes | None, ...]]) 
         parsers = [parser_for(c.type) for c in schema.columns]
         compiled = codec.compiled_copy_parser(rendering, parsers, unescape)
         reference = render_copy_parser(rendering, parsers, unescape)
+        compiled_record = codec.compiled_copy_record(rendering, parsers, unescape)
+        reference_record = render_copy_record(rendering, parsers, unescape)
         for texts in rows:
             line = copy_line(*texts)
             got = outcome(compiled, line)
             assert got == outcome(reference, line), (label, line)
             assert got == outcome(compiled, line[:-1]) == outcome(compiled, memoryview(line)), (label, line)
             assert got == from_tuple(rendering, parsers, texts), (label, line)
+            record = record_outcome(compiled_record, memoryview(line))
+            assert record == record_outcome(reference_record, line) == as_record(got), (label, line)
             rendered += label == "json" and got != "declined" and type(got) is tuple and len(got) == 3
     return rendered
 
@@ -151,6 +176,16 @@ def test_malformed_lines_fail_or_decline_alike(data: st.DataObject) -> None:
 
     assert declined(compiled) == declined(reference)
 
+    def record_declined(record: Callable[..., tuple[bytes, bytes]]) -> Any:
+        try:
+            return record(bytes(line), *_PARTS)
+        except (Decline, ValueError):
+            return "declined"
+
+    compiled_record = codec.compiled_copy_record(rendering, parsers, unescape)
+    assert record_declined(compiled_record) == record_declined(render_copy_record(rendering, parsers, unescape))
+    assert record_declined(compiled_record) == as_record(declined(compiled))
+
 
 def test_the_chooser_gives_the_compiled_copy_parser_unless_the_reference_is_forced() -> None:
     table = TableInfo("public", "t", 16384, "d", ("id",), ("id",), frozenset({"id"}))
@@ -159,3 +194,6 @@ def test_the_chooser_gives_the_compiled_copy_parser_unless_the_reference_is_forc
     forced = os.environ.get(codec.FORCE_REFERENCE_ENV, "") not in ("", "0")
     assert (type(getattr(parse, "__self__", None)).__name__ == "RowCodec") is not forced
     assert parse(b"5\n").data == b'{"id":5}'
+    record = codec.copy_record(ser.row_rendering(schema), [int], unescape)
+    assert (type(getattr(record, "__self__", None)).__name__ == "RowCodec") is not forced
+    assert record(b"5\n", *_PARTS) == (b'{"k":{"id":5}}', b'{"after":{"id":5},"op":"r"}')

@@ -49,6 +49,17 @@ cdef inline bint _is_hex(unsigned char c) noexcept nogil:
     return (48 <= c <= 57) or (97 <= c <= 102)
 
 
+cdef bytes _joined(bytes head, const char* middle, Py_ssize_t length, bytes end):
+    """``head + middle[:length] + end`` as one new bytes object."""
+    cdef Py_ssize_t h = PyBytes_GET_SIZE(head), e = PyBytes_GET_SIZE(end)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, h + length + e)
+    cdef char* p = PyBytes_AS_STRING(out)
+    memcpy(p, PyBytes_AS_STRING(head), h)
+    memcpy(p + h, middle, length)
+    memcpy(p + h + length, PyBytes_AS_STRING(end), e)
+    return out
+
+
 cdef class RowCodec:
     """A compiled ``RowParser`` for one relation's rendering."""
 
@@ -451,9 +462,11 @@ cdef class RowCodec:
         return -1
 
     cdef Py_ssize_t _value(self, Py_ssize_t size, int i, const unsigned char* s, Py_ssize_t length, object owner,
-                           list key_values) except -2:
+                           list key_values, bint typed_keys=True) except -2:
         """Write column ``i``'s encoding of its text ``s[:length]`` (``owner``: those bytes as an object, or
-        None) at ``size``, and its typed value into ``key_values`` when it is a key column; the new size."""
+        None) at ``size``, and its typed value into ``key_values`` when it is a key column; the new size.
+        Without ``typed_keys`` (``copy_record``: no key dict) a key column whose key bytes are its row bytes
+        gets True there, only to say it was not NULL."""
         cdef int j = self.key_of[i]
         cdef int kind = self.kinds[i]
         cdef Py_ssize_t written
@@ -478,6 +491,9 @@ cdef class RowCodec:
                 text = PyBytes_FromStringAndSize(<const char*>s, length)
             size = self._put(size, <bytes?>self.renders[i](text))
         if j >= 0:
+            if not typed_keys and self.key_mode[j] <= KEY_SAME_OR_NULL:
+                key_values[j] = True
+                return size
             if text is None:
                 text = PyBytes_FromStringAndSize(<const char*>s, length)
             key_values[j] = self.converters[i](text)
@@ -489,25 +505,23 @@ cdef class RowCodec:
             raise self.decline
         return self._put(size, <bytes>value)
 
-    cdef object _finish(self, Py_ssize_t size, list key_values):
-        """The row's last piece, then the key: the ``RenderedRow``."""
+    cdef Py_ssize_t _key(self, Py_ssize_t size, list key_values, dict key) except -1:
+        """The row's last piece at ``size``, then the key's bytes after it in the same scratch (the key columns'
+        encodings copied from the row's); the end. ``key``: the key dict to fill, or None."""
         cdef int i, j, mode
         cdef Py_ssize_t length
         size = self._put(size, <bytes>self.pieces[self.count])
-        row_data = PyBytes_FromStringAndSize(self.buf, size)
-        # The key, in the same scratch after nothing: the row's bytes are copied out already.
-        size = 0
-        key = {}
         for j in range(self.key_count):
             size = self._put(size, <bytes>self.key_pieces[j])
             i = self.key_column[j]
             mode = self.key_mode[j]
             typed_value = key_values[j]
-            key[self.key_names[j]] = typed_value
+            if key is not None:
+                key[self.key_names[j]] = typed_value
             if mode == KEY_SAME or (mode == KEY_SAME_OR_NULL and typed_value is not None):
                 length = self.ends[i] - self.starts[i]
                 self._reserve(size, length)
-                memcpy(self.buf + size, PyBytes_AS_STRING(row_data) + self.starts[i], length)
+                memcpy(self.buf + size, self.buf + self.starts[i], length)
                 size += length
             elif typed_value is None:
                 if mode == KEY_TYPED:
@@ -515,12 +529,27 @@ cdef class RowCodec:
                 size = self._put(size, <bytes?>self.key_nulls[j])
             else:
                 size = self._put(size, <bytes?>self.key_typed[j](typed_value))
-        size = self._put(size, <bytes>self.key_pieces[self.key_count])
+        return self._put(size, <bytes>self.key_pieces[self.key_count])
+
+    cdef object _finish(self, Py_ssize_t size, list key_values):
+        """The row's last piece, then the key: the ``RenderedRow``."""
+        cdef dict key = {}
+        cdef Py_ssize_t row_end = size + PyBytes_GET_SIZE(<bytes>self.pieces[self.count])
+        size = self._key(size, key_values, key)
         row = self.row_class.__new__(self.row_class)
-        row.data = row_data
+        row.data = PyBytes_FromStringAndSize(self.buf, row_end)
         row.key = key
-        row.key_data = PyBytes_FromStringAndSize(self.buf, size)
+        row.key_data = PyBytes_FromStringAndSize(self.buf + row_end, size - row_end)
         return row
+
+    cdef tuple _record(self, Py_ssize_t size, list key_values, bytes key_head, bytes key_end, bytes value_head,
+                       bytes value_end):
+        """The row's last piece, then the key: ``(key_head + key + key_end, value_head + row + value_end)``,
+        each written once."""
+        cdef Py_ssize_t row_end = size + PyBytes_GET_SIZE(<bytes>self.pieces[self.count])
+        size = self._key(size, key_values, None)
+        return (_joined(key_head, self.buf + row_end, size - row_end, key_end),
+                _joined(value_head, self.buf, row_end, value_end))
 
     def __call__(self, object buffer, Py_ssize_t pos):
         # bytes from the decoder (feed, the spool); any other buffer as the reference takes it, copied.
@@ -565,6 +594,19 @@ cdef class RowCodec:
         a NULL, and a field holding a backslash through the constructor's ``unescape``
         (``cdc.snapshot.copytext.unescape``) first. A line without the relation's number of fields raises
         ``decline``."""
+        cdef list key_values = [None] * self.key_count
+        return self._finish(self._copy_fields(buffer, key_values, True), key_values)
+
+    def copy_record(self, object buffer, bytes key_head, bytes key_end, bytes value_head, bytes value_end):
+        """The snapshot's record of one COPY line: ``(key_head + key + key_end, value_head + row + value_end)``
+        with the key and row of ``copy_row(buffer)``, declining as it does, without the ``RenderedRow``, its
+        key dict and the key columns' typed values that only the dict needs."""
+        cdef list key_values = [None] * self.key_count
+        return self._record(self._copy_fields(buffer, key_values, False), key_values, key_head, key_end, value_head,
+                            value_end)
+
+    cdef Py_ssize_t _copy_fields(self, object buffer, list key_values, bint typed_keys) except -1:
+        """The line's columns written in the scratch (``copy_row``); the size before the row's last piece."""
         cdef bytes data = buffer if type(buffer) is bytes else bytes(buffer)
         cdef const unsigned char* s = <const unsigned char*>PyBytes_AS_STRING(data)
         cdef Py_ssize_t total = PyBytes_GET_SIZE(data)
@@ -572,7 +614,6 @@ cdef class RowCodec:
         cdef int i
         cdef bint escaped
         cdef bytes text
-        cdef list key_values = [None] * self.key_count
         if total > 0 and s[total - 1] == 10:  # '\n'
             total -= 1
         for i in range(self.count):
@@ -593,11 +634,11 @@ cdef class RowCodec:
                     raise self.decline
                 text = <bytes?>self.unescape(PyBytes_FromStringAndSize(<const char*>s + pos, end - pos))
                 size = self._value(size, i, <const unsigned char*>PyBytes_AS_STRING(text), PyBytes_GET_SIZE(text),
-                                   text, key_values)
+                                   text, key_values, typed_keys)
             else:
-                size = self._value(size, i, s + pos, end - pos, None, key_values)
+                size = self._value(size, i, s + pos, end - pos, None, key_values, typed_keys)
             self.ends[i] = size
             pos = end + 1
         if pos != total + 1:
             raise self.decline  # more fields (or none at all)
-        return self._finish(size, key_values)
+        return size

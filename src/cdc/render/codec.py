@@ -24,7 +24,15 @@ import structlog
 from cdc.compiled import FORCE_REFERENCE_ENV, reference_forced
 from cdc.decoder.rows import Decline, RowParser
 from cdc.event import TableSchema
-from cdc.render.rows import CopyRowParser, RenderedRow, RowRendering, render_copy_parser, render_parser
+from cdc.render.rows import (
+    CopyRecord,
+    CopyRowParser,
+    RenderedRow,
+    RowRendering,
+    render_copy_parser,
+    render_copy_record,
+    render_parser,
+)
 
 if TYPE_CHECKING:
     from cdc.event import ChangeEvent, MessageEvent, TruncateEvent
@@ -141,6 +149,24 @@ def copy_parser(
     if _COMPILED is not None:
         return compiled_copy_parser(rendering, converters, unescape)
     return render_copy_parser(rendering, converters, unescape)
+
+
+def compiled_copy_record(
+    rendering: RowRendering, converters: Sequence[Callable[[bytes], Any]], unescape: Callable[[bytes], bytes]
+) -> CopyRecord:
+    """The compiled codec's record of one COPY line (``RowCodec.copy_record``; ImportError when it is not built)."""
+    record: CopyRecord = compiled_parser(rendering, converters, unescape).copy_record  # type: ignore[attr-defined]
+    return record
+
+
+def copy_record(
+    rendering: RowRendering, converters: Sequence[Callable[[bytes], Any]], unescape: Callable[[bytes], bytes]
+) -> CopyRecord:
+    """The chosen codec's record of one table's ``COPY ... TO STDOUT`` lines (the snapshot's JSON path): the key
+    and row of ``copy_parser``'s ``RenderedRow`` between the record's constant parts, made in one call."""
+    if _COMPILED is not None:
+        return compiled_copy_record(rendering, converters, unescape)
+    return render_copy_record(rendering, converters, unescape)
 
 
 EnvelopeClasses = tuple[

@@ -25,6 +25,9 @@ from cdc.event import Row
 Render = Callable[[bytes], bytes]
 
 CopyRowParser = Callable[[bytes | bytearray | memoryview], "RenderedRow"]
+CopyRecord = Callable[[bytes | bytearray | memoryview, bytes, bytes, bytes, bytes], tuple[bytes, bytes]]
+"""``record(line, key_head, key_end, value_head, value_end)``: a COPY line's record, ``(key_head + key + key_end,
+value_head + row + value_end)``, with the key and row its ``CopyRowParser`` writes."""
 """A line of ``COPY ... TO STDOUT`` in text format (its newline optional) -> its ``RenderedRow``; raises
 ``Decline`` (or what a converter or renderer raises) where the typed path must take the row."""
 
@@ -215,3 +218,19 @@ def render_copy_parser(
         return row
 
     return parse_line
+
+
+def render_copy_record(
+    rendering: RowRendering, parsers: Sequence[Callable[[bytes], Any]], unescape: Callable[[bytes], bytes]
+) -> CopyRecord:
+    """The reference of the compiled codec's ``copy_record``: ``render_copy_parser``'s row and key between the
+    record's constant parts."""
+    parse = render_copy_parser(rendering, parsers, unescape)
+
+    def record(
+        line: bytes | bytearray | memoryview, key_head: bytes, key_end: bytes, value_head: bytes, value_end: bytes
+    ) -> tuple[bytes, bytes]:
+        row = parse(line)
+        return key_head + row.key_data + key_end, value_head + row.data + value_end
+
+    return record

@@ -57,7 +57,7 @@ from cdc.decoder.rows import Decline
 from cdc.decoder.types import PARSE_ERRORS, ValueConversionError, parser_for
 from cdc.process import tune_gc
 from cdc.render import codec
-from cdc.render.rows import CopyRowParser
+from cdc.render.rows import CopyRecord, CopyRowParser
 from cdc.sink.errors import SerializationError
 from cdc.sink.json import JsonSerializer, ReadParts
 from cdc.sink.kafka import SinkError
@@ -269,6 +269,7 @@ class _Reader:
     query: JsonQuery | None  # the server builds the rows' JSON (cdc.snapshot.sqljson); None: parse every row
     render: CopyRowParser | None = None  # the row codec writes each row's bytes; None: not for this table
     parts: ReadParts | None = None  # JSON with ``render``: the records' constant parts
+    record: CopyRecord | None = None  # with ``parts``: a line's key and value in one call of the row codec
 
 
 # What the row codec raises on a line it does not cover: the typed path reads it (and raises what is wrong).
@@ -283,7 +284,7 @@ def _utf8(conn: psycopg.Connection[Any]) -> bool:
 def _reader(table: SnapshotTable, output: Output, spec: WorkerSpec, server_json: bool) -> _Reader:
     parse = row_parser(table.schema.columns, where=table.name)
     serializer = output.serializer
-    query = render = parts = None
+    query = render = parts = record = None
     if table.name not in output.policy_tables:  # the column policies read typed values, as in the stream
         if server_json and isinstance(serializer, JsonSerializer):
             read_parts = serializer.read_parts(table.schema, spec.commit_ts_us, spec.consistent_point, spec.xid)
@@ -291,12 +292,14 @@ def _reader(table: SnapshotTable, output: Output, spec: WorkerSpec, server_json:
         rendering = getattr(serializer, "row_rendering", None)
         row_rendering = rendering(table.schema) if query is None and output.render_rows and rendering else None
         if row_rendering is not None:
-            render = codec.copy_parser(row_rendering, [parser_for(c.type) for c in table.schema.columns], unescape)
+            converters = [parser_for(c.type) for c in table.schema.columns]
+            render = codec.copy_parser(row_rendering, converters, unescape)
             if isinstance(serializer, JsonSerializer) and output.bulk is not None:
                 parts = serializer.read_parts(table.schema, spec.commit_ts_us, spec.consistent_point, spec.xid)
+                record = codec.copy_record(row_rendering, converters, unescape)
     log.info("snapshot_table_reader", worker=spec.worker_id, table=table.name, server_json=query is not None,
              rendered=render is not None, codec=codec.IMPLEMENTATION)  # fmt: skip
-    return _Reader(table, parse, query, render, parts)
+    return _Reader(table, parse, query, render, parts, record)
 
 
 @contextlib.contextmanager
@@ -512,8 +515,8 @@ def _copy_chunk_rendered(
     envelope's constant parts and to the bulk producer, with no per-record callback (the chunk counts once
     everything is drained). A line the codec declines and an oversized record take the ordinary path
     through ``output.delivery``."""
-    render, parse, parts = reader.render, reader.parse, reader.parts
-    assert render is not None and parts is not None and output.bulk is not None
+    record, parse, parts = reader.record, reader.parse, reader.parts
+    assert record is not None and parts is not None and output.bulk is not None
     table, bulk = task.table, output.bulk
     delivery, records, transform = output.delivery, output.serializer.records, output.transform
     produce, wait, limit = bulk.produce, bulk.wait, output.max_record_bytes
@@ -543,15 +546,13 @@ def _copy_chunk_rendered(
                         reported = n
                 n += 1
                 try:
-                    row = render(data)
+                    key, value = record(data, key_head, key_end, value_head, tail)
                 except _DECLINES:  # the typed path reads it, and raises what is wrong with it
                     event = change_event(read_op, schema, None, parse(bytes(data[:-1])), point, point, xid, ordinal, ts,
                                          True, _NOTHING_UNCHANGED)  # fmt: skip
-                    for record in records(transform(event) if transform is not None else event):
-                        delivery.send(record, table.name)
+                    for typed in records(transform(event) if transform is not None else event):
+                        delivery.send(typed, table.name)
                     continue
-                key = key_head + row.key_data + key_end
-                value = value_head + row.data + tail
                 if with_ordinal:
                     headers = position.copy()  # type: ignore[union-attr]
                     headers[ORDINAL_HEADER] = b"%d" % ordinal
