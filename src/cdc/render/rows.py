@@ -25,11 +25,11 @@ from cdc.event import Row
 Render = Callable[[bytes], bytes]
 
 CopyRowParser = Callable[[bytes | bytearray | memoryview], "RenderedRow"]
+"""A line of ``COPY ... TO STDOUT`` in text format (its newline optional) -> its ``RenderedRow``; raises
+``Decline`` (or what a converter or renderer raises) where the typed path must take the row."""
 CopyRecord = Callable[[bytes | bytearray | memoryview, bytes, bytes, bytes, bytes], tuple[bytes, bytes]]
 """``record(line, key_head, key_end, value_head, value_end)``: a COPY line's record, ``(key_head + key + key_end,
 value_head + row + value_end)``, with the key and row its ``CopyRowParser`` writes."""
-"""A line of ``COPY ... TO STDOUT`` in text format (its newline optional) -> its ``RenderedRow``; raises
-``Decline`` (or what a converter or renderer raises) where the typed path must take the row."""
 
 _U32: Final = struct.Struct(">I")
 
