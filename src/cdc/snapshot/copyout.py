@@ -11,13 +11,13 @@ would raise) and marks the ``Copy`` finished, so that leaving its ``with`` block
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 from psycopg import pq
 
-__all__ = ["lines"]
+__all__ = ["line_calls", "lines"]
 
 
 def lines(copy: psycopg.Copy) -> Iterator[Any]:
@@ -41,6 +41,25 @@ def lines(copy: psycopg.Copy) -> Iterator[Any]:
         else:
             _end(copy, pgconn)
             return
+
+
+def line_calls(copy: psycopg.Copy) -> tuple[Callable[[int], tuple[int, Any]], Callable[[], Any], Callable[[], None]]:
+    """``lines`` as three calls, for a loop that reads the lines itself (``cdc.snapshot.send``): libpq's buffered
+    line (``(> 0, line)``, ``(0, ...)`` nothing buffered, ``(-1, ...)`` the end), psycopg's read that waits
+    for the socket (empty at the end), and what follows libpq's end. A psycopg without the ``Copy``'s
+    finished state: nothing is ever buffered, every line comes through its read."""
+    if not isinstance(getattr(copy, "_finished", None), bool):
+        return _nothing_buffered, copy.read, _never
+    pgconn = copy.connection.pgconn
+    return pgconn.get_copy_data, copy.read, lambda: _end(copy, pgconn)
+
+
+def _nothing_buffered(_async: int) -> tuple[int, Any]:
+    return 0, b""
+
+
+def _never() -> None:
+    raise AssertionError("only after libpq reported the end")
 
 
 def _end(copy: psycopg.Copy, pgconn: Any) -> None:

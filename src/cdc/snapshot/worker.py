@@ -64,9 +64,10 @@ from cdc.sink.kafka import SinkError
 from cdc.sink.record import Record
 from cdc.sink.records import EventSerializer, position_headers
 from cdc.sink.wire import ORDINAL_HEADER
-from cdc.snapshot.copyout import lines
+from cdc.snapshot.copyout import line_calls, lines
 from cdc.snapshot.copytext import CopyFormatError, RowParser, row_parser, unescape
 from cdc.snapshot.output import Output, OutputFactory, Serializer
+from cdc.snapshot.send import RenderedChunk, chosen as _chosen_send, implementation as send_implementation
 from cdc.snapshot.plan import LEAVES, Chunk, SnapshotTable, chunk_select, session_setup
 from cdc.snapshot.sqljson import JsonQuery, json_query
 
@@ -77,6 +78,7 @@ log = structlog.get_logger("cdc.snapshot.worker")
 __all__ = ["ChunkDone", "ChunkSkipped", "ChunkTask", "Failed", "Ready", "Rows", "WorkerSpec", "run_worker"]
 
 _PROGRESS_EVERY = 8192
+_send_rendered = _chosen_send()  # the rendered JSON chunk's loop: compiled, or its reference
 _DRAIN_TIMEOUT_S = 900.0
 
 
@@ -298,7 +300,8 @@ def _reader(table: SnapshotTable, output: Output, spec: WorkerSpec, server_json:
                 parts = serializer.read_parts(table.schema, spec.commit_ts_us, spec.consistent_point, spec.xid)
                 record = codec.copy_record(row_rendering, converters, unescape)
     log.info("snapshot_table_reader", worker=spec.worker_id, table=table.name, server_json=query is not None,
-             rendered=render is not None, codec=codec.IMPLEMENTATION)  # fmt: skip
+             rendered=render is not None, codec=codec.IMPLEMENTATION,
+             loop=send_implementation() if record is not None else None)  # fmt: skip
     return _Reader(table, parse, query, render, parts, record)
 
 
@@ -513,59 +516,47 @@ def _copy_chunk_rendered(
     """``_copy_chunk`` for JSON tables the row codec renders: per row, the codec writes the row's ``after`` and
     key objects from the COPY line (the bytes the stream writes for the same values), they go into the
     envelope's constant parts and to the bulk producer, with no per-record callback (the chunk counts once
-    everything is drained). A line the codec declines and an oversized record take the ordinary path
-    through ``output.delivery``."""
+    everything is drained); the loop is ``cdc.snapshot.send`` (compiled, or its reference). A line the codec
+    declines and an oversized record take the ordinary path through ``output.delivery``."""
     record, parse, parts = reader.record, reader.parse, reader.parts
     assert record is not None and parts is not None and output.bulk is not None
     table, bulk = task.table, output.bulk
     delivery, records, transform = output.delivery, output.serializer.records, output.transform
-    produce, wait, limit = bulk.produce, bulk.wait, output.max_record_bytes
-    topic, key_head, key_end = parts.topic, parts.key_head, parts.key_end
-    value_head, value_middle, value_end = parts.value_head, parts.value_middle, parts.value_end
-    times = parts.times
+    topic = parts.topic
     schema, point, xid, ts = table.schema, spec.consistent_point, spec.xid, spec.commit_ts_us
     position, with_ordinal = _row_headers(point, xid, enabled=_headers_on(output.serializer))
-    headers = position
-    read_op = Op.READ
     wid = spec.worker_id
-    ordinal = task.ordinal_base
-    n = 0
     reported = 0
-    tail = b""
+
+    def declined(data: Any, ordinal: int) -> None:  # the typed path reads it, and raises what is wrong with it
+        event = change_event(Op.READ, schema, None, parse(bytes(data[:-1])), point, point, xid, ordinal, ts, True,
+                             _NOTHING_UNCHANGED)  # fmt: skip
+        for typed in records(transform(event) if transform is not None else event):
+            delivery.send(typed, table.name)
+
+    def oversized(key: bytes, value: bytes, headers: dict[str, str | bytes | None] | None) -> None:
+        pairs: Any = tuple(headers.items()) if headers else ()  # the same headers, in position_headers' order
+        delivery.send(Record(topic, key, value, pairs), table.name)
+
+    def progress(rows: int) -> None:
+        nonlocal reported
+        bulk.check()
+        delivery.tick()
+        reports.put(Rows(wid, table.name, rows - reported))
+        reported = rows
+
     with _chunk_savepoint(conn, table):
         delivery.begin(TxBegin(xid or 0, point, ts))
         with conn.cursor().copy(chunk_select(table, task.chunk)) as copy:
-            for data in lines(copy):
-                ordinal += 1
-                if n % _CLOCK_EVERY == 0:
-                    tail = value_middle + times(time.time_ns()) + value_end
-                    if n % _PROGRESS_EVERY == 0 and n:
-                        bulk.check()
-                        delivery.tick()
-                        reports.put(Rows(wid, table.name, n - reported))
-                        reported = n
-                n += 1
-                try:
-                    key, value = record(data, key_head, key_end, value_head, tail)
-                except _DECLINES:  # the typed path reads it, and raises what is wrong with it
-                    event = change_event(read_op, schema, None, parse(bytes(data[:-1])), point, point, xid, ordinal, ts,
-                                         True, _NOTHING_UNCHANGED)  # fmt: skip
-                    for typed in records(transform(event) if transform is not None else event):
-                        delivery.send(typed, table.name)
-                    continue
-                if with_ordinal:
-                    headers = position.copy()  # type: ignore[union-attr]
-                    headers[ORDINAL_HEADER] = b"%d" % ordinal
-                if len(value) > limit:  # the same headers, in position_headers' order
-                    pairs: Any = tuple(headers.items()) if headers else ()
-                    delivery.send(Record(topic, key, value, pairs), table.name)
-                    continue
-                while True:
-                    try:
-                        produce(topic, value, key, headers=headers)
-                        break
-                    except BufferError:
-                        wait()
+            get, read, end = line_calls(copy)
+            n = _send_rendered(RenderedChunk(
+                get=get, read=read, end=end, record=record, key_head=parts.key_head, key_end=parts.key_end,
+                value_head=parts.value_head, value_middle=parts.value_middle, value_end=parts.value_end,
+                times=parts.times, clock=time.time_ns, produce=bulk.produce, wait=bulk.wait, topic=topic,
+                limit=output.max_record_bytes, headers=position, with_ordinal=with_ordinal,
+                ordinal_header=ORDINAL_HEADER, ordinal=task.ordinal_base, declines=_DECLINES, declined=declined,
+                oversized=oversized, progress=progress, progress_every=_PROGRESS_EVERY, clock_every=_CLOCK_EVERY,
+            ))  # fmt: skip
         _end_chunk(output, spec, task, n)
     _drain_chunk(output, task, wid, n - reported, reports)
     return n
