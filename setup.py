@@ -1,6 +1,7 @@
 """The compiled row codec (``cdc.render._compiled``, the JSON and Avro envelopes around its rows,
 ``cdc.render._envelope``, the at-least-once delivery's per-record path, ``cdc.sink._delivery``, and the
-decoder's fast path, ``cdc.decoder._changes``),
+decoder's fast path, ``cdc.decoder._changes``, and the snapshot's loop of a rendered JSON chunk,
+``cdc.snapshot._send``),
 optional extensions: everything else is in pyproject.toml.
 
 Cython is a build requirement (pyproject.toml), so ``pip install`` (editable or not) compiles the
@@ -65,6 +66,7 @@ EXTENSIONS = (
     ("cdc.render._envelope", "src/cdc/render/_envelope.pyx"),
     ("cdc.sink._delivery", "src/cdc/sink/_delivery.pyx"),
     ("cdc.decoder._changes", "src/cdc/decoder/_changes.pyx"),
+    ("cdc.snapshot._send", "src/cdc/snapshot/_send.pyx"),
 )
 ext_modules = []
 if cythonize is not None:
