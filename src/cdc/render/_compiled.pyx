@@ -14,9 +14,12 @@ this module and the reference.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.long cimport PyLong_FromLongLong
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
+
+from cdc.decoder.types.scalar import parse_int
 
 # How a column's text becomes its encoding.
 cdef enum:
@@ -49,6 +52,21 @@ cdef inline bint _is_hex(unsigned char c) noexcept nogil:
     return (48 <= c <= 57) or (97 <= c <= 102)
 
 
+cdef object _int_of(const unsigned char* s, Py_ssize_t n):
+    """``parse_int``'s value of ``s[:n]`` for the text it takes at every length up to 18 digits (an optional
+    ``-``, then ASCII digits); None for anything else, which ``parse_int`` itself then takes or refuses."""
+    cdef Py_ssize_t i = 1 if n > 0 and s[0] == 45 else 0
+    cdef int64_t value = 0
+    if n == i or n - i > 18:
+        return None
+    while i < n:
+        if not _is_digit(s[i]):
+            return None
+        value = value * 10 + (s[i] - 48)
+        i += 1
+    return PyLong_FromLongLong(-value if s[0] == 45 else value)
+
+
 cdef bytes _joined(bytes head, const char* middle, Py_ssize_t length, bytes end):
     """``head + middle[:length] + end`` as one new bytes object."""
     cdef Py_ssize_t h = PyBytes_GET_SIZE(head), e = PyBytes_GET_SIZE(end)
@@ -71,6 +89,7 @@ cdef class RowCodec:
     cdef int* key_mode
     cdef int* key_column
     cdef int* key_of  # column -> key position, or -1
+    cdef char* int_key  # per column: its converter is parse_int (a key's value is then parsed here)
     cdef tuple renders  # per column: the reference's direct renderer or None
     cdef tuple converters  # per column: the typed value's parser
     cdef tuple typed  # per column: the typed renderer
@@ -97,6 +116,7 @@ cdef class RowCodec:
         self.key_mode = NULL
         self.key_column = NULL
         self.key_of = NULL
+        self.int_key = NULL
         self.buf = NULL
         self.starts = NULL
         self.ends = NULL
@@ -114,13 +134,15 @@ cdef class RowCodec:
         self.kinds = <int*>PyMem_Malloc(n * sizeof(int))
         self.args = <int*>PyMem_Malloc(n * sizeof(int))
         self.key_of = <int*>PyMem_Malloc(n * sizeof(int))
+        self.int_key = <char*>PyMem_Malloc(n * sizeof(char))
         self.starts = <Py_ssize_t*>PyMem_Malloc(n * sizeof(Py_ssize_t))
         self.ends = <Py_ssize_t*>PyMem_Malloc(n * sizeof(Py_ssize_t))
         self.key_mode = <int*>PyMem_Malloc(k * sizeof(int))
         self.key_column = <int*>PyMem_Malloc(k * sizeof(int))
         self.cap = 256
         self.buf = <char*>PyMem_Malloc(self.cap)
-        if (self.kinds == NULL or self.args == NULL or self.key_of == NULL or self.starts == NULL or self.ends == NULL
+        if (self.kinds == NULL or self.args == NULL or self.key_of == NULL or self.int_key == NULL
+                or self.starts == NULL or self.ends == NULL
                 or self.key_mode == NULL or self.key_column == NULL or self.buf == NULL):
             raise MemoryError()
         self.renders = tuple(rendering.render)
@@ -143,6 +165,7 @@ cdef class RowCodec:
         for i in range(self.count):
             self.key_of[i] = -1
             self.args[i] = 0
+            self.int_key[i] = self.converters[i] is parse_int
             if self.renders[i] is None:
                 self.kinds[i] = K_TYPED
             elif native and rendering.direct[i] is not None and rendering.direct[i][0] in _NATIVE:
@@ -171,6 +194,7 @@ cdef class RowCodec:
         PyMem_Free(self.key_mode)
         PyMem_Free(self.key_column)
         PyMem_Free(self.key_of)
+        PyMem_Free(self.int_key)
         PyMem_Free(self.buf)
         PyMem_Free(self.starts)
         PyMem_Free(self.ends)
@@ -494,6 +518,11 @@ cdef class RowCodec:
             if not typed_keys and self.key_mode[j] <= KEY_SAME_OR_NULL:
                 key_values[j] = True
                 return size
+            if self.int_key[i]:
+                typed_value = _int_of(s, length)
+                if typed_value is not None:
+                    key_values[j] = typed_value
+                    return size
             if text is None:
                 text = PyBytes_FromStringAndSize(<const char*>s, length)
             key_values[j] = self.converters[i](text)
