@@ -174,7 +174,7 @@ def kafka_ceiling(
     ensure_topics(admin_client(bootstrap, {}), [TopicSpec(topic, 3, 1)])
     ctx = multiprocessing.get_context("spawn")  # as the snapshot's workers: nothing of this process's clients
     go, done = ctx.Event(), ctx.Queue()
-    config = producer_config(bootstrap, {}, 1_000_000)
+    config = producer_config(bootstrap, PRODUCER, 1_000_000)  # the snapshot runs' settings (--producer)
     share = [rows // processes + (1 if i < rows % processes else 0) for i in range(processes)]
     procs = [ctx.Process(target=_ceiling_producer, args=(config, topic, records, n, headers, go, done)) for n in share]
     for p in procs:
@@ -200,7 +200,7 @@ def per_row_costs(dsn: str, bootstrap: str, prefix: str, sample: int) -> dict[st
     parse = row_parser(schema.columns, where=TABLE)
     serializer = JsonSerializer(JsonSettings(topic_prefix=prefix, database=DB), lambda _t: 3)
     ensure_topics(admin_client(bootstrap, {}), [TopicSpec(f"{prefix}.public.bench_rows", 3, 1)])
-    delivery = AtLeastOnce(producer_config(bootstrap, {}, 1_000_000), max_record_bytes=1_000_000)
+    delivery = AtLeastOnce(producer_config(bootstrap, PRODUCER, 1_000_000), max_record_bytes=1_000_000)
     delivery.begin(TxBegin(0, Lsn(1), 0))
     point = Lsn(1)
 
@@ -261,7 +261,7 @@ def snapshot_run(
     with psycopg.connect(dsn, autocommit=True) as conn:
         tables = describe_tables(conn, [TableConfig(name=TABLE)])
     output = JsonKafkaOutput(
-        JsonSettings(topic_prefix=prefix, database=DB), partitions, producer_config(bootstrap, {}, 1_000_000), 1_000_000,
+        JsonSettings(topic_prefix=prefix, database=DB), partitions, producer_config(bootstrap, PRODUCER, 1_000_000), 1_000_000,
         render_rows=render_rows, position_headers=not headerless,
     )
     settings = SnapshotConfig(
@@ -284,6 +284,9 @@ def snapshot_run(
     return {"rows": result.rows, "elapsed_s": elapsed, "rows_per_s": result.rows / elapsed, "tracker_s": copy_s, "cpu": cpu}
 
 
+PRODUCER: dict[str, object] = {}  # --producer: librdkafka settings of the snapshot's producers and the ceiling's
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=5_000_000)
@@ -301,11 +304,20 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the database and topics afterwards")
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                         help="skip the Kafka ceiling (prepared records produced with no database work)")  # fmt: skip
+    parser.add_argument("--producer", action="append", default=[], metavar="KEY=VALUE",
+                        help="a librdkafka setting for the snapshot's producers and the ceiling's (kafka.producer), "
+                        "e.g. linger.ms=20; repeatable")  # fmt: skip
     args = parser.parse_args()
+    for setting in args.producer:
+        name, sep, value = setting.partition("=")
+        if not sep or not name or not value:
+            parser.error(f"--producer {setting!r}: expected KEY=VALUE, e.g. --producer linger.ms=20")
+        PRODUCER[name] = int(value) if value.isdigit() else value
     logsetup.configure("console", "warning")
     endpoints = dev.up(dev.default_state_dir(), registry=False)
     print(f"services: {endpoints.postgres_dsn}  kafka {endpoints.kafka_bootstrap}  ({os.cpu_count()} CPUs); "
-          f"row codec: {codec.IMPLEMENTATION}; load average {os.getloadavg()}")  # fmt: skip
+          f"row codec: {codec.IMPLEMENTATION}; producer settings {PRODUCER or 'the defaults'}; "
+          f"load average {os.getloadavg()}")  # fmt: skip
     dsn = setup(endpoints.postgres_dsn, args.rows)
     prefix = f"bench_snapshot_{int(time.time())}"
     admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})
