@@ -20,7 +20,7 @@ from cdc.event import TxBegin, TxCommit
 from cdc.lsn import Lsn
 from cdc.sink import delivery as delivery_module
 from cdc.sink.delivery import AtLeastOnce, compiled_sender
-from cdc.sink.kafka import DeliveryFailed, RecordTooLarge, SinkError
+from cdc.sink.kafka import ANY_PARTITION, DeliveryFailed, RecordTooLarge, SinkError
 from cdc.sink.record import Record
 
 try:
@@ -48,10 +48,16 @@ class Producer:
         self.raise_next: list[BaseException] = []
         self.polls = 0
 
-    def produce(self, topic: str, value: bytes | None, key: bytes, **kwargs: Any) -> None:
+    def produce(self, topic: str, value: bytes | None, key: bytes, *positional: Any, **kwargs: Any) -> None:
         if self.raise_next:
             raise self.raise_next.pop(0)
-        callback = kwargs.pop("on_delivery")
+        if positional:  # (partition, callback), as confluent-kafka takes them by position
+            partition, callback = positional
+            assert not kwargs, "a call mixing the two forms"
+            if partition != ANY_PARTITION:
+                kwargs["partition"] = partition
+        else:
+            callback = kwargs.pop("on_delivery")
         if kwargs.get("headers", 0) is None:  # headers=None is no headers to confluent-kafka, as leaving it out
             del kwargs["headers"]
         self.calls.append((topic, value, key, tuple(sorted(kwargs.items()))))

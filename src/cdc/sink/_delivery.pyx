@@ -10,6 +10,8 @@ One ``Sender`` lives as long as its delivery; ``entry`` and ``failed`` are set a
 Begin (the tracker's entry, and the closure that fails that transaction's tracker).
 """
 
+from cdc.sink.kafka import ANY_PARTITION as _ANY_PARTITION
+
 
 cdef class _Delivered:
     """confluent-kafka's ``on_delivery`` for one record: one small C object in place of a closure, its cells
@@ -68,7 +70,7 @@ cdef class Sender:
         try:
             while True:
                 try:
-                    self.produce(topic, value, key, on_delivery=report)
+                    self.produce(topic, value, key, _ANY_PARTITION, report)  # positional: see delivery.py
                     break
                 except BufferError:
                     self.poll(0.05)

@@ -11,7 +11,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -20,6 +20,10 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetS
 from cdc.lsn import Lsn
 
 log = structlog.get_logger(__name__)
+
+# librdkafka's RD_KAFKA_PARTITION_UA: a produce call's partition argument that leaves the choice to the
+# configured partitioner, as leaving the argument out does (for positional calls, which parse faster).
+ANY_PARTITION: Final = -1
 
 
 class SinkError(Exception):

@@ -60,7 +60,10 @@ def send_rendered(chunk):
             continue
         while True:
             try:
-                produce(topic, value, key, headers=headers)
+                if headers is None:  # positional only: see send.py
+                    produce(topic, value, key)
+                else:
+                    produce(topic, value, key, headers=headers)
                 break
             except BufferError:
                 chunk.wait()

@@ -384,7 +384,10 @@ def _bulk_sender(bulk: Any, delivery: Any, limit: int) -> Callable[[Record, str]
             by_name = list(headers)
         while True:
             try:
-                produce(topic, value, key, headers=by_name)
+                if by_name is None:  # positional only: see cdc.snapshot.send
+                    produce(topic, value, key)
+                else:
+                    produce(topic, value, key, headers=by_name)
                 return
             except BufferError:
                 wait()
@@ -481,7 +484,10 @@ def _copy_chunk_json(
                     continue
                 while True:
                     try:
-                        produce(topic, value, key, headers=headers)
+                        if headers is None:  # positional only: see cdc.snapshot.send
+                            produce(topic, value, key)
+                        else:
+                            produce(topic, value, key, headers=headers)
                         break
                     except BufferError:
                         wait()
