@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from confluent_kafka.admin import NewTopic
 
 from tests.support.connector import Connector, write_config
 from tests.support.http import get, http_port, metric
+from tests.support.partitions import java_partition
 from tests.support.registry import Consumer
 
 pytestmark = pytest.mark.integration
@@ -367,3 +369,35 @@ def test_without_transaction_metadata_the_transaction_block_is_null(
     finally:
         assert c.stop() == 0
     assert json.loads(msg.value())["transaction"] is None
+
+
+@pytest.mark.parametrize("position_headers", [False, True], ids=["no-headers", "position-headers"])
+def test_every_record_lands_on_the_partition_a_java_producer_picks_for_its_key(
+    tmp_path, services, people, slot_name, publication_name, topic_prefix, consume_all, position_headers
+):
+    """Key affinity is a contract with JVM clients (Kafka Streams joins, Connect sinks): the snapshot's rows,
+    streamed creates, updates, deletes and their tombstones all on ``toPositive(murmur2(key)) % partitions``,
+    whichever way the record was produced (positional calls without headers, keywords with them)."""
+    with psycopg.connect(people, autocommit=True) as conn:
+        for i in range(150):
+            conn.execute("INSERT INTO people (id, name) VALUES (%s, 'before')", (i,))
+    kafka = {"partitions": 5, "position_headers": position_headers}
+    cfg = config(tmp_path, services, people, slot_name, publication_name, topic_prefix, kafka=kafka)
+    c = Connector(cfg, tmp_path / "l").start()
+    try:
+        c.wait_streaming(people, slot_name)
+        with psycopg.connect(people, autocommit=True) as conn:
+            for i in range(150, 300):
+                conn.execute("INSERT INTO people (id, name) VALUES (%s, 'after')", (i,))
+            conn.execute("UPDATE people SET name = 'changed' WHERE id % 10 = 0")
+            conn.execute("DELETE FROM people WHERE id % 25 = 1")
+        # 150 snapshot reads + 150 creates + 30 updates + 12 deletes, each with its tombstone
+        msgs = read_until(consume_all, f"{topic_prefix}.public.people", 150 + 150 + 30 + 12 * 2)
+    finally:
+        assert c.stop() == 0
+    ops = Counter(json.loads(m.value())["op"] if m.value() else None for m in msgs)
+    assert ops == {"r": 150, "c": 150, "u": 30, "d": 12, None: 12}
+    assert {bool(m.headers()) for m in msgs if m.value()} == {position_headers}
+    misplaced = [(m.key(), m.partition(), java_partition(m.key(), 5)) for m in msgs if m.partition() != java_partition(m.key(), 5)]
+    assert misplaced == []
+    assert len({m.partition() for m in msgs}) == 5  # the keys spread: the check above is not one partition's
