@@ -22,13 +22,7 @@ __all__ = ["line_calls", "lines"]
 
 def lines(copy: psycopg.Copy) -> Iterator[Any]:
     """The COPY's lines (buffers ending in a newline, as ``copy.read()`` returns them), until its end."""
-    read = copy.read
-    if not isinstance(getattr(copy, "_finished", None), bool):  # a psycopg without that state: its own reads
-        while data := read():
-            yield data
-        return
-    pgconn = copy.connection.pgconn
-    get = pgconn.get_copy_data
+    get, read, end = line_calls(copy)
     while True:
         nbytes, data = get(1)
         if nbytes > 0:
@@ -39,12 +33,12 @@ def lines(copy: psycopg.Copy) -> Iterator[Any]:
                 return
             yield data
         else:
-            _end(copy, pgconn)
+            end()
             return
 
 
 def line_calls(copy: psycopg.Copy) -> tuple[Callable[[int], tuple[int, Any]], Callable[[], Any], Callable[[], None]]:
-    """``lines`` as three calls, for a loop that reads the lines itself (``cdc.snapshot.send``): libpq's buffered
+    """``lines``'s three calls, for a loop that reads the lines itself (``cdc.snapshot.send``): libpq's buffered
     line (``(> 0, line)``, ``(0, ...)`` nothing buffered, ``(-1, ...)`` the end), psycopg's read that waits
     for the socket (empty at the end), and what follows libpq's end. A psycopg without the ``Copy``'s
     finished state: nothing is ever buffered, every line comes through its read."""
