@@ -61,6 +61,7 @@ from confluent_kafka.admin import AdminClient
 from cpu import Services, main_thread_cpu, process_cpu, self_cpu, spent  # bench/cpu.py
 from decoder import DB, PUBLICATION, TABLE, create_slots, read_with_cdc, setup_database, write_rows  # bench/decoder.py
 from decoder import read_with_pg_recvlogical, server_version  # bench/decoder.py
+from options import add_producer_option, producer_settings  # bench/options.py
 
 from cdc import dev
 from cdc.decoder.stream import protocol_for
@@ -361,19 +362,9 @@ def main() -> int:
         help="comma-separated on/off: each format's daemon with kafka.position_headers on and/or off (default off)",
     )
     parser.add_argument("--big-transaction", type=int, default=1_000_000, help="rows of the one-transaction RSS run (0: skip)")
-    parser.add_argument(
-        "--producer",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a librdkafka setting for the end-to-end daemons (kafka.producer), e.g. linger.ms=20; repeatable",
-    )
+    add_producer_option(parser, "the end-to-end daemons")
     args = parser.parse_args()
-    for setting in args.producer:
-        name, sep, value = setting.partition("=")
-        if not sep or not name or not value:
-            parser.error(f"--producer {setting!r}: expected KEY=VALUE, e.g. --producer linger.ms=20")
-        PRODUCER[name] = int(value) if value.isdigit() else value
+    PRODUCER.update(producer_settings(parser, args.producer))
 
     switches = args.position_headers.split(",")
     if not switches or not set(switches) <= {"on", "off"}:

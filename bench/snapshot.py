@@ -43,6 +43,7 @@ import psycopg
 from confluent_kafka.admin import AdminClient
 
 from cpu import Services, spent, tree_cpu  # bench/cpu.py
+from options import add_producer_option, producer_settings  # bench/options.py
 
 from cdc import dev
 from cdc import log as logsetup
@@ -304,15 +305,9 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the database and topics afterwards")
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                         help="skip the Kafka ceiling (prepared records produced with no database work)")  # fmt: skip
-    parser.add_argument("--producer", action="append", default=[], metavar="KEY=VALUE",
-                        help="a librdkafka setting for the snapshot's producers and the ceiling's (kafka.producer), "
-                        "e.g. linger.ms=20; repeatable")  # fmt: skip
+    add_producer_option(parser, "the snapshot's producers and the ceiling's")
     args = parser.parse_args()
-    for setting in args.producer:
-        name, sep, value = setting.partition("=")
-        if not sep or not name or not value:
-            parser.error(f"--producer {setting!r}: expected KEY=VALUE, e.g. --producer linger.ms=20")
-        PRODUCER[name] = int(value) if value.isdigit() else value
+    PRODUCER.update(producer_settings(parser, args.producer))
     logsetup.configure("console", "warning")
     endpoints = dev.up(dev.default_state_dir(), registry=False)
     print(f"services: {endpoints.postgres_dsn}  kafka {endpoints.kafka_bootstrap}  ({os.cpu_count()} CPUs); "
