@@ -18,8 +18,9 @@ In one run, on the local services (``cdc dev up``):
    building the rows' JSON (``snapshot.server_json: true``, the default until 2026-11-27),
    the row codec with no position headers (``--headerless-workers``: **the daemon's
    default** since #21, the figure to quote), and (opt-in) the ordinary path where Python
-   parses and serializes every row; a fresh slot and topic each. Rows/s is rows over the whole run, start-up (slot, planning, worker start)
-   included.
+   parses and serializes every row; a fresh slot and topic each, the topic deleted after its run
+   (unless ``--keep``), the daemon's default configuration first. Rows/s is rows over the whole run,
+   start-up (slot, planning, worker start) included.
 5. The Kafka ceiling: the same number of this table's records, made beforehand (a sample,
    cycled), produced by 1 and N processes with the snapshot's own producer
    (``BulkProducer``, the pipeline's producer settings, the four position headers as a
@@ -285,6 +286,15 @@ def snapshot_run(
     return {"rows": result.rows, "elapsed_s": elapsed, "rows_per_s": result.rows / elapsed, "tracker_s": copy_s, "cpu": cpu}
 
 
+def drop_topics(admin: AdminClient, prefix: str) -> None:
+    """Delete the run's topics (every topic whose name starts with ``prefix``): a run's gigabytes left on the
+    broker would weigh on the runs after it (page cache, the broker's files)."""
+    names = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix)]
+    if names:
+        for future in admin.delete_topics(names, operation_timeout=30).values():
+            future.result()
+
+
 PRODUCER: dict[str, object] = {}  # --producer: librdkafka settings of the snapshot's producers and the ceiling's
 
 
@@ -326,9 +336,11 @@ def main() -> int:
               + f"; total {sum(costs.values()):.2f} µs = {1e6 / sum(costs.values()):,.0f} rows/s")  # fmt: skip
         print(f"per-row cost of the row codec ({codec.IMPLEMENTATION}), COPY line -> after and key JSON: "
               f"{codec_cost(dsn, f'{prefix}_costs', min(args.sample, args.rows)):.2f} µs")  # fmt: skip
-        configs = [("codec", int(w)) for w in args.workers.split(",") if w]
+        # The daemon's default first: the figure to quote is measured from the machine state the bare COPY
+        # was (each later configuration follows gigabytes written by the ones before it: page cache, broker).
+        configs = [("headerless", int(w)) for w in args.headerless_workers.split(",") if w]
+        configs += [("codec", int(w)) for w in args.workers.split(",") if w]
         configs += [("server", int(w)) for w in args.server_workers.split(",") if w]
-        configs += [("headerless", int(w)) for w in args.headerless_workers.split(",") if w]
         configs += [("ordinary", int(w)) for w in args.ordinary_workers.split(",") if w]
         for name, workers in configs:
             path = PATHS[name][0]
@@ -339,6 +351,8 @@ def main() -> int:
                                  workers, args.chunk_rows, name)  # fmt: skip
                 rates.append(r["rows_per_s"])
                 cpus.append(r["cpu"])
+                if not args.keep:
+                    drop_topics(admin, f"{prefix}_{tag}.")
                 print(f"  snapshot, {path}, {workers} worker(s), run {run + 1}: {r['rows']:,} rows in "
                       f"{r['elapsed_s']:.1f}s = {r['rows_per_s']:,.0f} rows/s")  # fmt: skip
             rate = statistics.median(rates)
@@ -363,6 +377,8 @@ def main() -> int:
                         rates.append(rate)
                         cpus.append(cpu)
                         brokers.append(broker)
+                        if not args.keep:
+                            drop_topics(admin, topic)
                     rate = statistics.median(rates)
                     print(f"Kafka ceiling, prepared records, no database, {processes} producer process(es), "
                           f"{'four position headers' if headers else 'no headers'}: median {rate:,.0f} rows/s "
@@ -371,10 +387,7 @@ def main() -> int:
                           f"broker {statistics.median(brokers) * 1e6:.2f} µs")  # fmt: skip
     finally:
         if not args.keep:
-            names = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix)]
-            if names:
-                for future in admin.delete_topics(names, operation_timeout=30).values():
-                    future.result()
+            drop_topics(admin, prefix)
             with psycopg.connect(endpoints.postgres_dsn, autocommit=True) as conn:
                 for (slot,) in conn.execute(
                     "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (DB,)
