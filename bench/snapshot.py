@@ -323,9 +323,10 @@ def main() -> int:
     print(f"services: {endpoints.postgres_dsn}  kafka {endpoints.kafka_bootstrap}  ({os.cpu_count()} CPUs); "
           f"row codec: {codec.IMPLEMENTATION}; producer settings {PRODUCER or 'the defaults'}; "
           f"load average {os.getloadavg()}")  # fmt: skip
+    admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})
+    drop_topics(admin, "bench_")  # what earlier benchmarks left (e2e.py and debezium.py keep theirs until the next)
     dsn = setup(endpoints.postgres_dsn, args.rows)
     prefix = f"bench_snapshot_{int(time.time())}"
-    admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})
     try:
         copies = [bare_copy(dsn) for _ in range(args.copy_runs)]
         copy_rate = statistics.median(rate for rate, _ in copies)
