@@ -4,6 +4,7 @@ One command: ``.venv/bin/python bench/snapshot.py`` (5,000,000 rows; ``--rows 50
 
 In one run, on the local services (``cdc dev up``):
 
+0. The ``bench_`` topics earlier benchmarks left on the broker are deleted.
 1. A table of N 6-column rows (bigint key, text, numeric(12,2), varchar, timestamptz,
    uuid; the shape of ``bench/e2e.py``) is written once and analyzed.
 2. ``COPY (SELECT ...) TO STDOUT`` of the whole table, read by psycopg without parsing:
@@ -312,7 +313,8 @@ def main() -> int:
     parser.add_argument("--copy-runs", type=int, default=3, help="bare COPY runs (median)")
     parser.add_argument("--runs", type=int, default=3, help="snapshot runs per configuration (median)")
     parser.add_argument("--sample", type=int, default=100_000, help="rows for the per-row cost breakdown")
-    parser.add_argument("--keep", action="store_true", help="keep the database and topics afterwards")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the database and topics afterwards (until the next benchmark's start)")
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                         help="skip the Kafka ceiling (prepared records produced with no database work)")  # fmt: skip
     add_producer_option(parser, "the snapshot's producers and the ceiling's")
