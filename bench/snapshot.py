@@ -45,6 +45,7 @@ import psycopg
 from confluent_kafka.admin import AdminClient
 
 from cpu import Services, spent, tree_cpu  # bench/cpu.py
+from e2e import drop_topics  # bench/e2e.py
 from options import add_producer_option, producer_settings  # bench/options.py
 
 from cdc import dev
@@ -285,15 +286,6 @@ def snapshot_run(
     assert result.server_json_rows == (result.rows if server_json else 0), "the path asked for was not taken"
     assert result.rendered_rows == (result.rows if render_rows and not server_json else 0), "the codec did not run"
     return {"rows": result.rows, "elapsed_s": elapsed, "rows_per_s": result.rows / elapsed, "tracker_s": copy_s, "cpu": cpu}
-
-
-def drop_topics(admin: AdminClient, prefix: str) -> None:
-    """Delete the run's topics (every topic whose name starts with ``prefix``): a run's gigabytes left on the
-    broker would weigh on the runs after it (page cache, the broker's files)."""
-    names = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix)]
-    if names:
-        for future in admin.delete_topics(names, operation_timeout=30).values():
-            future.result()
 
 
 PRODUCER: dict[str, object] = {}  # --producer: librdkafka settings of the snapshot's producers and the ceiling's
