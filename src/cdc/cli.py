@@ -42,9 +42,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     if args.offline:
         print("  --offline: the database, Kafka and the schema registry were not checked")
         return 0
+    from cdc.pipeline.toast import toast_exposure, toast_mode
+
     try:
         with connect_source(config, "cdc-validate") as conn:
             checked = source_checks(conn, config)
+            exposures = toast_exposure(conn, checked.tables, lambda name: toast_mode(checked.config, name))
     except (StartupError, ConfigError) as e:
         print(str(e), file=sys.stderr)
         return 1
@@ -58,6 +61,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             return 1
     for selector, names in checked.selection.expanded.items():
         print(f"  {selector} -> {', '.join(names) or '(nothing yet: allow_empty)'}")
+    for exposure in exposures:
+        print(f"  unchanged TOAST: {exposure.describe()}")
     for selector, names in checked.selection.named_over_pattern.items():
         print(f"  {selector} also matches {', '.join(names)}: named in 'tables', so those entries' settings apply")
     problems = service_problems(checked.config)

@@ -21,6 +21,7 @@ from cdc.declared import SparkSection
 from cdc.outbox.config import OutboxConfig
 from cdc.sink.registry import RegistrySettings
 from cdc.snapshot.config import SnapshotConfig
+from cdc.toast import ToastConfig
 
 _IDENT = re.compile(r"^[a-z_][a-z0-9_$]*$")
 
@@ -190,6 +191,7 @@ class TableConfig(_Section):
         "debezium-json format); a replay of the topic then still holds the truncated rows (logged as "
         "truncate_skipped). Read at start-up",
     )
+    toast: Literal["fill", "placeholder"] | None = Field(default=None, description="overrides toast.mode for it")
 
     @model_validator(mode="after")
     def _one_selector(self) -> TableConfig:
@@ -483,6 +485,7 @@ class Config(BaseSettings):
         default=None, description="Confluent-compatible schema registry; required with format: avro"
     )
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    toast: ToastConfig = Field(default_factory=ToastConfig)
     snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig)
     http: HttpConfig = Field(default_factory=HttpConfig)
@@ -491,9 +494,7 @@ class Config(BaseSettings):
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     messages: MessagesConfig = Field(default_factory=MessagesConfig)
     spark: SparkSection = Field(default_factory=SparkSection)  # declared views and indexes (cdc.declared)
-    outbox: OutboxConfig = Field(
-        default_factory=OutboxConfig, description="application events through the log (cdc.outbox)"
-    )
+    outbox: OutboxConfig = Field(default_factory=OutboxConfig, description="application events through the log")
     transaction_metadata: bool = Field(
         default=False, description="write BEGIN/END records with event counts to <topic_prefix>.transaction"
     )

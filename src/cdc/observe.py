@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,6 +34,12 @@ class Stats:
     messages_left_out: Counter[str] = field(default_factory=Counter)  # logical messages not published, by prefix
     outbox_events: Counter[tuple[str, str]] = field(default_factory=Counter)  # (aggregate type, route) -> count
     outbox_dead_letters: Counter[str] = field(default_factory=Counter)  # reason -> count
+    # Unchanged TOASTed values (cdc.pipeline.toast), per table: filled, left with the placeholder (row gone),
+    # re-read queries and their seconds.
+    toast_filled: Counter[str] = field(default_factory=Counter)
+    toast_unresolved: Counter[str] = field(default_factory=Counter)
+    toast_fill_queries: Counter[str] = field(default_factory=Counter)
+    toast_fill_seconds: defaultdict[str, float] = field(default_factory=lambda: defaultdict(float))
     inflight_bytes: Callable[[], int] = lambda: 0
     inflight_records: Callable[[], int] = lambda: 0
     confirmed_lsn: Callable[[], int] = lambda: 0
@@ -50,6 +56,20 @@ class Stats:
         if not self.last_commit_ts_us:
             return 0.0
         return max(0.0, (self.last_processed_us - self.last_commit_ts_us) / 1000)
+
+
+def _toast_metrics(s: Stats) -> Iterator[Any]:
+    """cdc.pipeline.toast's counters, per table."""
+    for name, doc, counts in (
+        ("cdc_toast_filled", "Unchanged TOASTed values filled by re-reading their row", s.toast_filled),
+        ("cdc_toast_unresolved", "Updates left with toast.placeholder: the row was gone when re-read", s.toast_unresolved),
+        ("cdc_toast_fill_queries", "Queries that re-read unchanged TOASTed values", s.toast_fill_queries),
+        ("cdc_toast_fill_seconds", "Time spent in those queries", s.toast_fill_seconds),
+    ):
+        family = CounterMetricFamily(name, doc, labels=["table"])
+        for table, n in sorted(counts.items()):
+            family.add_metric([table], n)
+        yield family
 
 
 class _StatsCollector(Collector):
@@ -76,6 +96,7 @@ class _StatsCollector(Collector):
         for reason, n in sorted(s.outbox_dead_letters.items()):
             outbox_dead.add_metric([reason], n)
         yield outbox_dead
+        yield from _toast_metrics(s)
         skipped = CounterMetricFamily(
             "cdc_uncaptured_changes", "Changes of tables in the publication but not in the configuration", labels=["table"]
         )

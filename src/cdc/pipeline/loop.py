@@ -75,7 +75,10 @@ class Pipeline:
         self.streaming_since = None
         budget = cfg.limits.max_inflight_bytes
         feed = c.decoder.feed
-        row, other = chain.row, chain.other
+        # Where a table fills unchanged TOASTed values, its rows pass through the fill before the chain
+        # (cdc.pipeline.toast): it holds a transaction's events until their values are read.
+        toast = c.toast
+        row, other = (toast.row, toast.other) if toast is not None else (chain.row, chain.other)
         heartbeat = (
             Heartbeat(cfg.topic_prefix, cfg.heartbeat.interval_ms / 1000, c.serializer)
             if cfg.heartbeat.interval_ms
@@ -97,6 +100,8 @@ class Pipeline:
                 messages=True,  # watermarks
             )
             c.decoder.reset()
+            if toast is not None:
+                toast.reset()  # what a lost session held comes again from the slot
             if c.history is not None and self._sessions:
                 # What the last session sent but Kafka never took (an aborted transaction, a failed
                 # delivery) is not published: the versions are read again, and Relation messages resent.
@@ -223,3 +228,5 @@ class Pipeline:
     def close(self) -> None:
         if self._side_conn is not None:
             self._side_conn.close()
+        if self.components.toast is not None:
+            self.components.toast.close()

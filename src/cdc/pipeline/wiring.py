@@ -46,6 +46,14 @@ from cdc.outbox.route import OutboxRouter
 from cdc.pipeline.checks import column_policies, connect_source, source_checks
 from cdc.pipeline.history import SchemaHistory, SchemaHistoryStage, acknowledged_writer
 from cdc.pipeline.routing import OutboxStage, StandaloneMessages
+from cdc.pipeline.toast import (
+    SourceReader,
+    ToastCounts,
+    ToastFill,
+    toast_exposure,
+    toast_fills_anywhere,
+    toast_mode,
+)
 from cdc.pipeline.stages import (
     Chain,
     ColumnPolicyStage,
@@ -67,6 +75,7 @@ from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.records import EventSerializer
 from cdc.snapshot.modes import StartupPlan
 from cdc.snapshot.output import ConfiguredOutput
+from cdc.snapshot.plan import session_setup
 from cdc.snapshot.service import Snapshots
 from cdc.snapshot.state import KafkaStore, topics_holding_records
 
@@ -101,6 +110,7 @@ class Components:
     topics: Topics
     router: OutboxRouter | None
     history: SchemaHistory | None = None  # the schema history topic's versions (None: not published)
+    toast: ToastFill | None = None  # between the loop and the chain where any table fills unchanged TOAST
 
 
 class Topics:
@@ -166,6 +176,15 @@ def wire(
         )
         history.publish_catalog(conn, [*tables.values(), *boxes.values()], types)
         apply_publication(conn, publication)
+        exposures = toast_exposure(conn, tables, lambda name: toast_mode(capture.config, name))
+    for exposure in exposures:
+        log.info(
+            "toast_unchanged_values",
+            table=exposure.table,
+            mode=exposure.mode,
+            columns=list(exposure.columns),
+            note=exposure.describe(),
+        )
     topics = Topics(capture)
     snapshots = make_snapshots(capture, serializer, types, progress_topic, stats, should_stop, history)
     stats.snapshot_progress = snapshots.progress
@@ -200,6 +219,7 @@ def wire(
             slot_failover=cfg.source.slot_failover,
         )
 
+    toast = make_toast_fill(capture, chain, stats) if toast_fills_anywhere(cfg) else None
     log.info(
         "ready",
         tables=sorted(tables),
@@ -209,7 +229,22 @@ def wire(
         outbox_tables=sorted(boxes),
         outbox_message_prefix=cfg.outbox.message_prefix,
     )
-    return Components(capture, transport, decoder, serializer, delivery, snapshots, plan, chain, topics, router, history)
+    return Components(
+        capture, transport, decoder, serializer, delivery, snapshots, plan, chain, topics, router, history, toast
+    )
+
+
+def make_toast_fill(capture: Capture, chain: Chain, stats: Stats) -> ToastFill:
+    cfg = capture.config
+    counts = ToastCounts(stats.toast_filled, stats.toast_unresolved, stats.toast_fill_queries, stats.toast_fill_seconds)
+    return ToastFill(
+        chain.row,
+        chain.other,
+        SourceReader(cfg.source.conninfo(), session_setup),
+        lambda table: toast_mode(capture.config, table.qualified) == "fill",
+        cfg.toast.fill_batch,
+        counts,
+    )
 
 
 def make_chain(
@@ -345,6 +380,7 @@ def _format_serializer(cfg: Config, partitions_of: Callable[[str], int]) -> Even
                 decimal_handling=cfg.avro_format.decimal_handling,
                 time_precision=cfg.avro_format.time_precision,
                 interval_handling=cfg.avro_format.interval_handling,
+                unavailable_value=cfg.toast.placeholder,
             ),
             partitions_of,
             registry,
@@ -354,6 +390,7 @@ def _format_serializer(cfg: Config, partitions_of: Callable[[str], int]) -> Even
             topic_prefix=cfg.topic_prefix,
             database=cfg.source.database,
             schemas_enable=cfg.json_format.schemas_enable,
+            unavailable_value=cfg.toast.placeholder,
             decimal_handling=cfg.json_format.decimal_handling,
             time_precision=cfg.json_format.time_precision,
             interval_handling=cfg.json_format.interval_handling,

@@ -1,0 +1,408 @@
+"""Unchanged TOASTed values filled before a transaction's records are produced.
+
+Under REPLICA IDENTITY DEFAULT (or INDEX), pgoutput leaves out of an UPDATE every
+value stored out of line (TOAST) that the update did not change; the decoder marks
+those columns ``unchanged`` and leaves ``UNCHANGED_TOAST`` in ``after``. Under FULL
+the decoder takes them from the old row, and nothing reaches this module. A record
+written with Debezium's placeholder would be the last record of its key once the
+log cleaner has run, and the value would then exist nowhere in the topic.
+
+``ToastFill`` sits between the loop and the chain of stages (``cdc.pipeline.stages``)
+for the tables whose ``toast`` mode is ``fill``:
+
+1. An event that needs filling is held, and so is every event after it in the same
+   transaction, so that records still leave in commit order.
+2. At the transaction's commit, or once ``toast.fill_batch`` events are held, the
+   held rows' keys are read in one query per table (``ValueReader``), the values
+   are filled in, and the held events go on through the chain in their order.
+3. Only then does the commit reach the chain and delivery: the position confirmed to
+   PostgreSQL and the exactly-once Kafka transaction cover the filled records as
+   they cover every other (invariants 1 and 2 are the loop's, unchanged).
+
+What a reader sees (docs/operations.md, "Unchanged TOASTed values"):
+
+- the value read is the row's current one, which may be newer than the event: a
+  later transaction that changed the column committed before the read. That later
+  transaction's own records follow, so the last record of every key is exact;
+- when the row is gone (deleted, or its key changed, before the read), the columns
+  keep the placeholder, the event is counted in ``cdc_toast_unresolved_total`` and
+  logged (``toast_fill_row_gone``). The delete (and its tombstone) that removed the row
+  follows on the same key, so compaction never leaves that placeholder as a key's
+  last record.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final, Protocol
+
+import psycopg
+import structlog
+from psycopg import sql
+
+from cdc.decoder.stream import ConnectionLost
+from cdc.decoder.types import ValueConversionError, converter_for
+from cdc.config import Config
+from cdc.selection import entry_for
+from cdc.event import Column, ChangeEvent, Event, TableSchema, TxCommit, TypeKind
+from cdc.values import UNCHANGED_TOAST, Infinity
+
+log = structlog.get_logger("cdc.pipeline")
+
+Key = tuple[Any, ...]
+
+_KEYS_PER_QUERY: Final = 1000  # a query's parameters stay far below the protocol's 65,535 with wide keys
+
+
+class ToastFillError(Exception):
+    """A fill that cannot be done for a reason no retry mends; the message names the table and the fix."""
+
+
+class ValueReader(Protocol):
+    """Where filled values come from: the source table, read by key (``SourceReader``), or a dict in tests."""
+
+    def read(self, table: TableSchema, columns: Sequence[str], keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
+        """The current typed values of ``columns`` for each key whose row exists; a key that is absent from
+        the result has no row any more."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class ToastCounts:
+    """What the fill did, per table: values filled, events left with the placeholder, queries and their time."""
+
+    filled: Counter[str]
+    unresolved: Counter[str]
+    queries: Counter[str]
+    seconds: defaultdict[str, float]
+
+    @classmethod
+    def new(cls) -> ToastCounts:
+        return cls(Counter(), Counter(), Counter(), defaultdict(float))
+
+
+class ToastFill:
+    """Holds a transaction's events from its first unchanged TOASTed value on, fills them, passes them on.
+
+    ``row`` and ``other`` take what the loop would hand the chain; ``fills(table)`` says whether a table's
+    unchanged values are filled (its ``toast`` mode); ``reset`` drops what is held (the session ended: the
+    server sends the transaction again)."""
+
+    def __init__(
+        self,
+        row: Callable[[ChangeEvent], None],
+        other: Callable[[Event], None],
+        reader: ValueReader,
+        fills: Callable[[TableSchema], bool],
+        batch: int,
+        counts: ToastCounts,
+    ) -> None:
+        self._row: Final = row
+        self._other: Final = other
+        self._reader = reader
+        self._fills = fills
+        self._batch = batch
+        self._counts = counts
+        self._held: list[Event] = []
+
+    @property
+    def holding(self) -> int:
+        return len(self._held)
+
+    def row(self, event: ChangeEvent) -> None:
+        held = self._held
+        if held:
+            held.append(event)
+            if len(held) >= self._batch:
+                self.flush()
+        elif event.unchanged and self._fills(event.table):
+            held.append(event)
+            if self._batch == 1:
+                self.flush()
+        else:
+            self._row(event)
+
+    def other(self, event: Event) -> None:
+        """Begin, commit, truncate or message: a commit releases what is held first; while events are held,
+        a truncate or message waits its turn behind them."""
+        if self._held:
+            if type(event) is TxCommit:
+                self.flush()
+            else:
+                self._held.append(event)
+                return
+        self._other(event)
+
+    def flush(self) -> None:
+        """Fill what is held, then pass it on in order."""
+        held, self._held = self._held, []
+        filled = self._fill([e for e in held if type(e) is ChangeEvent and e.unchanged and self._fills(e.table)])
+        row, other = self._row, self._other
+        for event in held:
+            if type(event) is ChangeEvent:
+                row(filled.get(id(event), event))
+            else:
+                other(event)
+
+    def reset(self) -> None:
+        self._held = []
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def _fill(self, events: list[ChangeEvent]) -> dict[int, ChangeEvent]:
+        """The filled copy of each event, by the id of the original."""
+        by_table: dict[int, list[ChangeEvent]] = {}
+        for event in events:
+            by_table.setdefault(id(event.table), []).append(event)
+        result: dict[int, ChangeEvent] = {}
+        for group in by_table.values():
+            table = group[0].table
+            key_names = tuple(c.name for c in table.key_columns)
+            columns = sorted({name for e in group for name in e.unchanged})
+            keys = list(dict.fromkeys(_key(e, key_names) for e in group))
+            name = table.qualified
+            found: dict[Key, dict[str, Any]] = {}
+            for at in range(0, len(keys), _KEYS_PER_QUERY):
+                started = time.perf_counter()
+                found.update(self._reader.read(table, columns, keys[at : at + _KEYS_PER_QUERY]))
+                self._counts.queries[name] += 1
+                self._counts.seconds[name] += time.perf_counter() - started
+            gone: list[Key] = []
+            for event in group:
+                values = found.get(_key(event, key_names))
+                if values is None:
+                    gone.append(_key(event, key_names))
+                    self._counts.unresolved[name] += 1
+                    continue
+                after = dict(event.after)  # type: ignore[arg-type]  # an event with unchanged columns has a typed after
+                for column in event.unchanged:
+                    after[column] = values[column]
+                self._counts.filled[name] += len(event.unchanged)
+                result[id(event)] = replace(event, after=after, unchanged=frozenset())
+            if gone:
+                log.warning(
+                    "toast_fill_row_gone",
+                    table=name,
+                    events=len(gone),
+                    first_key=dict(zip(key_names, gone[0])),
+                    note="deleted or re-keyed before it was read: these records keep toast.placeholder; the delete "
+                    "that follows on the same key supersedes them",
+                )
+        return result
+
+
+def _key(event: ChangeEvent, names: tuple[str, ...]) -> Key:
+    after = event.after
+    assert after is not None, "an update has an after row"
+    return tuple(after[n] for n in names)
+
+
+# -- the source ----------------------------------------------------------------------------------------
+
+_MICROS: Final = "{} * INTERVAL '1 microsecond'"
+# Key types whose typed value (cdc.values) is not what psycopg would send for them: how to write it in SQL.
+_EPOCH_OFFSETS: Final[dict[str, str]] = {
+    "date": "DATE '1970-01-01' + {}::int4",
+    "timestamp": "TIMESTAMP '1970-01-01 00:00:00' + " + _MICROS,
+    "timestamptz": "TIMESTAMPTZ '1970-01-01 00:00:00+00' + " + _MICROS,
+    "time": "TIME '00:00:00' + " + _MICROS,
+}
+# Key types whose typed value psycopg sends as the column's own value once cast to the column's type.
+_CAST_KEYS: Final = frozenset(
+    {
+        "int2", "int4", "int8", "oid", "numeric", "money", "text", "varchar", "bpchar", "name", "uuid", "bool",
+        "bytea", "float4", "float8", "inet", "cidr", "macaddr", "macaddr8", "bit", "varbit", "citext",
+    }
+)  # fmt: skip
+
+
+def key_type_supported(column: Column) -> bool:
+    """Whether a key column's typed value can be written back in SQL to find its row."""
+    base = column.type
+    while base.kind is TypeKind.DOMAIN and base.element is not None:
+        base = base.element
+    return base.kind is TypeKind.ENUM or base.name in _CAST_KEYS or base.name in _EPOCH_OFFSETS
+
+
+def _key_literal(column: Column, value: Any) -> tuple[sql.Composable, Any]:
+    base = column.type
+    while base.kind is TypeKind.DOMAIN and base.element is not None:
+        base = base.element
+    target = sql.SQL("{}.{}").format(sql.Identifier(column.type.schema), sql.Identifier(column.type.name))
+    if isinstance(value, Infinity):
+        return sql.SQL("CAST({} AS {})").format(sql.Placeholder(), target), value.value
+    template = _EPOCH_OFFSETS.get(base.name)
+    if template is not None:
+        expr = sql.SQL(template).format(sql.Placeholder())
+        return sql.SQL("CAST({} AS {})").format(expr, target), value
+    if base.name == "uuid":
+        value = str(value)
+    return sql.SQL("CAST({} AS {})").format(sql.Placeholder(), target), value
+
+
+class SourceReader:
+    """Reads unchanged TOASTed columns from the source table, by key, on a connection of its own.
+
+    The values come back in the server's text output (the same session settings as the snapshot's), and
+    each goes through the decoder's own converter for its column: a filled value is exactly what pgoutput
+    would have sent. Keys are matched after the same conversion."""
+
+    def __init__(self, conninfo: str, session_setup: Callable[[Any, str], None]) -> None:
+        self._conninfo = conninfo
+        self._setup = session_setup
+        self._conn: psycopg.Connection[Any] | None = None
+        self._converters: dict[tuple[Any, int], Callable[[bytes], Any]] = {}
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            try:
+                conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=10)
+                self._setup(conn, "cdc-toast-fill")
+            except psycopg.OperationalError as e:
+                raise ConnectionLost(f"cannot connect to read unchanged TOASTed values: {str(e).strip()}") from None
+            self._conn = conn
+        return conn
+
+    def read(self, table: TableSchema, columns: Sequence[str], keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
+        key_columns = table.key_columns
+        unsupported = [c for c in key_columns if not key_type_supported(c)]
+        if unsupported:
+            c = unsupported[0]
+            raise ToastFillError(
+                f"cannot read unchanged TOASTed values of {table.qualified} back by key: its key column {c.name!r} "
+                f"has type {c.type.schema}.{c.type.name}, which the fill cannot write in a query. Fix: "
+                f"ALTER TABLE {table.qualified} REPLICA IDENTITY FULL; or set 'toast: placeholder' for it in 'tables'"
+            )
+        by_name = {c.name: c for c in table.columns}
+        wanted = [by_name[c] for c in columns]
+        rows: list[sql.Composable] = []
+        params: list[Any] = []
+        for key in keys:
+            parts = []
+            for column, value in zip(key_columns, key):
+                part, param = _key_literal(column, value)
+                parts.append(part)
+                params.append(param)
+            rows.append(sql.SQL("({})").format(sql.SQL(", ").join(parts)))
+        query = sql.SQL("SELECT {keys}, {cols} FROM {table} WHERE ({keys}) IN ({rows})").format(
+            keys=sql.SQL(", ").join(sql.Identifier(c.name) for c in key_columns),
+            cols=sql.SQL(", ").join(sql.Identifier(c.name) for c in wanted),
+            table=sql.Identifier(table.schema, table.name),
+            rows=sql.SQL(", ").join(rows),
+        )
+        conn = self._connection()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(query, params)
+                result = cur.pgresult
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as e:
+            # Dropped (or renamed) since the event: the values cannot be read, as for a deleted row.
+            log.warning("toast_fill_relation_gone", table=table.qualified, error=str(e).strip())
+            return {}
+        except psycopg.OperationalError as e:
+            raise ConnectionLost(f"lost the connection that reads unchanged TOASTed values: {str(e).strip()}") from None
+        assert result is not None
+        found: dict[Key, dict[str, Any]] = {}
+        n_keys = len(key_columns)
+        convert_key = [self._converter(c) for c in key_columns]
+        convert = [self._converter(c) for c in wanted]
+        for r in range(result.ntuples):
+            try:
+                key = tuple(_typed(convert_key[i], result.get_value(r, i)) for i in range(n_keys))
+                values = {
+                    column.name: _typed(convert[j], result.get_value(r, n_keys + j)) for j, column in enumerate(wanted)
+                }
+            except ValueConversionError as e:
+                # The column's type changed since the event (ALTER TABLE ... TYPE): not this event's value.
+                log.warning("toast_fill_type_changed", table=table.qualified, error=str(e))
+                continue
+            found[key] = values
+        return found
+
+    def _converter(self, column: Column) -> Callable[[bytes], Any]:
+        known = self._converters.get((column.type, column.modifier))
+        if known is None:
+            known = self._converters[(column.type, column.modifier)] = converter_for(column.type, column.modifier)
+        return known
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _typed(convert: Callable[[bytes], Any], raw: bytes | None) -> Any:
+    return None if raw is None else convert(raw)
+
+
+# -- what start-up and ``cdc validate`` say -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToastExposure:
+    """A captured table with TOASTable columns whose replica identity does not carry them in updates."""
+
+    table: str
+    identity: str  # d default, i index
+    columns: tuple[str, ...]
+    mode: str  # the toast mode in force for it
+
+    def describe(self) -> str:
+        ident = {"d": "DEFAULT", "i": "USING INDEX"}.get(self.identity, self.identity)
+        what = (
+            "filled by re-reading the row by key (one query per table and transaction)"
+            if self.mode == "fill"
+            else "written as toast.placeholder (Debezium's bytes): a compacted topic can lose these values"
+        )
+        return (
+            f"{self.table}: REPLICA IDENTITY {ident}, TOASTable columns {', '.join(self.columns)}; an UPDATE that "
+            f"leaves them alone does not send them: toast: {self.mode}, {what}. Alternative: "
+            f"ALTER TABLE {self.table} REPLICA IDENTITY FULL; (every UPDATE and DELETE then logs the whole old "
+            "row in WAL, large values included)"
+        )
+
+
+TOASTABLE_COLUMNS: Final = """
+    SELECT a.attname FROM pg_attribute a
+     WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attlen = -1 AND a.attstorage <> 'p'
+     ORDER BY a.attnum
+"""
+"""Columns whose values may be stored out of line: variable length, storage other than PLAIN."""
+
+
+def toast_exposure(
+    conn: psycopg.Connection[Any], tables: Mapping[str, Any], mode_of: Callable[[str], str]
+) -> list[ToastExposure]:
+    """Every captured table (``TableInfo`` by name) with TOASTable published columns and an identity other
+    than FULL, with the mode in force for it."""
+    found = []
+    for name, info in sorted(tables.items()):
+        if info.replica_identity == "f":
+            continue
+        published = set(info.published_columns or info.columns)
+        columns = tuple(str(r[0]) for r in conn.execute(TOASTABLE_COLUMNS, (info.oid,)).fetchall())
+        columns = tuple(c for c in columns if c in published)
+        if columns:
+            found.append(ToastExposure(name, info.replica_identity, columns, mode_of(name)))
+    return found
+
+
+
+
+def toast_mode(config: Config, table: str) -> str:
+    """The ``toast`` mode in force for a table (schema.name): its entry's, else ``toast.mode``."""
+    schema, _, name = table.partition(".")
+    entry = entry_for(config.tables, schema, name)
+    return (entry.toast if entry is not None else None) or config.toast.mode
+
+
+def toast_fills_anywhere(config: Config) -> bool:
+    """Whether any table, one added later by a pattern or at SIGHUP included, may need the fill."""
+    return config.toast.mode == "fill" or any(t.toast == "fill" for t in config.tables)
