@@ -205,45 +205,76 @@ def _key(event: ChangeEvent, names: tuple[str, ...]) -> Key:
 
 # -- the source ----------------------------------------------------------------------------------------
 
-_MICROS: Final = "{} * INTERVAL '1 microsecond'"
-# Key types whose typed value (cdc.values) is not what psycopg would send for them: how to write it in SQL.
+# Key types whose typed value (cdc.values) is a count from the epoch: how to turn that count back into the type.
 _EPOCH_OFFSETS: Final[dict[str, str]] = {
     "date": "DATE '1970-01-01' + {}::int4",
-    "timestamp": "TIMESTAMP '1970-01-01 00:00:00' + " + _MICROS,
-    "timestamptz": "TIMESTAMPTZ '1970-01-01 00:00:00+00' + " + _MICROS,
-    "time": "TIME '00:00:00' + " + _MICROS,
+    "timestamp": "TIMESTAMP '1970-01-01 00:00:00' + {}::int8 * INTERVAL '1 microsecond'",
+    "timestamptz": "TIMESTAMPTZ '1970-01-01 00:00:00+00' + {}::int8 * INTERVAL '1 microsecond'",
+    "time": "TIME '00:00:00' + {}::int8 * INTERVAL '1 microsecond'",
 }
-# Key types whose typed value psycopg sends as the column's own value once cast to the column's type.
-_CAST_KEYS: Final = frozenset(
+# Key types whose typed value's str() is text the type's input function reads back (bytea: see _key_text).
+_TEXT_KEYS: Final = frozenset(
     {
         "int2", "int4", "int8", "oid", "numeric", "money", "text", "varchar", "bpchar", "name", "uuid", "bool",
         "bytea", "float4", "float8", "inet", "cidr", "macaddr", "macaddr8", "bit", "varbit", "citext",
     }
-)  # fmt: skip
+)
+
+
+def _base(column: Column) -> str:
+    base = column.type
+    while base.kind is TypeKind.DOMAIN and base.element is not None:
+        base = base.element
+    return "enum" if base.kind is TypeKind.ENUM else base.name
 
 
 def key_type_supported(column: Column) -> bool:
     """Whether a key column's typed value can be written back in SQL to find its row."""
-    base = column.type
-    while base.kind is TypeKind.DOMAIN and base.element is not None:
-        base = base.element
-    return base.kind is TypeKind.ENUM or base.name in _CAST_KEYS or base.name in _EPOCH_OFFSETS
+    base = _base(column)
+    return base == "enum" or base in _TEXT_KEYS or base in _EPOCH_OFFSETS
 
 
-def _key_literal(column: Column, value: Any) -> tuple[sql.Composable, Any]:
-    base = column.type
-    while base.kind is TypeKind.DOMAIN and base.element is not None:
-        base = base.element
-    target = sql.SQL("{}.{}").format(sql.Identifier(column.type.schema), sql.Identifier(column.type.name))
+def _key_text(value: Any) -> str:
+    """A key's typed value as text its column type reads (epoch types: the count, or infinity)."""
     if isinstance(value, Infinity):
-        return sql.SQL("CAST({} AS {})").format(sql.Placeholder(), target), value.value
-    template = _EPOCH_OFFSETS.get(base.name)
-    if template is not None:
-        expr = sql.SQL(template).format(sql.Placeholder())
-        return sql.SQL("CAST({} AS {})").format(expr, target), value
-    if base.name == "uuid":
-        value = str(value)
-    return sql.SQL("CAST({} AS {})").format(sql.Placeholder(), target), value
+        return value.value
+    if isinstance(value, bytes):
+        return "\\x" + value.hex()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _key_expression(column: Column, position: int) -> sql.Composable:
+    """The key column's value from the ``position``-th unnested text array, in the column's type."""
+    text = sql.Identifier(f"k{position}")
+    target = sql.SQL("{}.{}").format(sql.Identifier(column.type.schema), sql.Identifier(column.type.name))
+    epoch = _EPOCH_OFFSETS.get(_base(column))
+    if epoch is None:
+        return sql.SQL("CAST({} AS {})").format(text, target)
+    counted = sql.SQL(epoch).format(text)
+    return sql.SQL("CAST(CASE WHEN {t} IN ('infinity', '-infinity') THEN CAST({t} AS {ty}) ELSE {c} END AS {ty})").format(
+        t=text, ty=target, c=counted
+    )
+
+
+def fill_query(table: TableSchema, columns: Sequence[Column]) -> sql.Composed:
+    """One query for any number of keys: the keys' text arrays unnested, cast to the key types, joined on
+    the key (an index lookup per key on the primary key)."""
+    key_columns = table.key_columns
+    arrays = sql.SQL(", ").join(sql.SQL("CAST({} AS text[])").format(sql.Placeholder()) for _ in key_columns)
+    names = sql.SQL(", ").join(sql.Identifier(f"k{i}") for i in range(len(key_columns)))
+    wanted = sql.SQL(", ").join(_key_expression(c, i) for i, c in enumerate(key_columns))
+    return sql.SQL(
+        "SELECT {keys}, {cols} FROM {table} WHERE ({keys}) IN (SELECT {wanted} FROM unnest({arrays}) AS u({names}))"
+    ).format(
+        keys=sql.SQL(", ").join(sql.Identifier(c.name) for c in key_columns),
+        cols=sql.SQL(", ").join(sql.Identifier(c.name) for c in columns),
+        table=sql.Identifier(table.schema, table.name),
+        wanted=wanted,
+        arrays=arrays,
+        names=names,
+    )
 
 
 class SourceReader:
@@ -251,13 +282,14 @@ class SourceReader:
 
     The values come back in the server's text output (the same session settings as the snapshot's), and
     each goes through the decoder's own converter for its column: a filled value is exactly what pgoutput
-    would have sent. Keys are matched after the same conversion."""
+    would have sent. Keys go to the server as text arrays and are matched after the same conversion."""
 
     def __init__(self, conninfo: str, session_setup: Callable[[Any, str], None]) -> None:
         self._conninfo = conninfo
         self._setup = session_setup
         self._conn: psycopg.Connection[Any] | None = None
         self._converters: dict[tuple[Any, int], Callable[[bytes], Any]] = {}
+        self._queries: dict[tuple[TableSchema, tuple[str, ...]], bytes] = {}
 
     def _connection(self) -> psycopg.Connection[Any]:
         conn = self._conn
@@ -282,29 +314,19 @@ class SourceReader:
             )
         by_name = {c.name: c for c in table.columns}
         wanted = [by_name[c] for c in columns]
-        rows: list[sql.Composable] = []
-        params: list[Any] = []
-        for key in keys:
-            parts = []
-            for column, value in zip(key_columns, key):
-                part, param = _key_literal(column, value)
-                parts.append(part)
-                params.append(param)
-            rows.append(sql.SQL("({})").format(sql.SQL(", ").join(parts)))
-        query = sql.SQL("SELECT {keys}, {cols} FROM {table} WHERE ({keys}) IN ({rows})").format(
-            keys=sql.SQL(", ").join(sql.Identifier(c.name) for c in key_columns),
-            cols=sql.SQL(", ").join(sql.Identifier(c.name) for c in wanted),
-            table=sql.Identifier(table.schema, table.name),
-            rows=sql.SQL(", ").join(rows),
-        )
         conn = self._connection()
+        query = self._queries.get((table, tuple(columns)))
+        if query is None:
+            query = self._queries[(table, tuple(columns))] = fill_query(table, wanted).as_bytes(conn)
+        params = [[_key_text(key[i]) for key in keys] for i in range(len(key_columns))]
         try:
             with conn.cursor() as cur:
-                cur.execute(query, params)
+                cur.execute(query, params, prepare=True)
                 result = cur.pgresult
         except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as e:
             # Dropped (or renamed) since the event: the values cannot be read, as for a deleted row.
             log.warning("toast_fill_relation_gone", table=table.qualified, error=str(e).strip())
+            self._queries.clear()
             return {}
         except psycopg.OperationalError as e:
             raise ConnectionLost(f"lost the connection that reads unchanged TOASTed values: {str(e).strip()}") from None
@@ -313,17 +335,14 @@ class SourceReader:
         n_keys = len(key_columns)
         convert_key = [self._converter(c) for c in key_columns]
         convert = [self._converter(c) for c in wanted]
+        get = result.get_value
         for r in range(result.ntuples):
             try:
-                key = tuple(_typed(convert_key[i], result.get_value(r, i)) for i in range(n_keys))
-                values = {
-                    column.name: _typed(convert[j], result.get_value(r, n_keys + j)) for j, column in enumerate(wanted)
-                }
+                key = tuple(_typed(convert_key[i], get(r, i)) for i in range(n_keys))
+                found[key] = {column.name: _typed(convert[j], get(r, n_keys + j)) for j, column in enumerate(wanted)}
             except ValueConversionError as e:
                 # The column's type changed since the event (ALTER TABLE ... TYPE): not this event's value.
                 log.warning("toast_fill_type_changed", table=table.qualified, error=str(e))
-                continue
-            found[key] = values
         return found
 
     def _converter(self, column: Column) -> Callable[[bytes], Any]:
