@@ -13,7 +13,7 @@ from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.pgoutput import UNCHANGED
 from cdc.event import ChangeEvent, Event, MessageEvent, TableInfo, TableSchema, TruncateEvent, TxBegin, TxCommit
 from cdc.lsn import Lsn
-from cdc.pipeline.toast import Key, ToastCounts, ToastExposure, ToastFill, toast_fills_anywhere, toast_mode
+from cdc.pipeline.toast import Key, ToastCounts, ToastExposure, ToastFill, toast_mode
 from cdc.values import UNCHANGED_TOAST
 from tests.support.pgoutput import begin, commit, delete, logical_message, relation, truncate, tuple_data, update
 
@@ -181,7 +181,7 @@ def test_the_mode_is_fill_by_default_and_a_table_entry_overrides_it() -> None:
     assert (toast_mode(cfg, "public.a"), toast_mode(cfg, "public.b")) == ("fill", "placeholder")
     assert cfg.toast.placeholder == "__debezium_unavailable_value"
     off = Config.model_validate({**CONFIG, "toast": {"mode": "placeholder", "placeholder": "?"}, "tables": ["public.a"]})
-    assert toast_mode(off, "public.a") == "placeholder" and not toast_fills_anywhere(off)
+    assert toast_mode(off, "public.a") == "placeholder"
     assert off.toast.placeholder == "?"
 
 

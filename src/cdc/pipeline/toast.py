@@ -421,7 +421,3 @@ def toast_mode(config: Config, table: str) -> str:
     entry = entry_for(config.tables, schema, name)
     return (entry.toast if entry is not None else None) or config.toast.mode
 
-
-def toast_fills_anywhere(config: Config) -> bool:
-    """Whether any table, one added later by a pattern or at SIGHUP included, may need the fill."""
-    return config.toast.mode == "fill" or any(t.toast == "fill" for t in config.tables)

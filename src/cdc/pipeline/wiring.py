@@ -51,7 +51,6 @@ from cdc.pipeline.toast import (
     ToastCounts,
     ToastFill,
     toast_exposure,
-    toast_fills_anywhere,
     toast_mode,
 )
 from cdc.pipeline.stages import (
@@ -110,7 +109,7 @@ class Components:
     topics: Topics
     router: OutboxRouter | None
     history: SchemaHistory | None = None  # the schema history topic's versions (None: not published)
-    toast: ToastFill | None = None  # between the loop and the chain where any table fills unchanged TOAST
+    toast: ToastFill | None = None  # between the loop and the chain: unchanged TOASTed values filled
 
 
 class Topics:
@@ -219,7 +218,7 @@ def wire(
             slot_failover=cfg.source.slot_failover,
         )
 
-    toast = make_toast_fill(capture, chain, stats) if toast_fills_anywhere(cfg) else None
+    toast = make_toast_fill(capture, chain, stats)
     log.info(
         "ready",
         tables=sorted(tables),
