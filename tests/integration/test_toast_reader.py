@@ -71,8 +71,8 @@ def test_a_key_of_each_supported_type_finds_its_row_and_the_value_comes_back_who
 
     reader = SourceReader(pg_dsn, session_setup)
     try:
-        found = reader.read(schema, ["body", "doc"], [(key,)])
-        again = reader.read(schema, ["body", "doc"], [(key,)])  # the prepared statement, a second time
+        found = reader.read(schema, ["body", "doc"], [(key,)], 0)
+        again = reader.read(schema, ["body", "doc"], [(key,)], 0)  # the prepared statement, a second time
     finally:
         reader.close()
 
@@ -95,7 +95,7 @@ def test_composite_keys_many_at_once_and_a_missing_row_is_absent(pg_dsn: str) ->
 
     reader = SourceReader(pg_dsn, session_setup)
     try:
-        found = reader.read(schema, ["body"], keys)
+        found = reader.read(schema, ["body"], keys, 0)
     finally:
         reader.close()
 
@@ -111,7 +111,7 @@ def test_a_key_type_the_fill_cannot_query_is_refused_naming_the_table_and_the_fi
     schema = TableSchema("public", "t", (key, Column("body", BUILTIN_TYPES[25])))
     reader = SourceReader(pg_dsn, session_setup)
     with pytest.raises(ToastFillError, match=r"public\.t.*REPLICA IDENTITY FULL.*toast: placeholder"):
-        reader.read(schema, ["body"], [(None,)])
+        reader.read(schema, ["body"], [(None,)], 0)
     reader.close()
 
 
@@ -119,6 +119,6 @@ def test_a_dropped_table_reads_as_rows_gone(pg_dsn: str) -> None:
     schema = TableSchema("public", "gone", (Column("k", BUILTIN_TYPES[23], key=True), Column("body", BUILTIN_TYPES[25])))
     reader = SourceReader(pg_dsn, session_setup)
     try:
-        assert reader.read(schema, ["body"], [(1,)]) == {}
+        assert reader.read(schema, ["body"], [(1,)], 0) == {}
     finally:
         reader.close()

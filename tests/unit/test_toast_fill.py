@@ -31,7 +31,10 @@ class Table:
         self.rows = rows
         self.queries: list[tuple[str, tuple[str, ...], list[Key]]] = []
 
-    def read(self, table: TableSchema, columns: Sequence[str], keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
+    def read(
+        self, table: TableSchema, columns: Sequence[str], keys: Sequence[Key], at_least: int
+    ) -> dict[Key, dict[str, Any]]:
+        assert at_least == C1  # the events' commit: the state read must include it
         self.queries.append((table.qualified, tuple(columns), list(keys)))
         return {k: {c: self.rows[k][c] for c in columns} for k in keys if k in self.rows}
 

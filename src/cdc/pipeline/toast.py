@@ -48,6 +48,7 @@ from cdc.decoder.types import ValueConversionError, converter_for
 from cdc.config import Config
 from cdc.selection import entry_for
 from cdc.event import Column, ChangeEvent, Event, TableSchema, TxCommit, TypeKind
+from cdc.lsn import Lsn
 from cdc.values import UNCHANGED_TOAST, Infinity
 
 log = structlog.get_logger("cdc.pipeline")
@@ -64,9 +65,12 @@ class ToastFillError(Exception):
 class ValueReader(Protocol):
     """Where filled values come from: the source table, read by key (``SourceReader``), or a dict in tests."""
 
-    def read(self, table: TableSchema, columns: Sequence[str], keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
+    def read(
+        self, table: TableSchema, columns: Sequence[str], keys: Sequence[Key], at_least: int
+    ) -> dict[Key, dict[str, Any]]:
         """The current typed values of ``columns`` for each key whose row exists; a key that is absent from
-        the result has no row any more."""
+        the result has no row any more. The state read includes every transaction up to ``at_least`` (the
+        events' commit LSN): never older than the events."""
         ...
 
     def close(self) -> None: ...
@@ -166,11 +170,12 @@ class ToastFill:
             key_names = tuple(c.name for c in table.key_columns)
             columns = sorted({name for e in group for name in e.unchanged})
             keys = list(dict.fromkeys(_key(e, key_names) for e in group))
+            commit_lsn = max(e.commit_lsn for e in group)
             name = table.qualified
             found: dict[Key, dict[str, Any]] = {}
             for at in range(0, len(keys), _KEYS_PER_QUERY):
                 started = time.perf_counter()
-                found.update(self._reader.read(table, columns, keys[at : at + _KEYS_PER_QUERY]))
+                found.update(self._reader.read(table, columns, keys[at : at + _KEYS_PER_QUERY], int(commit_lsn)))
                 self._counts.queries[name] += 1
                 self._counts.seconds[name] += time.perf_counter() - started
             gone: list[Key] = []
@@ -284,10 +289,14 @@ class SourceReader:
     each goes through the decoder's own converter for its column: a filled value is exactly what pgoutput
     would have sent. Keys go to the server as text arrays and are matched after the same conversion."""
 
-    def __init__(self, conninfo: str, session_setup: Callable[[Any, str], None]) -> None:
+    def __init__(
+        self, conninfo: str, session_setup: Callable[[Any, str], None], *, replay_wait_s: float = 60.0
+    ) -> None:
         self._conninfo = conninfo
         self._setup = session_setup
+        self._replay_wait_s = replay_wait_s
         self._conn: psycopg.Connection[Any] | None = None
+        self._standby = False  # the server connected to is in recovery: wait for its replay, see _caught_up
         self._converters: dict[tuple[Any, int], Callable[[bytes], Any]] = {}
         self._queries: dict[tuple[TableSchema, tuple[str, ...]], bytes] = {}
 
@@ -297,12 +306,37 @@ class SourceReader:
             try:
                 conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=10)
                 self._setup(conn, "cdc-toast-fill")
+                row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+                self._standby = bool(row and row[0])
             except psycopg.OperationalError as e:
                 raise ConnectionLost(f"cannot connect to read unchanged TOASTed values: {str(e).strip()}") from None
             self._conn = conn
         return conn
 
-    def read(self, table: TableSchema, columns: Sequence[str], keys: Sequence[Key]) -> dict[Key, dict[str, Any]]:
+    def _caught_up(self, conn: psycopg.Connection[Any], at_least: int) -> None:
+        """On a standby (a multi-host DSN that reached one, or decoding on a standby), wait until it has
+        replayed the events' commit: a value read before that could be older than the event."""
+        deadline = time.monotonic() + self._replay_wait_s
+        while True:
+            row = conn.execute(
+                "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn() >= %s::pg_lsn", (str(Lsn(at_least)),)
+            ).fetchone()
+            assert row is not None
+            if not row[0]:
+                self._standby = False  # promoted
+                return
+            if row[1]:
+                return
+            if time.monotonic() > deadline:
+                raise ConnectionLost(
+                    f"the server that unchanged TOASTed values are read from is a standby that has not replayed "
+                    f"{Lsn(at_least)} within {self._replay_wait_s:.0f}s; reconnecting"
+                )
+            time.sleep(0.01)
+
+    def read(
+        self, table: TableSchema, columns: Sequence[str], keys: Sequence[Key], at_least: int
+    ) -> dict[Key, dict[str, Any]]:
         key_columns = table.key_columns
         unsupported = [c for c in key_columns if not key_type_supported(c)]
         if unsupported:
@@ -320,6 +354,8 @@ class SourceReader:
             query = self._queries[(table, tuple(columns))] = fill_query(table, wanted).as_bytes(conn)
         params = [[_key_text(key[i]) for key in keys] for i in range(len(key_columns))]
         try:
+            if self._standby:
+                self._caught_up(conn, at_least)
             with conn.cursor() as cur:
                 cur.execute(query, params, prepare=True)
                 result = cur.pgresult
