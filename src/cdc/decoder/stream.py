@@ -197,6 +197,7 @@ class ReplicationStream:
         self._sent_flushed = Lsn(0)
         self._last_status = 0.0
         self._streaming = False
+        self.last_message: float | None = None  # monotonic time of the last XLogData or keepalive (metrics)
 
     # -- connection -----------------------------------------------------------------------------
 
@@ -354,6 +355,7 @@ class ReplicationStream:
             if n > 0:
                 kind = data[0]
                 if kind == 0x77:  # 'w' XLogData
+                    self.last_message = time.monotonic()
                     start = _WAL_START_AT_1(data, 1)[0]
                     if start > self._received:
                         self._received = start
@@ -361,6 +363,7 @@ class ReplicationStream:
                     # An unsigned 64-bit field is in Lsn's range: int.__new__ skips its check (per frame).
                     return _NEW_LSN(Lsn, start), view[XLOGDATA_HEADER_SIZE:]
                 if kind == 0x6B:  # 'k' primary keepalive
+                    self.last_message = time.monotonic()
                     wal_end, _, reply = _KEEPALIVE.unpack_from(data, 1)
                     if self._on_keepalive is not None:
                         self._on_keepalive(Lsn(wal_end))

@@ -17,7 +17,7 @@ from cdc.decoder.spool import SpoolError
 from cdc.decoder.stream import ReplicationError
 from cdc.failover import FailoverWatch
 from cdc.instance import InstanceLock
-from cdc.observe import HttpEndpoint, Stats
+from cdc.observe import HttpEndpoint, SlotReading, Stats
 from cdc.outbox.route import OutboxError
 from cdc.pipeline.loop import Pipeline
 from cdc.pipeline.reconnect import stream_with_retries
@@ -54,6 +54,7 @@ class Daemon:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.stats = Stats()
+        self.stats.queue_limit_bytes = config.limits.max_inflight_bytes
         self._lock = InstanceLock(config.source.conninfo(), config.source.slot)
         self._stop = False
         self._reload_path: Path | None = None
@@ -102,6 +103,7 @@ class Daemon:
             )
             self.config = components.capture.config
             self.stats.starting = False
+            self.stats.phase_done("wired")
             if not components.snapshot_plan.stream:
                 log.info("snapshot_only_done", mode=self.config.snapshot.mode)  # initial_only
                 return
@@ -110,7 +112,7 @@ class Daemon:
                 pipeline.stop()
             reloader = Reloader(components)
             self.stats.uncaptured = components.decoder.uncaptured
-            self.stats.slot_lag_bytes = self._slot_lag
+            self.stats.slot = self._slot_lag
             conninfo = self.config.source.conninfo()
             if FailoverWatch.wanted(conninfo):
                 watch = self._failover = FailoverWatch(conninfo, self.config.source.slot, self.config.source.failover_check_s)
@@ -148,22 +150,29 @@ class Daemon:
     def _keep_snapshots(self, snapshots: Snapshots) -> None:
         self.snapshots = snapshots
 
-    def _slot_lag(self) -> int | None:
-        """Bytes of WAL the slot holds back (read at scrape time, on a connection of its own)."""
+    def _slot_lag(self) -> SlotReading | None:
+        """Bytes of WAL the slot holds back, its wal_status and safe_wal_size (read at scrape time, on a
+        connection of its own)."""
         try:
             if self._lag_conn is None or self._lag_conn.closed or self._lag_conn.broken:
                 self._lag_conn = psycopg.connect(
                     self.config.source.conninfo(application_name="cdc-metrics"), autocommit=True, connect_timeout=5
                 )
             row = self._lag_conn.execute(
-                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint "
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, wal_status, safe_wal_size "
                 "FROM pg_replication_slots WHERE slot_name = %s",
                 (self.config.source.slot,),
             ).fetchone()
         except psycopg.Error as e:
             log.warning("slot_lag_unavailable", error=str(e).strip())
             return None
-        return int(str(row[0])) if row and row[0] is not None else None
+        if not row:
+            return None
+        return SlotReading(
+            int(str(row[0])) if row[0] is not None else None,
+            str(row[1]) if row[1] is not None else None,
+            int(str(row[2])) if row[2] is not None else None,
+        )
 
 
 def install_signal_handlers(daemon: Daemon, config_path: Path) -> None:

@@ -87,6 +87,7 @@ class Pipeline:
         stats.inflight_bytes = lambda: delivery.inflight_bytes
         stats.inflight_records = lambda: delivery.inflight_records
         stats.confirmed_lsn = lambda: int(stream.flushed)
+        stats.last_server_message = lambda: stream.last_message
         try:
             self._lock.ensure()
             stream.connect()
@@ -137,6 +138,7 @@ class Pipeline:
                             skipping = in_tx = False
                             stats.last_commit_ts_us = commit.commit_ts_us
                             stats.last_processed_us = time.time_ns() // 1000
+                            stats.transaction_events.observe(commit.event_count)
                         elif not skipping:  # a truncate or a logical message
                             other(event)
                         events += 1
@@ -191,6 +193,7 @@ class Pipeline:
             time.sleep(0.01)
             stream.confirm(delivery.acknowledged())
             stream.send_status_if_due()
+        self.stats.backpressure_s += time.monotonic() - paused
         log.info("backpressure_off", paused_s=round(time.monotonic() - paused, 3))
 
     def _heartbeat_action(self) -> None:

@@ -153,6 +153,7 @@ def wire(
             checked.config, checked.tables, checked.boxes, checked.publication, checked.slot_state
         )
         log_selection(checked.selection)
+        stats.phase_done("source_checks")
         capture = Capture(cfg, declared, tables, boxes, {}, {})
         capture.policies.update(checked.policies)
         oids = column_type_oids(conn, [t.oid for t in (*tables.values(), *boxes.values())])
@@ -169,6 +170,7 @@ def wire(
                 [*topic_specs(cfg, tables, serializer, router), TopicSpec(progress_topic, 1, cfg.kafka.replication_factor)],
             )
         )
+        stats.phase_done("kafka_topics")
         # Every table's column types are in the schema history before any of its records is written.
         history = SchemaHistory.load(
             cfg.topic_prefix, cfg.kafka.bootstrap_servers, cfg.kafka.producer, write_now=acknowledged_writer(history_producer_config(cfg))
@@ -176,6 +178,7 @@ def wire(
         history.publish_catalog(conn, [*tables.values(), *boxes.values()], types)
         apply_publication(conn, publication)
         exposures = toast_exposure(conn, tables, lambda name: toast_mode(capture.config, name))
+    stats.phase_done("schema_history")
     for exposure in exposures:
         log.info(
             "toast_unchanged_values",
@@ -190,11 +193,12 @@ def wire(
     on_snapshots(snapshots)
     # Drops, creates (with an exported snapshot) and copies as snapshot.mode says; resumes what was cut off.
     plan = snapshots.prepare(slot_state)
+    stats.phase_done("slot_and_snapshot")
     spool = None
     if cfg.decoder.streaming:
         spool_root = cfg.decoder.spool_dir or Path(tempfile.gettempdir()) / "cdc-spool"
         spool = Spool(spool_root / cfg.source.slot)
-    delivery = make_delivery(cfg)
+    delivery = make_delivery(cfg, stats)
     chain = make_chain(capture, serializer, delivery, snapshots, router, topics, stats, history)
     decoder = ChangeDecoder(
         {**tables, **boxes},
@@ -413,8 +417,10 @@ def history_producer_config(cfg: Config) -> dict[str, Any]:
     return producer_config(cfg.kafka.bootstrap_servers, cfg.kafka.producer, cfg.limits.max_record_bytes)
 
 
-def make_delivery(cfg: Config) -> Delivery:
+def make_delivery(cfg: Config, stats: Stats | None = None) -> Delivery:
     producer = producer_config(cfg.kafka.bootstrap_servers, cfg.kafka.producer, cfg.limits.max_record_bytes)
+    if stats is not None:  # librdkafka's statistics of the daemon's producer: cdc_kafka_* metrics
+        producer = stats.producer.hooks(producer)
     dead = DeadLetters(cfg.limits.dead_letter_topic) if cfg.limits.dead_letter_topic else None
     if cfg.delivery.mode == "at_least_once":
         return AtLeastOnce(producer, max_record_bytes=cfg.limits.max_record_bytes, dead_letters=dead)
