@@ -274,3 +274,22 @@ def test_validate_refuses_declared_spark_views_that_cannot_be_built_naming_each(
     assert "view broken: its SQL does not parse" in err
     assert "index people: its query does not give the column(s) nme" in err
     assert "view ok" not in err
+
+
+def test_validate_names_each_table_whose_unchanged_toasted_values_are_not_sent_with_the_mode_and_the_alternative(
+    tmp_path, base, pg_dsn
+):
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE docs (id int PRIMARY KEY, body text, n int)")
+        conn.execute("CREATE TABLE full_docs (id int PRIMARY KEY, body text)")
+        conn.execute("ALTER TABLE full_docs REPLICA IDENTITY FULL")
+        conn.execute("CREATE TABLE counters (id int PRIMARY KEY, n int)")  # nothing TOASTable
+    config = base(tables=["public.customers", {"name": "public.docs", "toast": "placeholder"}, "public.full_docs", "public.counters"])
+    proc = subprocess.run([sys.executable, "-m", "cdc.cli", "validate", str(config)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if "unchanged TOAST" in line]
+    assert len(lines) == 2, proc.stdout  # not full_docs (FULL carries the values), not counters
+    customers, docs = sorted(lines)
+    assert "public.customers: REPLICA IDENTITY DEFAULT, TOASTable columns name" in customers and "toast: fill" in customers
+    assert "public.docs: REPLICA IDENTITY DEFAULT, TOASTable columns body;" in docs and "toast: placeholder" in docs
+    assert all("ALTER TABLE public." in line and "REPLICA IDENTITY FULL;" in line and "WAL" in line for line in lines)
