@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml setup.py src/cdc/render/_compiled.pyx src/cdc/render/_e
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
 	PYTHON=$(BIN)/python bash scripts/fetch-spark-jars.sh
+	bash scripts/prometheus.sh > /dev/null  # Debian's prometheus + promtool into the cache (tests/unit/test_observability.py)
 	touch $(STAMP)
 
 install: $(STAMP)

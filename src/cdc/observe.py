@@ -76,6 +76,7 @@ class ProducerStats:
         self.batches = 0
         self.batch_bytes = 0
         self.rtt: dict[str, tuple[float, float]] = {}  # broker -> (p50, p99) seconds of the last window
+        self.up: dict[str, bool] = {}  # broker -> its connection's state was UP in the last report
         self.queue: dict[str, tuple[int, int]] = {}  # producer -> (messages, bytes) in librdkafka's queue
         self.reports = 0
 
@@ -101,6 +102,7 @@ class ProducerStats:
                 if nodeid < 0:  # a bootstrap address, not a broker of the cluster
                     continue
                 label = str(nodeid)
+                self.up[label] = broker.get("state") == "UP"
                 for fld in self.COUNTERS:
                     value = int(broker.get(fld, 0))
                     key = (name, label, fld)
@@ -336,6 +338,7 @@ class _StatsCollector(Collector):
         with p._lock:  # noqa: SLF001 - the collector reads what on_stats writes
             totals = dict(p.totals)
             rtt = dict(p.rtt)
+            up = dict(p.up)
             queue = list(p.queue.values())
             batches, batch_bytes = p.batches, p.batch_bytes
         names = {
@@ -359,6 +362,12 @@ class _StatsCollector(Collector):
             round_trip.add_metric([broker, "0.5"], p50)
             round_trip.add_metric([broker, "0.99"], p99)
         yield round_trip
+        broker_up = GaugeMetricFamily(
+            "cdc_kafka_broker_up", "1 when the producer's connection to the broker was up at its last report", labels=["broker"]
+        )
+        for broker, is_up in sorted(up.items()):
+            broker_up.add_metric([broker], 1 if is_up else 0)
+        yield broker_up
         yield GaugeMetricFamily(
             "cdc_kafka_producer_queue_messages", "Messages in librdkafka's queue, not yet acknowledged",
             value=sum(m for m, _ in queue),

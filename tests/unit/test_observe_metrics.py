@@ -15,7 +15,7 @@ from tests.support.http import metric
 def _report(name: str, tx: int, retries: int, batches: int, *, rtt_cnt: int = 3) -> str:
     """A librdkafka statistics document with the fields ProducerStats reads (shape of STATISTICS.md)."""
     broker: dict[str, Any] = {
-        "name": "localhost:9092/1", "nodeid": 1, "tx": tx, "txretries": retries, "txerrs": 0, "req_timeouts": 0,
+        "name": "localhost:9092/1", "nodeid": 1, "state": "UP", "tx": tx, "txretries": retries, "txerrs": 0, "req_timeouts": 0,
         "rtt": {"cnt": rtt_cnt, "p50": 1500, "p99": 9000, "avg": 2000},
     }  # fmt: skip
     bootstrap = {"name": "localhost:9092/bootstrap", "nodeid": -1, "tx": 5, "txretries": 0, "txerrs": 0}
@@ -50,6 +50,7 @@ def test_producer_statistics_become_counters_that_survive_a_new_producer() -> No
     assert metric(text, "cdc_kafka_batch_bytes_total") == 11_000
     assert metric(text, "cdc_kafka_broker_rtt_seconds", broker="1", quantile="0.99") == 0.009
     assert metric(text, "cdc_kafka_producer_queue_messages") == 14  # both producers' queues
+    assert metric(text, "cdc_kafka_broker_up", broker="1") == 1
 
 
 def test_a_producer_that_restarts_its_counts_does_not_make_a_counter_go_down() -> None:

@@ -1,0 +1,164 @@
+"""deploy/observability/ against the real tools (#40): promtool checks the scrape configuration and the
+rules, and its rule unit tests make every alert fire on a series that should fire it and stay silent on
+one that should not; the dashboard and the PrometheusRule are what generate.py makes; every metric a
+rule or a panel names is one the daemon serves."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.prometheus import OBSERVABILITY, ROOT, binary
+
+RULES = OBSERVABILITY / "cdc-rules.yml"
+RULES_TEST = OBSERVABILITY / "cdc-rules.test.yml"
+DASHBOARD = OBSERVABILITY / "grafana-dashboard.json"
+
+PROMQL_WORDS = {
+    "sum", "by", "rate", "increase", "min", "max", "and", "or", "on", "unless", "histogram_quantile", "predict_linear",
+    "changes", "min_over_time", "absent", "bool", "without", "ignoring", "group_left", "group_right", "le", "count",
+    "up", "inf", "nan", "offset", "avg",
+}  # fmt: skip
+
+
+def _generate() -> object:
+    sys.path.insert(0, str(OBSERVABILITY))
+    try:
+        import generate  # noqa: PLC0415 - deploy/observability/generate.py, not a package
+
+        return generate
+    finally:
+        sys.path.remove(str(OBSERVABILITY))
+
+
+def alerts() -> list[str]:
+    return [r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r]
+
+
+def rule_exprs() -> list[str]:
+    return [r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+
+
+def panel_exprs() -> list[tuple[str, str]]:
+    d = json.loads(DASHBOARD.read_text())
+    return [(p["title"], t["expr"]) for p in d["panels"] if p["type"] != "row" for t in p["targets"]]
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names an expression selects (not its labels, functions, keywords or strings)."""
+    text = re.sub(r'"[^"]*"', '""', expr)
+    text = re.sub(r"\{[^}]*\}", "{}", text)
+    text = re.sub(r"\[[^\]]*\]", "[]", text)
+    text = re.sub(r"\b(by|without|on|ignoring)\s*\([^)]*\)", "", text)
+    names = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", text))
+    return {n for n in names if n not in PROMQL_WORDS and not re.fullmatch(r"\d+|[eE]\d+", n)}
+
+
+def test_promtool_checks_the_scrape_configuration(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [str(binary("promtool")), "check", "config", str(OBSERVABILITY / "prometheus.yml")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("rules", [RULES, ROOT / "deploy" / "k8s" / "monitoring" / "prometheusrule.yaml"])
+def test_promtool_checks_the_rules(rules: Path, tmp_path: Path) -> None:
+    if rules.name == "prometheusrule.yaml":  # the operator's wrapper around the same groups
+        path = tmp_path / "groups.yml"
+        path.write_text(yaml.safe_dump({"groups": yaml.safe_load(rules.read_text())["spec"]["groups"]}))
+        rules = path
+    proc = subprocess.run(
+        [str(binary("promtool")), "check", "rules", str(rules)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_promtool_rule_tests_pass(tmp_path: Path) -> None:
+    tests = _generate().strip_annotations(tmp_path)  # type: ignore[attr-defined]
+    proc = subprocess.run(
+        [str(binary("promtool")), "test", "rules", str(tests)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_every_alert_has_a_rule_test_that_fires_it_and_one_that_keeps_it_silent() -> None:
+    fired: set[str] = set()
+    silent: set[str] = set()
+    for case in yaml.safe_load(RULES_TEST.read_text())["tests"]:
+        for t in case["alert_rule_test"]:
+            (fired if t["exp_alerts"] else silent).add(t["alertname"])
+    names = set(alerts())
+    assert names - fired == set(), "alerts no test fires"
+    assert names - silent == set(), "alerts no test keeps silent"
+    for must in (
+        "CdcDown", "CdcReplicationStreamDown", "CdcSlotNearInvalidation", "CdcSlotWalGrowthPredictsInvalidation",
+        "CdcSlotInvalidated", "CdcSourceLagHigh", "CdcDeliveryErrors", "CdcDeadLetters", "CdcQueuePinned",
+        "CdcMainLoopStalled", "CdcSnapshotStalled", "CdcFailoverNotReady", "CdcDeliveryStalled",
+    ):  # fmt: skip
+        assert must in names
+
+
+def test_every_alert_has_a_summary_a_description_with_the_first_command_and_a_severity() -> None:
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            if "alert" not in rule:
+                continue
+            assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
+            assert rule["annotations"]["summary"], rule["alert"]
+            assert "cdc status" in rule["annotations"]["description"], rule["alert"]
+            assert "Likely cause" in rule["annotations"]["description"], rule["alert"]
+
+
+def test_the_committed_dashboard_and_prometheus_rule_are_what_generate_py_makes() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(OBSERVABILITY / "generate.py"), "--check"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_dashboard_has_its_rows_a_datasource_and_a_table_variable() -> None:
+    d = json.loads(DASHBOARD.read_text())
+    rows = [p["title"] for p in d["panels"] if p["type"] == "row"]
+    assert rows == ["Overview", "Per table", "Snapshots", "Delivery and queue", "Errors and dead letters", "Failover", "Process"]
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert variables["table"]["type"] == "query" and "table" in variables["table"]["query"]
+    for p in d["panels"]:
+        if p["type"] != "row":
+            assert p["datasource"]["uid"] == "${datasource}", p["title"]
+    per_table = [expr for title, expr in panel_exprs() if "cdc_events_total" in expr or "cdc_snapshot_table" in expr]
+    assert per_table and all('table=~"$table"' in e for e in per_table)
+
+
+def test_every_metric_a_rule_or_a_panel_names_is_one_the_daemon_serves_or_a_recording_rule() -> None:
+    """A misspelt name would leave a panel blank or an alert silent forever; the integration test sees
+    them with data, this one catches it without any service."""
+    from prometheus_client import generate_latest
+
+    from cdc.observe import HttpEndpoint, SlotReading, Stats
+
+    stats = Stats(slot=lambda: SlotReading(0, "reserved", 1), last_server_message=lambda: 0.0, streaming=True)
+    endpoint = HttpEndpoint(stats, "127.0.0.1", 0)
+    endpoint.start()
+    try:
+        text = generate_latest(endpoint.registry).decode()
+    finally:
+        endpoint.stop()
+    names = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in text.splitlines() if line and not line.startswith("#")}
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, flags=re.M):  # families with no series yet too
+        names.add(name if kind != "counter" or name.endswith("_total") else f"{name}_total")
+    names |= {"cdc_slot_failover_ready", "cdc_slot_standby_behind_bytes"}  # with a multi-host DSN (observe.py)
+    names |= {"cdc_events_total", "cdc_snapshot_rows_total"}
+    names |= {r["record"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "record" in r}
+    names |= {"up"}
+    used = {n: e for e in [*rule_exprs(), *(e for _, e in panel_exprs())] for n in metric_names(e)}
+    unknown = {n: e for n, e in used.items() if n not in names}
+    assert not unknown, f"expressions name metrics the daemon does not serve: {unknown}"
