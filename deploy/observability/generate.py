@@ -2,7 +2,8 @@
 
 - ``grafana-dashboard.json``: the Grafana dashboard, written as code with Grafana's ``grafana-foundation-sdk``
   (its typed builders keep the JSON in Grafana's schema);
-- ``deploy/k8s/monitoring/prometheusrule.yaml``: cdc-rules.yml as a Prometheus operator PrometheusRule.
+- ``deploy/k8s/monitoring/prometheusrule.yaml``: cdc-rules.yml as a Prometheus operator PrometheusRule,
+  and a copy of the dashboard beside it for the ConfigMap kustomize makes there.
 
     python deploy/observability/generate.py                    # write both
     python deploy/observability/generate.py --check            # exit 1 when a committed file is not current
@@ -35,6 +36,7 @@ DASHBOARD = HERE / "grafana-dashboard.json"
 RULES = HERE / "cdc-rules.yml"
 RULES_TEST = HERE / "cdc-rules.test.yml"
 PROMETHEUS_RULE = ROOT / "deploy" / "k8s" / "monitoring" / "prometheusrule.yaml"
+K8S_DASHBOARD = ROOT / "deploy" / "k8s" / "monitoring" / "grafana-dashboard.json"  # kustomize reads files below it only
 
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 I = 'instance=~"$instance"'  # every query is filtered by the instance variable
@@ -251,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.strip_annotations is not None:
         print(strip_annotations(args.strip_annotations))
         return 0
-    wanted = {DASHBOARD: dashboard_text(), PROMETHEUS_RULE: prometheus_rule_text()}
+    wanted = {DASHBOARD: dashboard_text(), PROMETHEUS_RULE: prometheus_rule_text(), K8S_DASHBOARD: dashboard_text()}
     stale = [p for p, text in wanted.items() if not p.exists() or p.read_text() != text]
     if args.check:
         for p in stale:

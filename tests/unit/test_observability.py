@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -162,3 +164,50 @@ def test_every_metric_a_rule_or_a_panel_names_is_one_the_daemon_serves_or_a_reco
     used = {n: e for e in [*rule_exprs(), *(e for _, e in panel_exprs())] for n in metric_names(e)}
     unknown = {n: e for n, e in used.items() if n not in names}
     assert not unknown, f"expressions name metrics the daemon does not serve: {unknown}"
+
+
+# -- provisioning: compose and Kubernetes -------------------------------------------------------
+
+
+def _compose() -> dict[str, Any]:
+    return dict(yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text()))
+
+
+def test_compose_provisions_prometheus_with_the_rules_and_grafana_with_the_dashboard() -> None:
+    services = _compose()["services"]
+    prom, grafana = services["prometheus"], services["grafana"]
+    assert prom["profiles"] == grafana["profiles"] == ["observability"]
+    mounts = {v.split(":")[0]: v.split(":")[1] for v in [*prom["volumes"], *grafana["volumes"]] if v.startswith("./")}
+    for source in mounts:
+        assert (ROOT / "deploy" / source).exists(), source
+    assert mounts["./observability/cdc-rules.yml"] == "/etc/prometheus/cdc-rules.yml"
+    assert mounts["./observability/prometheus.yml"] == "/etc/prometheus/prometheus.yml"
+    provider = yaml.safe_load((OBSERVABILITY / "grafana/provisioning/dashboards/cdc.yml").read_text())["providers"][0]
+    assert Path(mounts["./observability/grafana-dashboard.json"]).parent == Path(provider["options"]["path"])
+    scrape = yaml.safe_load((OBSERVABILITY / "prometheus.yml").read_text())
+    assert scrape["rule_files"] == ["cdc-rules.yml"]
+    job = scrape["scrape_configs"][0]
+    assert job["job_name"] == "cdc"  # the rules select job="cdc"
+    host, port = job["static_configs"][0]["targets"][0].split(":")
+    assert host in services and services[host]["ports"][0].endswith(f":{port}")
+
+
+def test_the_kubernetes_monitoring_kustomization_has_a_service_monitor_a_prometheus_rule_and_the_dashboard() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    proc = subprocess.run(
+        [kubectl, "kustomize", str(ROOT / "deploy" / "k8s" / "monitoring")], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    docs = {d["kind"]: d for d in yaml.safe_load_all(proc.stdout) if d}
+    assert sorted(docs) == ["ConfigMap", "PrometheusRule", "ServiceMonitor"]
+    service = yaml.safe_load((ROOT / "deploy" / "k8s" / "service.yaml").read_text())
+    monitor = docs["ServiceMonitor"]["spec"]
+    assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert service["metadata"]["name"] == "cdc"  # the operator's job label: the rules select job="cdc"
+    assert docs["PrometheusRule"]["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+    dashboard = docs["ConfigMap"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["cdc.json"]) == json.loads(DASHBOARD.read_text())
