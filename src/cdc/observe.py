@@ -97,11 +97,13 @@ class ProducerStats:
                 for key in [k for k in self._last if k[0] == gone]:
                     del self._last[key]
             self.queue[name] = (int(d.get("msg_cnt", 0)), int(d.get("msg_size", 0)))
+            reported: set[str] = set()
             for broker in d.get("brokers", {}).values():
                 nodeid = int(broker.get("nodeid", -1))
                 if nodeid < 0:  # a bootstrap address, not a broker of the cluster
                     continue
                 label = str(nodeid)
+                reported.add(label)
                 self.up[label] = broker.get("state") == "UP"
                 for fld in self.COUNTERS:
                     value = int(broker.get(fld, 0))
@@ -112,6 +114,9 @@ class ProducerStats:
                 rtt = broker.get("rtt") or {}
                 if rtt.get("cnt"):
                     self.rtt[label] = (rtt.get("p50", 0) / 1e6, rtt.get("p99", 0) / 1e6)
+            for label in set(self.up) - reported:  # librdkafka drops a broker it lost from its statistics
+                self.up[label] = False
+                self.rtt.pop(label, None)
             for topic in d.get("topics", {}).values():  # window statistics: rolled over at each report
                 self.batches += int((topic.get("batchcnt") or {}).get("cnt", 0))
                 self.batch_bytes += int((topic.get("batchsize") or {}).get("sum", 0))

@@ -53,6 +53,15 @@ def test_producer_statistics_become_counters_that_survive_a_new_producer() -> No
     assert metric(text, "cdc_kafka_broker_up", broker="1") == 1
 
 
+def test_a_broker_missing_from_a_report_is_down() -> None:
+    """librdkafka leaves a broker it lost out of its statistics (seen with a stopped broker): it is down."""
+    p = ProducerStats()
+    p.on_stats(_report("rdkafka#producer-1", tx=10, retries=0, batches=1))
+    assert p.up == {"1": True}
+    p.on_stats(json.dumps({"name": "rdkafka#producer-1", "brokers": {"b": {"nodeid": -1, "state": "INIT"}}, "topics": {}}))
+    assert p.up == {"1": False} and p.rtt == {}
+
+
 def test_a_producer_that_restarts_its_counts_does_not_make_a_counter_go_down() -> None:
     p = ProducerStats()
     p.on_stats(_report("rdkafka#producer-1", tx=10, retries=0, batches=0))
