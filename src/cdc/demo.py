@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from psycopg import sql
 
 from cdc import dev
 from cdc.config import load_config
+from cdc.dev.prometheus import Prometheus
 from cdc.outbox import publish
 
 log = structlog.get_logger("cdc.demo")
@@ -209,6 +212,7 @@ def main(*, keep_services: bool = False) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(SCHEMA)
     config_path = state / "demo.yaml"
+    metrics_port = _free_port()
     config_path.write_text(
         yaml.safe_dump(
             {
@@ -220,7 +224,7 @@ def main(*, keep_services: bool = False) -> int:
                 "format": "json",
                 "json": {"decimal_handling": "string"},  # readable prices in the printout
                 "status_interval_s": 1.0,
-                "http": {"host": "127.0.0.1", "port": 0},
+                "http": {"host": "127.0.0.1", "port": metrics_port},
                 "spark": {"file": str(DECLARATIONS)},  # the shop's view and search index, for the Spark step
             },
             sort_keys=False,
@@ -231,8 +235,13 @@ def main(*, keep_services: bool = False) -> int:
         [sys.executable, "-m", "cdc.cli", "run", "--config", str(config_path)], env={**os.environ}
     )
     event_ids: list[str] = []
+    metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+    prometheus = Prometheus(state / "prometheus", [f"127.0.0.1:{metrics_port}"]) if Prometheus.available() else None
     try:
+        if prometheus is not None:
+            prometheus.start()
         _wait_for_slot(dsn, proc)
+        _print_where_to_look(metrics, prometheus)
         with psycopg.connect(dsn, autocommit=True) as conn:
             for statement in WORKLOAD:
                 if statement == "ORDERS":
@@ -242,9 +251,12 @@ def main(*, keep_services: bool = False) -> int:
             end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
         assert end is not None
         _wait_confirmed(dsn, str(end[0]))
+        _print_metrics(metrics_port, prometheus)
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
+        if prometheus is not None:
+            prometheus.stop()
     topics = [f"{PREFIX}.{t}" for t in TABLES]
     arrived = _read_topics(endpoints.kafka_bootstrap, topics)
 
@@ -267,6 +279,47 @@ def main(*, keep_services: bool = False) -> int:
         dev.down(state)
     print(f"demo finished in {time.monotonic() - started:.1f}s")
     return 0 if code == 0 and verified and outbox_ok else 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _print_where_to_look(metrics: str, prometheus: Prometheus | None) -> None:
+    print("\n=== where to look while the connector runs ===")
+    print(f"  metrics:    {metrics}   (health: /healthz, readiness: /readyz)")
+    if prometheus is not None:
+        print(f"  prometheus: {prometheus.url}   (alerts: {prometheus.url}/alerts, rules: deploy/observability/cdc-rules.yml)")
+    else:
+        print("  prometheus: not started (no binaries in the cache: `bash scripts/prometheus.sh`, which make install runs)")
+    print("  dashboard:  deploy/observability/grafana-dashboard.json (import it into Grafana)")
+    sys.stdout.flush()
+
+
+def _print_metrics(port: int, prometheus: Prometheus | None) -> None:
+    """A few of the connector's own metrics at the end of the workload, and what Prometheus saw."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError as e:
+        log.warning("demo_metrics_unavailable", error=str(e))
+        return
+    wanted = ("cdc_events_total", "cdc_slot_lag_bytes", "cdc_slot_wal_status", "cdc_source_lag_seconds", "cdc_streaming")
+    print("\n=== the connector's metrics (a few) ===")
+    for line in text.splitlines():
+        if line.startswith(wanted) and not (line.startswith("cdc_slot_wal_status") and not line.endswith(" 1.0")):
+            print(f"  {line}")
+    if prometheus is not None:
+        time.sleep(3)  # one more scrape and rule evaluation
+        try:
+            up = prometheus.query('up{job="cdc"}')
+            alerts = prometheus.query("ALERTS")
+        except OSError as e:
+            log.warning("demo_prometheus_unavailable", error=str(e))
+            return
+        print(f"  prometheus: up={[r['value'][1] for r in up]}, alerts: {[r['metric']['alertname'] for r in alerts] or 'none'}")
 
 
 def _print_outbox(bootstrap: str, event_ids: list[str]) -> bool:

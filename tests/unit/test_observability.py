@@ -211,3 +211,9 @@ def test_the_kubernetes_monitoring_kustomization_has_a_service_monitor_a_prometh
     dashboard = docs["ConfigMap"]
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(dashboard["data"]["cdc.json"]) == json.loads(DASHBOARD.read_text())
+
+
+def test_the_operations_guide_lists_every_alert() -> None:
+    guide = (ROOT / "docs" / "operations.md").read_text()
+    missing = [name for name in alerts() if f"| `{name}` |" not in guide]
+    assert not missing, f"docs/operations.md does not list these alerts: {missing}"
