@@ -27,6 +27,6 @@ class ToastConfig(BaseModel):
         "fields get it, bytea its UTF-8 bytes. Also written in fill mode for a row deleted before it was read",
     )
     fill_batch: int = Field(
-        default=1000, ge=1, le=10_000, description="fill: keys per re-read query (a transaction's rows are held until read)"
+        default=1000, ge=1, le=10_000, description="fill: most events held before their values are read (one query)"
     )
 

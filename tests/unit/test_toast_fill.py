@@ -52,14 +52,18 @@ def decoded(*payloads: bytes, identity: bytes = b"d") -> list[Event]:
 
 
 def run(events: list[Event], table: Table, *, fills: bool = True, batch: int = 1000) -> tuple[list[Event], ToastCounts]:
+    """What the loop does with a stream that has nothing more waiting after ``events``: a row change with
+    unchanged values, and everything while holding, to the fill; the rest dispatched; then the release."""
     out: list[Event] = []
     counts = ToastCounts.new()
-    fill = ToastFill(out.append, out.append, table, lambda t: fills, batch, counts)
+    fill = ToastFill(table, lambda t: fills, batch, counts)
+    fill.start(out.append)
     for event in events:
-        if type(event) is ChangeEvent:
-            fill.row(event)
+        if fill.holding or (type(event) is ChangeEvent and event.unchanged):
+            fill.take(event)
         else:
-            fill.other(event)
+            out.append(event)
+    fill.flush()
     return out, counts
 
 
@@ -127,19 +131,31 @@ def test_the_value_read_may_be_newer_than_the_event() -> None:
     assert changes(out)[0].after["body"] == "changed later"  # type: ignore[index]
 
 
-def test_a_full_batch_is_filled_and_released_before_the_commit() -> None:
+def test_a_full_batch_is_released_at_once_and_the_commit_waits_behind_its_rows() -> None:
     table = Table({(i,): {"body": f"b{i}", "doc": "{}"} for i in range(5)})
     events = decoded(*(update(DOCS, tuple_data(str(i).encode(), b"0", UNCHANGED, b"{}")) for i in range(5)))
     out: list[Event] = []
-    fill = ToastFill(out.append, out.append, table, lambda t: True, 2, ToastCounts.new())
-    for event in events[:-1]:  # everything but the commit
-        fill.row(event) if type(event) is ChangeEvent else fill.other(event)
+    fill = ToastFill(table, lambda t: True, 2, ToastCounts.new())
+    fill.start(out.append)
+    out.append(events[0])  # the BEGIN, dispatched by the loop before anything was held
+    for event in events[1:-1]:
+        fill.take(event)
     assert [e.after["body"] for e in changes(out)] == ["b0", "b1", "b2", "b3"]  # type: ignore[index]
-    assert fill.holding == 1
-    fill.other(events[-1])
+    assert fill.holding and type(out[-1]) is not TxCommit  # the fifth row waits
+    fill.take(events[-1])  # its commit: two held, a full batch
     assert [e.after["body"] for e in changes(out)] == ["b0", "b1", "b2", "b3", "b4"]  # type: ignore[index]
-    assert type(out[-1]) is TxCommit and fill.holding == 0
+    assert type(out[-1]) is TxCommit and not fill.holding
     assert [len(q[2]) for q in table.queries] == [2, 2, 1]
+
+
+def test_a_backlog_of_small_transactions_is_filled_by_one_query_with_every_commit_after_its_own_rows() -> None:
+    table = Table({(1,): {"body": "one", "doc": "{}"}, (2,): {"body": "two", "doc": "{}"}})
+    first = decoded(update(DOCS, tuple_data(b"1", b"5", UNCHANGED, b"{}")))
+    second = decoded(update(DOCS, tuple_data(b"2", b"6", UNCHANGED, b"{}")))
+    out, counts = run([*first, *second], table)
+    assert [type(e).__name__ for e in out] == ["TxBegin", "ChangeEvent", "TxCommit"] * 2
+    assert [e.after["body"] for e in changes(out)] == ["one", "two"]  # type: ignore[index]
+    assert len(table.queries) == 1 and counts.queries["public.docs"] == 1
 
 
 def test_placeholder_mode_passes_events_through_untouched() -> None:
@@ -161,15 +177,17 @@ def test_under_full_identity_the_old_row_fills_and_no_query_is_made() -> None:
     assert table.queries == []
 
 
-def test_a_reset_drops_what_a_lost_session_held() -> None:
+def test_a_new_session_drops_what_a_lost_session_held() -> None:
     table = Table({(1,): {"body": BIG, "doc": "{}"}})
     events = decoded(update(DOCS, tuple_data(b"1", b"5", UNCHANGED, b"{}")))
     out: list[Event] = []
-    fill = ToastFill(out.append, out.append, table, lambda t: True, 1000, ToastCounts.new())
-    fill.other(events[0])
-    fill.row(events[1])  # type: ignore[arg-type]
-    fill.reset()
-    assert fill.holding == 0 and [type(e) for e in out] == [TxBegin]
+    fill = ToastFill(table, lambda t: True, 1000, ToastCounts.new())
+    fill.start(out.append)
+    fill.take(events[1])
+    assert fill.holding
+    fill.start(out.append)  # the next session: the server sends the transaction again from the slot
+    fill.flush()
+    assert not fill.holding and out == [] and table.queries == []
 
 
 CONFIG: dict[str, Any] = {

@@ -26,7 +26,7 @@ import structlog
 
 from cdc.config import Config
 from cdc.decoder.stream import ConnectionLost, ReplicationStream, protocol_for
-from cdc.event import ChangeEvent, TxBegin, TxCommit
+from cdc.event import ChangeEvent, Event, TxBegin, TxCommit
 from cdc.instance import InstanceLock
 from cdc.observe import Stats
 from cdc.pipeline.wiring import Components
@@ -75,10 +75,8 @@ class Pipeline:
         self.streaming_since = None
         budget = cfg.limits.max_inflight_bytes
         feed = c.decoder.feed
-        # Where a table fills unchanged TOASTed values, its rows pass through the fill before the chain
-        # (cdc.pipeline.toast): it holds a transaction's events until their values are read.
+        row, other = chain.row, chain.other
         toast = c.toast
-        row, other = (toast.row, toast.other) if toast is not None else (chain.row, chain.other)
         heartbeat = (
             Heartbeat(cfg.topic_prefix, cfg.heartbeat.interval_ms / 1000, c.serializer)
             if cfg.heartbeat.interval_ms
@@ -101,8 +99,6 @@ class Pipeline:
                 messages=True,  # watermarks
             )
             c.decoder.reset()
-            if toast is not None:
-                toast.reset()  # what a lost session held comes again from the slot
             if c.history is not None and self._sessions:
                 # What the last session sent but Kafka never took (an aborted transaction, a failed
                 # delivery) is not published: the versions are read again, and Relation messages resent.
@@ -114,42 +110,63 @@ class Pipeline:
             self.streaming_since = time.monotonic()
             skipping = False
             in_tx = False
+
+            def dispatch(event: Event) -> None:
+                """One event, as the commit order above says; what ``toast`` held comes here when released."""
+                nonlocal skipping, in_tx
+                kind = type(event)
+                if kind is ChangeEvent:
+                    if not skipping:
+                        row(event)  # type: ignore[arg-type]
+                elif kind is TxBegin:
+                    skipping = not delivery.begin(event)  # type: ignore[arg-type]
+                    in_tx = True
+                    if not skipping:
+                        other(event)
+                elif kind is TxCommit:
+                    if not skipping:
+                        other(event)
+                    commit = cast(TxCommit, event)
+                    delivery.commit(commit)
+                    skipping = in_tx = False
+                    stats.last_commit_ts_us = commit.commit_ts_us
+                    stats.last_processed_us = time.time_ns() // 1000
+                    stats.transaction_events.observe(commit.event_count)
+                elif not skipping:  # a truncate or a logical message
+                    other(event)
+
+            # Unchanged TOASTed values (cdc.pipeline.toast): a row change with them, and every event after it
+            # while any is held, goes to the fill, which dispatches them in order once their values are read.
+            toast.start(dispatch)
             frames = events = 0
             while not self._stop:
-                frame = stream.read(0.2)
+                holding = toast.holding
+                frame = stream.read(0.0 if holding else 0.2)  # nothing waiting while holding: release it
                 if frame is not None:
                     lsn, payload = frame
                     # Usually one event or none; the commit of a streamed transaction releases all of it.
                     for event in feed(payload, lsn):
-                        kind = type(event)
-                        if kind is ChangeEvent:
+                        if toast.holding:
+                            toast.take(event)
+                        elif type(event) is ChangeEvent:  # the common case, without dispatch's call
                             if not skipping:
-                                row(event)  # type: ignore[arg-type]
-                        elif kind is TxBegin:
-                            skipping = not delivery.begin(event)  # type: ignore[arg-type]
-                            in_tx = True
-                            if not skipping:
-                                other(event)
-                        elif kind is TxCommit:
-                            if not skipping:
-                                other(event)
-                            commit = cast(TxCommit, event)
-                            delivery.commit(commit)
-                            skipping = in_tx = False
-                            stats.last_commit_ts_us = commit.commit_ts_us
-                            stats.last_processed_us = time.time_ns() // 1000
-                            stats.transaction_events.observe(commit.event_count)
-                        elif not skipping:  # a truncate or a logical message
-                            other(event)
+                                if event.unchanged:
+                                    toast.take(event)
+                                else:
+                                    row(event)
+                        else:
+                            dispatch(event)
                         events += 1
                         if events & 1023 == 0:  # also inside a replay of millions of events
                             self.keep_up(stream, budget)
                     frames += 1
                     if frames < _FRAMES_PER_KEEP_UP:
                         continue  # housekeeping below runs every 64 frames, or when the stream is idle
+                elif holding:
+                    toast.flush()
                 frames = 0
                 self.keep_up(stream, budget)
-                if not in_tx:
+                if not in_tx and not toast.holding:
                     between_transactions()
                     if heartbeat is not None:
                         beat = heartbeat.due()
@@ -231,5 +248,4 @@ class Pipeline:
     def close(self) -> None:
         if self._side_conn is not None:
             self._side_conn.close()
-        if self.components.toast is not None:
-            self.components.toast.close()
+        self.components.toast.close()

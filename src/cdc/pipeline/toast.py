@@ -7,17 +7,21 @@ the decoder takes them from the old row, and nothing reaches this module. A reco
 written with Debezium's placeholder would be the last record of its key once the
 log cleaner has run, and the value would then exist nowhere in the topic.
 
-``ToastFill`` sits between the loop and the chain of stages (``cdc.pipeline.stages``)
-for the tables whose ``toast`` mode is ``fill``:
+``ToastFill`` sits between the decoder and the loop's handling of each event
+(``cdc.pipeline.loop``), for the tables whose ``toast`` mode is ``fill``:
 
-1. An event that needs filling is held, and so is every event after it in the same
-   transaction, so that records still leave in commit order.
-2. At the transaction's commit, or once ``toast.fill_batch`` events are held, the
-   held rows' keys are read in one query per table (``ValueReader``), the values
-   are filled in, and the held events go on through the chain in their order.
-3. Only then does the commit reach the chain and delivery: the position confirmed to
-   PostgreSQL and the exactly-once Kafka transaction cover the filled records as
-   they cover every other (invariants 1 and 2 are the loop's, unchanged).
+1. An event that needs filling is held, and so is every event after it, commits
+   included, so that everything still reaches the chain and delivery in commit order.
+2. Once the stream has no frame waiting (the loop asks without blocking while events
+   are held), or ``toast.fill_batch`` events are held, the held rows' keys are read
+   in one query per table (``ValueReader``), the values are filled in, and the held
+   events go on in their order. Under a backlog of small transactions one query thus
+   serves many of them; a caught-up stream releases each transaction at once.
+3. A held transaction's BEGIN and COMMIT reach delivery only with its rows: the
+   position confirmed to PostgreSQL and the exactly-once Kafka transaction cover the
+   filled records as they cover every other (invariants 1 and 2 are the loop's,
+   unchanged). Held events that a lost session never released come again from the
+   slot.
 
 What a reader sees (docs/operations.md, "Unchanged TOASTed values"):
 
@@ -91,79 +95,69 @@ class ToastCounts:
 
 
 class ToastFill:
-    """Holds a transaction's events from its first unchanged TOASTed value on, fills them, passes them on.
+    """Holds events from the first unchanged TOASTed value on, fills them, then dispatches them in order.
 
-    ``row`` and ``other`` take what the loop would hand the chain; ``fills(table)`` says whether a table's
-    unchanged values are filled (its ``toast`` mode); ``reset`` drops what is held (the session ended: the
-    server sends the transaction again)."""
+    The loop hands it an event (``take``) when it is holding, or when the event is a row change with
+    unchanged values; every other event the loop dispatches itself. ``dispatch`` is the loop's own
+    handling of one event (the chain, delivery's begin and commit), so a held transaction's commit
+    reaches delivery only after its filled rows. ``fills(table)`` says whether a table's unchanged values
+    are filled (its ``toast`` mode). ``start`` takes a session's dispatch and drops what an earlier
+    session held (the server sends it again from the slot)."""
 
     def __init__(
         self,
-        row: Callable[[ChangeEvent], None],
-        other: Callable[[Event], None],
         reader: ValueReader,
         fills: Callable[[TableSchema], bool],
         batch: int,
         counts: ToastCounts,
     ) -> None:
-        self._row: Final = row
-        self._other: Final = other
         self._reader = reader
         self._fills = fills
         self._batch = batch
         self._counts = counts
         self._held: list[Event] = []
+        self.holding = False  # whether events are held: the loop reads it per event
+        self._dispatch: Callable[[Event], None] = _not_started
 
-    @property
-    def holding(self) -> int:
-        return len(self._held)
+    def start(self, dispatch: Callable[[Event], None]) -> None:
+        self._dispatch = dispatch
+        self._held = []
+        self.holding = False
 
-    def row(self, event: ChangeEvent) -> None:
+    def take(self, event: Event) -> None:
+        """An event while holding (kept in order), or a row change with unchanged values (held if its table
+        fills them, else dispatched at once)."""
         held = self._held
-        if held:
-            held.append(event)
-            if len(held) >= self._batch:
-                self.flush()
-        elif event.unchanged and self._fills(event.table):
-            held.append(event)
-            if self._batch == 1:
-                self.flush()
-        else:
-            self._row(event)
-
-    def other(self, event: Event) -> None:
-        """Begin, commit, truncate or message: a commit releases what is held first; while events are held,
-        a truncate or message waits its turn behind them."""
-        if self._held:
-            if type(event) is TxCommit:
-                self.flush()
-            else:
-                self._held.append(event)
-                return
-        self._other(event)
+        if not held and not (type(event) is ChangeEvent and self._fills(event.table)):
+            self._dispatch(event)
+            return
+        held.append(event)
+        self.holding = True
+        if len(held) >= self._batch:
+            self.flush()
 
     def flush(self) -> None:
-        """Fill what is held, then pass it on in order."""
+        """Fill what is held, then dispatch it in order."""
         held, self._held = self._held, []
+        self.holding = False
+        if not held:
+            return
         filled = self._fill([e for e in held if type(e) is ChangeEvent and e.unchanged and self._fills(e.table)])
-        row, other = self._row, self._other
+        dispatch = self._dispatch
         for event in held:
-            if type(event) is ChangeEvent:
-                row(filled.get(id(event), event))
-            else:
-                other(event)
-
-    def reset(self) -> None:
-        self._held = []
+            dispatch(filled.get(id(event), event) if type(event) is ChangeEvent else event)
 
     def close(self) -> None:
         self._reader.close()
 
     def _fill(self, events: list[ChangeEvent]) -> dict[int, ChangeEvent]:
         """The filled copy of each event, by the id of the original."""
-        by_table: dict[int, list[ChangeEvent]] = {}
+        by_id: dict[int, list[ChangeEvent]] = {}
         for event in events:
-            by_table.setdefault(id(event.table), []).append(event)
+            by_id.setdefault(id(event.table), []).append(event)
+        by_table: dict[TableSchema, list[ChangeEvent]] = {}  # equal schemas of several decodings: one query
+        for group in by_id.values():
+            by_table.setdefault(group[0].table, []).extend(group)
         result: dict[int, ChangeEvent] = {}
         for group in by_table.values():
             table = group[0].table
@@ -200,6 +194,10 @@ class ToastFill:
                     "that follows on the same key supersedes them",
                 )
         return result
+
+
+def _not_started(event: Event) -> None:
+    raise RuntimeError("ToastFill.start(dispatch) was not called for this session")
 
 
 def _key(event: ChangeEvent, names: tuple[str, ...]) -> Key:

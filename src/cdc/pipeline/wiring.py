@@ -108,8 +108,8 @@ class Components:
     chain: Chain
     topics: Topics
     router: OutboxRouter | None
+    toast: ToastFill  # holds and fills unchanged TOASTed values before the loop dispatches them
     history: SchemaHistory | None = None  # the schema history topic's versions (None: not published)
-    toast: ToastFill | None = None  # between the loop and the chain: unchanged TOASTed values filled
 
 
 class Topics:
@@ -222,7 +222,7 @@ def wire(
             slot_failover=cfg.source.slot_failover,
         )
 
-    toast = make_toast_fill(capture, chain, stats)
+    toast = make_toast_fill(capture, stats)
     log.info(
         "ready",
         tables=sorted(tables),
@@ -233,16 +233,14 @@ def wire(
         outbox_message_prefix=cfg.outbox.message_prefix,
     )
     return Components(
-        capture, transport, decoder, serializer, delivery, snapshots, plan, chain, topics, router, history, toast
+        capture, transport, decoder, serializer, delivery, snapshots, plan, chain, topics, router, toast, history
     )
 
 
-def make_toast_fill(capture: Capture, chain: Chain, stats: Stats) -> ToastFill:
+def make_toast_fill(capture: Capture, stats: Stats) -> ToastFill:
     cfg = capture.config
     counts = ToastCounts(stats.toast_filled, stats.toast_unresolved, stats.toast_fill_queries, stats.toast_fill_seconds)
     return ToastFill(
-        chain.row,
-        chain.other,
         SourceReader(cfg.source.conninfo(), session_setup),
         lambda table: toast_mode(capture.config, table.qualified) == "fill",
         cfg.toast.fill_batch,
