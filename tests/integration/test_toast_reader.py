@@ -71,8 +71,8 @@ def test_a_key_of_each_supported_type_finds_its_row_and_the_value_comes_back_who
 
     reader = SourceReader(pg_dsn, session_setup)
     try:
-        found = reader.read(schema, ["body", "doc"], [(key,)], 0)
-        again = reader.read(schema, ["body", "doc"], [(key,)], 0)  # the prepared statement, a second time
+        found = reader.read(schema, ["body", "doc"], [(key,)], 0, [])
+        again = reader.read(schema, ["body", "doc"], [(key,)], 0, [])  # the prepared statement, a second time
     finally:
         reader.close()
 
@@ -95,7 +95,7 @@ def test_composite_keys_many_at_once_and_a_missing_row_is_absent(pg_dsn: str) ->
 
     reader = SourceReader(pg_dsn, session_setup)
     try:
-        found = reader.read(schema, ["body"], keys, 0)
+        found = reader.read(schema, ["body"], keys, 0, [])
     finally:
         reader.close()
 
@@ -111,7 +111,7 @@ def test_a_key_type_the_fill_cannot_query_is_refused_naming_the_table_and_the_fi
     schema = TableSchema("public", "t", (key, Column("body", BUILTIN_TYPES[25])))
     reader = SourceReader(pg_dsn, session_setup)
     with pytest.raises(ToastFillError, match=r"public\.t.*REPLICA IDENTITY FULL.*toast: placeholder"):
-        reader.read(schema, ["body"], [(None,)], 0)
+        reader.read(schema, ["body"], [(None,)], 0, [])
     reader.close()
 
 
@@ -119,6 +119,40 @@ def test_a_dropped_table_reads_as_rows_gone(pg_dsn: str) -> None:
     schema = TableSchema("public", "gone", (Column("k", BUILTIN_TYPES[23], key=True), Column("body", BUILTIN_TYPES[25])))
     reader = SourceReader(pg_dsn, session_setup)
     try:
-        assert reader.read(schema, ["body"], [(1,)], 0) == {}
+        assert reader.read(schema, ["body"], [(1,)], 0, []) == {}
     finally:
         reader.close()
+
+
+def test_the_read_waits_until_the_events_transaction_is_visible_then_sees_its_rows(pg_dsn: str) -> None:
+    """The walsender can send a transaction before its commit is visible to other sessions: a read then would
+    find a row the transaction inserted gone, or a value it changed old. An open transaction stands in for it."""
+    import threading
+
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (k int PRIMARY KEY, body text)")
+    schema = TableSchema("public", "t", (Column("k", BUILTIN_TYPES[23], key=True), Column("body", BUILTIN_TYPES[25])))
+    writer = psycopg.connect(pg_dsn)
+    writer.execute("INSERT INTO t VALUES (1, 'inserted by the filled transaction')")
+    row = writer.execute("SELECT txid_current() % 4294967296").fetchone()  # the 32-bit xid, as pgoutput sends it
+    assert row is not None
+    xid = int(row[0])
+    reader = SourceReader(pg_dsn, session_setup, replay_wait_s=30)
+    found: dict[Any, Any] = {}
+    done = threading.Event()
+
+    def read() -> None:
+        found.update(reader.read(schema, ["body"], [(1,)], 0, [xid]))
+        done.set()
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    try:
+        assert not done.wait(0.5), "the read returned before the transaction was visible"
+        writer.commit()
+        assert done.wait(10)
+    finally:
+        writer.close()
+        thread.join(10)
+        reader.close()
+    assert found == {(1,): {"body": "inserted by the filled transaction"}}

@@ -32,9 +32,9 @@ class Table:
         self.queries: list[tuple[str, tuple[str, ...], list[Key]]] = []
 
     def read(
-        self, table: TableSchema, columns: Sequence[str], keys: Sequence[Key], at_least: int
+        self, table: TableSchema, columns: Sequence[str], keys: Sequence[Key], at_least: int, xids: Sequence[int]
     ) -> dict[Key, dict[str, Any]]:
-        assert at_least == C1  # the events' commit: the state read must include it
+        assert at_least == C1 and list(xids) == [700]  # the events' commit and transaction: the read must see them
         self.queries.append((table.qualified, tuple(columns), list(keys)))
         return {k: {c: self.rows[k][c] for c in columns} for k in keys if k in self.rows}
 

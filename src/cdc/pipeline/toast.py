@@ -70,11 +70,11 @@ class ValueReader(Protocol):
     """Where filled values come from: the source table, read by key (``SourceReader``), or a dict in tests."""
 
     def read(
-        self, table: TableSchema, columns: Sequence[str], keys: Sequence[Key], at_least: int
+        self, table: TableSchema, columns: Sequence[str], keys: Sequence[Key], at_least: int, xids: Sequence[int]
     ) -> dict[Key, dict[str, Any]]:
         """The current typed values of ``columns`` for each key whose row exists; a key that is absent from
-        the result has no row any more. The state read includes every transaction up to ``at_least`` (the
-        events' commit LSN): never older than the events."""
+        the result has no row any more. The state read includes the events' own transactions (``xids``) and
+        every one up to ``at_least`` (their commit LSN): never older than the events."""
         ...
 
     def close(self) -> None: ...
@@ -165,11 +165,12 @@ class ToastFill:
             columns = sorted({name for e in group for name in e.unchanged})
             keys = list(dict.fromkeys(_key(e, key_names) for e in group))
             commit_lsn = max(e.commit_lsn for e in group)
+            xids = sorted({e.xid for e in group if e.xid is not None})
             name = table.qualified
             found: dict[Key, dict[str, Any]] = {}
             for at in range(0, len(keys), _KEYS_PER_QUERY):
                 started = time.perf_counter()
-                found.update(self._reader.read(table, columns, keys[at : at + _KEYS_PER_QUERY], int(commit_lsn)))
+                found.update(self._reader.read(table, columns, keys[at : at + _KEYS_PER_QUERY], int(commit_lsn), xids))
                 self._counts.queries[name] += 1
                 self._counts.seconds[name] += time.perf_counter() - started
             gone: list[Key] = []
@@ -261,16 +262,38 @@ def _key_expression(column: Column, position: int) -> sql.Composable:
     )
 
 
+_VISIBLE: Final = """
+    WITH snap AS (SELECT txid_current_snapshot() AS s),
+    ids AS (
+        SELECT ((txid_snapshot_xmax(s) >> 32) << 32) | x AS id, txid_snapshot_xmax(s) AS xmax, s
+          FROM snap, unnest(CAST({xids} AS int8[])) AS u(x)
+    ),
+    v AS (
+        SELECT coalesce(bool_and(txid_visible_in_snapshot(
+                   CASE WHEN id > xmax AND id - xmax >= 2147483648 THEN id - 4294967296 ELSE id END, s)), true) AS ok
+          FROM ids
+    )
+"""
+"""Whether the statement's own snapshot sees every one of the events' transactions (32-bit xids, placed in the
+epoch of the snapshot's xmax). The walsender can send a transaction before its commit is visible to other
+sessions (the commit record is flushed before the transaction leaves the proc array): read then, a row that
+transaction inserted would look gone, and a value it changed would be its old one."""
+
+
 def fill_query(table: TableSchema, columns: Sequence[Column]) -> sql.Composed:
-    """One query for any number of keys: the keys' text arrays unnested, cast to the key types, joined on
-    the key (an index lookup per key on the primary key)."""
+    """One query for any number of keys: whether the events' transactions are visible (first column), then,
+    only if they are, each key's row: the keys' text arrays unnested, cast to the key types, joined on the
+    key (an index lookup per key on the primary key), in the same snapshot."""
     key_columns = table.key_columns
     arrays = sql.SQL(", ").join(sql.SQL("CAST({} AS text[])").format(sql.Placeholder()) for _ in key_columns)
     names = sql.SQL(", ").join(sql.Identifier(f"k{i}") for i in range(len(key_columns)))
     wanted = sql.SQL(", ").join(_key_expression(c, i) for i, c in enumerate(key_columns))
     return sql.SQL(
-        "SELECT {keys}, {cols} FROM {table} WHERE ({keys}) IN (SELECT {wanted} FROM unnest({arrays}) AS u({names}))"
+        _VISIBLE
+        + "SELECT v.ok, r.* FROM v LEFT JOIN LATERAL (SELECT {keys}, {cols} FROM {table} WHERE v.ok AND ({keys}) IN "
+        "(SELECT {wanted} FROM unnest({arrays}) AS u({names}))) AS r ON true"
     ).format(
+        xids=sql.Placeholder(),
         keys=sql.SQL(", ").join(sql.Identifier(c.name) for c in key_columns),
         cols=sql.SQL(", ").join(sql.Identifier(c.name) for c in columns),
         table=sql.Identifier(table.schema, table.name),
@@ -333,7 +356,7 @@ class SourceReader:
             time.sleep(0.01)
 
     def read(
-        self, table: TableSchema, columns: Sequence[str], keys: Sequence[Key], at_least: int
+        self, table: TableSchema, columns: Sequence[str], keys: Sequence[Key], at_least: int, xids: Sequence[int]
     ) -> dict[Key, dict[str, Any]]:
         key_columns = table.key_columns
         unsupported = [c for c in key_columns if not key_type_supported(c)]
@@ -350,13 +373,11 @@ class SourceReader:
         query = self._queries.get((table, tuple(columns)))
         if query is None:
             query = self._queries[(table, tuple(columns))] = fill_query(table, wanted).as_bytes(conn)
-        params = [[_key_text(key[i]) for key in keys] for i in range(len(key_columns))]
+        params: list[Any] = [list(xids), *([_key_text(key[i]) for key in keys] for i in range(len(key_columns)))]
         try:
             if self._standby:
                 self._caught_up(conn, at_least)
-            with conn.cursor() as cur:
-                cur.execute(query, params, prepare=True)
-                result = cur.pgresult
+            result = self._visible_result(conn, query, params, table)
         except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn) as e:
             # Dropped (or renamed) since the event: the values cannot be read, as for a deleted row.
             log.warning("toast_fill_relation_gone", table=table.qualified, error=str(e).strip())
@@ -371,13 +392,37 @@ class SourceReader:
         convert = [self._converter(c) for c in wanted]
         get = result.get_value
         for r in range(result.ntuples):
+            if get(r, 1) is None:  # the one row of no match (key columns are never NULL)
+                continue
             try:
-                key = tuple(_typed(convert_key[i], get(r, i)) for i in range(n_keys))
-                found[key] = {column.name: _typed(convert[j], get(r, n_keys + j)) for j, column in enumerate(wanted)}
+                key = tuple(_typed(convert_key[i], get(r, 1 + i)) for i in range(n_keys))
+                found[key] = {c.name: _typed(convert[j], get(r, 1 + n_keys + j)) for j, c in enumerate(wanted)}
             except ValueConversionError as e:
                 # The column's type changed since the event (ALTER TABLE ... TYPE): not this event's value.
                 log.warning("toast_fill_type_changed", table=table.qualified, error=str(e))
         return found
+
+    def _visible_result(self, conn: psycopg.Connection[Any], query: bytes, params: list[Any], table: TableSchema) -> Any:
+        """The query's result once its snapshot sees the events' transactions (a few milliseconds at most after
+        the walsender sent them; ``replay_wait_s`` without it reconnects)."""
+        deadline = time.monotonic() + self._replay_wait_s
+        waits = 0
+        while True:
+            with conn.cursor() as cur:
+                cur.execute(query, params, prepare=True)
+                result = cur.pgresult
+            assert result is not None
+            if result.get_value(0, 0) == b"t":
+                if waits:
+                    log.info("toast_fill_waited_for_commit", table=table.qualified, waits=waits)
+                return result
+            waits += 1
+            if time.monotonic() > deadline:
+                raise ConnectionLost(
+                    f"the transactions {params[0]} were sent by the server but are not visible to a new snapshot after "
+                    f"{self._replay_wait_s:.0f}s; reconnecting"
+                )
+            time.sleep(0.001)
 
     def _converter(self, column: Column) -> Callable[[bytes], Any]:
         known = self._converters.get((column.type, column.modifier))
