@@ -143,8 +143,16 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     state = Path(args.state) if args.state else dev.default_state_dir()
     if args.action == "up":
         endpoints = dev.up(state, registry=not args.no_registry)
-        print(json.dumps(dev.status(state) if args.json else endpoints.__dict__, indent=2))
+        shown = dev.status(state) if args.json else dict(endpoints.__dict__)
+        if args.with_prometheus:
+            from cdc.dev import prometheus
+
+            shown["prometheus_url"] = prometheus.up(state / "prometheus", [args.metrics_target])
+        print(json.dumps(shown, indent=2))
     elif args.action == "down":
+        from cdc.dev import prometheus
+
+        prometheus.down(state / "prometheus")
         dev.down(state)
     else:
         st = dev.status(state)
@@ -209,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print a JSON object")
     p.add_argument("--state", help="state folder (default: .cdc-dev in the repository, or $CDC_DEV_STATE)")
     p.add_argument("--no-registry", action="store_true", help="do not start the schema registry")
+    p.add_argument(
+        "--with-prometheus",
+        action="store_true",
+        help="also run Prometheus (Debian's package, cached by scripts/prometheus.sh) with deploy/observability's rules",
+    )
+    p.add_argument("--metrics-target", default="127.0.0.1:8080", help="the daemon's http.host:http.port Prometheus scrapes")
     p.add_argument(
         "--pg",
         choices=["15", "16", "17", "18"],

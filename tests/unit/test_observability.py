@@ -217,3 +217,39 @@ def test_the_operations_guide_lists_every_alert() -> None:
     guide = (ROOT / "docs" / "operations.md").read_text()
     missing = [name for name in alerts() if f"| `{name}` |" not in guide]
     assert not missing, f"docs/operations.md does not list these alerts: {missing}"
+
+
+def test_dev_prometheus_scrapes_the_daemons_endpoint_with_the_rules_and_stops(tmp_path: Path) -> None:
+    """`cdc dev up --with-prometheus`: Prometheus from the cache, detached, scraping an HTTP endpoint of the
+    daemon's own kind; `cdc dev down` stops it by its pid."""
+    import time
+    import urllib.parse
+    import urllib.request
+
+    from cdc.dev import prometheus
+    from cdc.observe import HttpEndpoint, Stats
+
+    binary("prometheus")  # fetched into the cache (or skipped off Debian)
+    endpoint = HttpEndpoint(Stats(streaming=True, starting=False), "127.0.0.1", 0)
+    endpoint.start()
+    state = tmp_path / "prometheus"
+    try:
+        url = prometheus.up(state, [f"127.0.0.1:{endpoint.port}"])
+        assert prometheus.up(state, ["ignored:1"]) == url  # reused
+        pid = prometheus.status(state)["pid"]  # type: ignore[index]
+        deadline = time.monotonic() + 30
+        result: list[Any] = []
+        while not result and time.monotonic() < deadline:
+            query = urllib.parse.urlencode({"query": 'cdc_streaming{job="cdc"} == 1'})
+            with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as r:
+                result = json.loads(r.read())["data"]["result"]
+            time.sleep(0.5)
+        assert result, "Prometheus did not scrape the endpoint"
+        with urllib.request.urlopen(f"{url}/api/v1/rules", timeout=5) as r:
+            rules = json.loads(r.read())["data"]["groups"]
+        assert {g["name"] for g in rules} == {"cdc.recording", "cdc.alerts"}
+    finally:
+        prometheus.down(state)
+        endpoint.stop()
+    assert prometheus.status(state) is None
+    assert not Path(f"/proc/{pid}").exists() or "prometheus" not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")

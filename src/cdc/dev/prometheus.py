@@ -7,7 +7,9 @@ Only in a checkout: the rules and the script live in the repository, not in the 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -54,7 +56,8 @@ class Prometheus:
     def available() -> bool:
         return binaries() is not None and (OBSERVABILITY / "prometheus.yml").exists()
 
-    def start(self, timeout: float = 60.0) -> str:
+    def start(self, timeout: float = 60.0, *, detach: bool = False) -> str:
+        """Starts it and waits until it is ready; ``detach``: in a session of its own, to outlive this process."""
         bin_dir = binaries()
         if bin_dir is None:
             raise FileNotFoundError("no Prometheus in the cache: run `bash scripts/prometheus.sh` (make install does)")
@@ -76,6 +79,7 @@ class Prometheus:
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
+                start_new_session=detach,
             )
         deadline = time.monotonic() + timeout
         while True:
@@ -105,3 +109,67 @@ class Prometheus:
             self._proc.kill()
             self._proc.wait()
         self._proc = None
+
+
+# -- beside the dev services (cdc dev up --with-prometheus) --------------------------------------------
+
+
+_DETACHED: list[subprocess.Popen[bytes]] = []
+
+
+def _pid_file(state: Path) -> Path:
+    return state / "prometheus.json"
+
+
+def _running(state: Path) -> dict[str, Any] | None:
+    try:
+        info: dict[str, Any] = json.loads(_pid_file(state).read_text())
+        os.kill(int(info["pid"]), 0)
+    except (OSError, ValueError, KeyError):
+        return None
+    cmdline = Path(f"/proc/{info['pid']}/cmdline")
+    if cmdline.exists() and str(state) not in cmdline.read_text(errors="replace"):
+        return None  # the pid was reused by another process
+    return info
+
+
+def up(state: Path, targets: list[str]) -> str:
+    """Starts (or reuses) a Prometheus of the dev services scraping ``targets``; returns its URL."""
+    state = state.resolve()
+    found = _running(state)
+    if found is not None:
+        log.info("prometheus_reused", url=found["url"], pid=found["pid"])
+        return str(found["url"])
+    server = Prometheus(state, targets)
+    url = server.start(detach=True)
+    assert server._proc is not None  # noqa: SLF001 - its own process, kept by pid from here on
+    _DETACHED.append(server._proc)  # noqa: SLF001 - not collected (and warned about) while it runs
+    _pid_file(state).write_text(json.dumps({"pid": server._proc.pid, "url": url, "targets": targets}))  # noqa: SLF001
+    return url
+
+
+def down(state: Path) -> None:
+    state = state.resolve()
+    found = _running(state)
+    if found is None:
+        return
+    pid = int(found["pid"])
+    mine = next((p for p in _DETACHED if p.pid == pid), None)
+    os.kill(pid, signal.SIGTERM)
+    if mine is not None:  # started by this process: wait for it (a child is a zombie until reaped)
+        mine.wait(30)
+        _DETACHED.remove(mine)
+    else:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                break
+            time.sleep(0.1)
+    _pid_file(state).unlink(missing_ok=True)
+    log.info("prometheus_stopped", pid=pid)
+
+
+def status(state: Path) -> dict[str, Any] | None:
+    return _running(state.resolve())
