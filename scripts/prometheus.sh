@@ -6,6 +6,11 @@
 # Debian/Ubuntu only (the project's services come from the same registries: apt, Maven Central, PyPI).
 set -euo pipefail
 
+if ! command -v apt-get >/dev/null 2>&1 || ! command -v dpkg-deb >/dev/null 2>&1; then
+  # Not Debian/Ubuntu: the tests that need promtool skip themselves; nothing is printed on stdout.
+  echo "prometheus.sh: apt-get and dpkg-deb are needed to fetch Debian's prometheus package; skipped" >&2
+  exit 0
+fi
 cache=${CDC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/cdc}/prometheus
 mkdir -p "$cache"
 version=$(apt-cache policy prometheus 2>/dev/null | awk '/Candidate:/ {print $2}')
