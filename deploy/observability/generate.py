@@ -118,7 +118,7 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 (f"rate(cdc_kafka_batches_total{{{I}}}[$__rate_interval])", "{{instance}} batches/s"),
                 (f"cdc:kafka_batch_bytes:mean5m{{{I}}}", "{{instance}} mean batch bytes"),
             ], ""),
-            ("Confirmed LSN moves", "timeseries", "Bps", [(f"rate(cdc_confirmed_lsn{{{I}}}[$__rate_interval])", "{{instance}}")], "WAL bytes per second confirmed to Postgres"),
+            ("Confirmed LSN moves", "timeseries", "Bps", [(f"deriv(cdc_confirmed_lsn{{{I}}}[$__rate_interval])", "{{instance}}")], "WAL bytes per second confirmed to Postgres"),
         ],
     ),
     (

@@ -25,7 +25,7 @@ DASHBOARD = OBSERVABILITY / "grafana-dashboard.json"
 PROMQL_WORDS = {
     "sum", "by", "rate", "increase", "min", "max", "and", "or", "on", "unless", "histogram_quantile", "predict_linear",
     "changes", "min_over_time", "absent", "bool", "without", "ignoring", "group_left", "group_right", "le", "count",
-    "up", "inf", "nan", "offset", "avg",
+    "up", "inf", "nan", "offset", "avg", "deriv",
 }  # fmt: skip
 
 
