@@ -23,7 +23,7 @@ def collect(config: Config) -> dict[str, Any]:
             """
             SELECT active, active_pid, confirmed_flush_lsn::text, restart_lsn::text, wal_status,
                    pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint,
-                   pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint
+                   pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, safe_wal_size
               FROM pg_replication_slots WHERE slot_name = %s
             """,
             (config.source.slot,),
@@ -40,6 +40,7 @@ def collect(config: Config) -> dict[str, Any]:
                 wal_status=row[4],
                 lag_bytes=row[5],
                 retained_wal_bytes=row[6],
+                safe_wal_size_bytes=row[7],  # None: no max_slot_wal_keep_size (or the slot is lost)
             )
         naming = JsonSerializer(
             JsonSettings(topic_prefix=config.topic_prefix, database=config.source.database), lambda _: 1
@@ -95,6 +96,12 @@ def render(status: dict[str, Any]) -> str:
         )
         lines.append(f"  confirmed: {status['confirmed_flush_lsn']}  lag: {status['lag_bytes']} bytes")
         lines.append(f"  retained WAL: {status['retained_wal_bytes']} bytes (restart_lsn {status['restart_lsn']})")
+        safe = status.get("safe_wal_size_bytes")
+        lines.append(
+            "  safe_wal_size: no limit (max_slot_wal_keep_size = -1)"
+            if safe is None
+            else f"  safe_wal_size: {safe} bytes before the slot may be invalidated (max_slot_wal_keep_size)"
+        )
     for h in status.get("hosts", []):
         where = f"{h['host']}:{h['port']}"
         if h["role"] == "standby":

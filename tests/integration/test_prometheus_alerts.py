@@ -21,6 +21,8 @@ queries here, not rendered.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -261,6 +263,15 @@ def test_every_panel_and_rule_has_data_and_the_delivery_and_invalidation_alerts_
             assert invalidated["labels"]["status"] in ("unreserved", "lost")
             assert "cdc status" in invalidated["annotations"]["description"]
             log.info("tests.observability.invalidation_alert", alert=invalidated, near_invalidation_states=near)
+            # The first command the alert names says the same.
+            status = subprocess.run(
+                [sys.executable, "-m", "cdc.cli", "status", "--config", str(config)],
+                capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            assert f"wal_status: {invalidated['labels']['status']}" in status.stdout or "wal_status: lost" in status.stdout, (
+                status.stdout + status.stderr
+            )
+            assert "safe_wal_size:" in status.stdout, status.stdout
     finally:
         stop.set()
         if writer is not None:
