@@ -63,6 +63,8 @@ def _config_defaults(path: str | None) -> dict[str, Any]:
         "interval_handling": values.interval_handling,
         "schemas_enable": cfg.json_format.schemas_enable if cfg.format == "json" else False,
         "declared": cfg.spark,
+        # the connector's toast.placeholder (a connector without the toast section writes Debezium's)
+        "unavailable_value": getattr(getattr(cfg, "toast", None), "placeholder", None),
     }
 
 
@@ -82,7 +84,13 @@ def _common(p: argparse.ArgumentParser, *, kafka: bool = True) -> None:
         p.add_argument("--registry", help="format avro: the schema registry's Confluent-compatible URL "
                        "(Apicurio: http://host:8080/apis/ccompat/v7)")  # fmt: skip
         p.add_argument("--on-bad-record", choices=["fail", "skip"], default="fail",
-                       help="a record that does not decode: fail the job (default) or skip it (counted and logged)")  # fmt: skip
+                       help="a record that does not decode, or an unchanged-TOAST placeholder whose previous value neither the "
+                       "topic nor the warehouse holds: fail the job (default) or skip it (counted and logged; a "
+                       "placeholder's column is written as null)")  # fmt: skip
+        p.add_argument("--unavailable-value-placeholder", dest="unavailable_value", metavar="TEXT",
+                       help="what the connector wrote for an unchanged TOASTed value (its toast.placeholder; default "
+                       "the configuration's, else Debezium's __debezium_unavailable_value): replaced by the key's "
+                       "previous value, never written to a view")  # fmt: skip
         p.add_argument(
             "--views",
             default="warehouse,declared",
@@ -113,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     merged = _config_defaults(args.config)
-    for name in ("dsn", "bootstrap", "topic_prefix", "decimal_handling", "time_precision", "interval_handling", "format"):
+    for name in ("dsn", "bootstrap", "topic_prefix", "decimal_handling", "time_precision", "interval_handling", "format",
+                 "unavailable_value"):  # fmt: skip
         value = getattr(args, name, None)
         if value is not None:
             merged[name] = value
@@ -164,6 +173,7 @@ def _encoding(settings: dict[str, Any]) -> Any:
         interval_handling=settings.get("interval_handling") or defaults.interval_handling,
         schemas_enable=bool(settings.get("schemas_enable", False)),
         format=settings.get("format") or defaults.format,
+        unavailable_value=settings.get("unavailable_value") or defaults.unavailable_value,
     )
 
 
@@ -255,10 +265,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - the job's own errors carry their fix; print them plainly
         from cdc_views.reader import ReadError  # noqa: PLC0415
         from cdc_views.tables import CatalogError  # noqa: PLC0415
+        from cdc_views.toast import UnresolvedPlaceholders  # noqa: PLC0415
 
         from cdc.declared import DeclarationError  # noqa: PLC0415
 
-        if isinstance(exc, ReadError | CatalogError | DeclarationError | LookupError):
+        if isinstance(exc, ReadError | CatalogError | DeclarationError | LookupError | UnresolvedPlaceholders):
             print(f"error: {exc}", file=sys.stderr)
             return 1
         raise

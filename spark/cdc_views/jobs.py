@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 from delta.tables import DeltaTable
@@ -39,7 +39,8 @@ from pyspark.sql.types import StructType
 from cdc import declared as declared_model
 from cdc.declared import DeclaredIndex, DeclaredView, KeyLineage, NoKeyLineage, SparkSection
 from cdc.sink.registry import RegistryClient, RegistrySettings
-from cdc_views import declared
+from cdc_views import declared, toast
+from cdc_views.history import SchemaHistory
 from cdc_views.reader import (
     META,
     Changes,
@@ -48,12 +49,16 @@ from cdc_views.reader import (
     avro_schemas,
     envelopes,
     latest,
+    read_batch,
     read_stream,
     reduce_topics,
     schema_history,
 )
 from cdc_views.tables import Encoding, TableShape
 from cdc_views.warehouse import ensure_table, merge_rows, table_path, table_schema, written_rows
+
+if TYPE_CHECKING:
+    from cdc_views.avro import AvroSchemas
 
 log = structlog.get_logger("cdc_views.jobs")
 
@@ -182,6 +187,11 @@ def rebuild(spark: SparkSession, cfg: JobConfig, wanted: Sequence[View] = ALL_VI
         reduced.unpersist()  # the decoded records are persisted now: the views read those
         changes = {n: by_topic[topics[n]] for n in names}
         summary["bad_records_skipped"] = {n: c.bad_count for n, c in changes.items() if c.bad_count}
+        # a second read of only the topics whose latest records hold the unchanged-TOAST placeholder
+        fill_placeholders(spark, cfg, changes, lambda wanted: envelopes(read_batch(spark, cfg.source, wanted), cfg.encoding, avro),
+                          avro, history)  # fmt: skip
+        summary["placeholders_filled"] = {n: c.placeholders_filled for n, c in changes.items() if c.placeholders_filled}
+        summary["placeholders_skipped"] = {n: c.placeholders_unresolved for n, c in changes.items() if c.placeholders_unresolved}
         if "warehouse" in wanted:
             mark_pending(cfg, set(changes))  # views not built here are recomputed whole by the next stream batch
             for i, (name, change) in enumerate(changes.items(), 1):
@@ -197,6 +207,35 @@ def rebuild(spark: SparkSession, cfg: JobConfig, wanted: Sequence[View] = ALL_VI
     summary["seconds"] = round(time.monotonic() - started, 2)
     log.info("rebuild.finished", **{k.replace(" ", "_"): v for k, v in summary.items()})
     return summary
+
+
+# --------------------------------------------------------------------------- unchanged TOASTed values
+
+
+def fill_placeholders(
+    spark: SparkSession,
+    cfg: JobConfig,
+    changes: dict[str, Changes],
+    earlier: Callable[[list[str]], DataFrame],
+    avro: AvroSchemas | None,
+    history: SchemaHistory | None,
+) -> None:
+    """Replace, in place, each table's changes whose latest records hold the unchanged-TOAST placeholder by
+    ``toast.resolve``'s: the key's previous value from ``earlier(topics)`` (the same read's envelopes of those
+    topics) or the warehouse table. Raises ``UnresolvedPlaceholders`` unless ``cfg.on_bad_record == 'skip'``.
+    Tables without placeholders cost nothing here."""
+    held = [n for n, c in changes.items() if c.placeholders]
+    if not held:
+        return
+    records = earlier([cfg.topic(n) for n in held])
+    for name in held:
+        change = changes[name]
+        path = table_path(cfg.warehouse, change.table)
+        previous = spark.read.format("delta").load(str(path)) if DeltaTable.isDeltaTable(spark, str(path)) else None
+        changes[name] = toast.resolve(
+            change, topic=cfg.topic(name), earlier=records, previous=previous, encoding=cfg.encoding, avro=avro,
+            history=history.of(change.table.qualified) if history is not None else None, on_bad_record=cfg.on_bad_record,
+        )  # fmt: skip
 
 
 # --------------------------------------------------------------------------- declared views and indexes
@@ -464,6 +503,8 @@ def micro_batch_writer(
             found = Changes.of_topics(reduced, {topics[n]: cfg.tables[n] for n in present}, cfg.encoding,
                                       cfg.on_bad_record, avro, history)  # fmt: skip
             changes = {n: found[topics[n]] for n in present}
+            fill_placeholders(spark, cfg, changes, lambda wanted: envelopes(batch.where(F.col("topic").isin(*wanted)), cfg.encoding, avro),
+                              avro, history)  # fmt: skip
             keys: dict[str, TouchedKeys | str] = {}  # before the merge: the warehouse still has the old rows
             for plan in plans.values():
                 if plan.lineage and set(changes) & plan.reads == {plan.lineage.table} and plan.lineage.table not in keys:

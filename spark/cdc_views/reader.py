@@ -22,6 +22,9 @@ micro-batches share them:
    typed columns (see ``decode``); a present value that does not convert makes the record ``bad``.
    JSON without the schema block: each Decimal at the scale of its table's version in force at the
    record's ``(commit LSN, ordinal)``, from the schema history (``schema_history``, ``cdc_views.history``).
+   A column holding the connector's unchanged-TOAST placeholder is null there and named in
+   ``_cdc_placeholders``; ``Changes.placeholders`` counts such records, which ``cdc_views.toast.resolve``
+   then fills with the key's previous values (the jobs call it: ``jobs.fill_placeholders``).
 
 ``Changes.of(...)`` then persists the decoded records, takes the truncate markers (a marker at offset
 o of partition p discards every record of p below o), collects bad records, and fails with
@@ -64,6 +67,7 @@ from cdc_views.decode import decode, failed, row_schema
 from cdc_views.envelope import envelopes as envelopes  # re-exported: step 1 of the reading
 from cdc_views.history import SchemaHistory, TableVersions
 from cdc_views.tables import Encoding, Kind, TableShape
+from cdc_views.toast import PLACEHOLDERS, avro_placeholder, json_placeholder, placeholder_names
 
 if TYPE_CHECKING:
     from cdc.sink.registry import RegistryClient
@@ -229,6 +233,7 @@ def decode_rows(
     """
     typed: list[Column] = []
     failures: list[tuple[Column, str | Column]] = []
+    flags: list[tuple[Column, str]] = []  # (is the placeholder, column): cdc_views.toast
     if encoding.format == "avro":
         if avro is None:
             raise ValueError("format avro: decode_rows() needs the records' schemas (AvroSchemas.scan)")
@@ -243,6 +248,10 @@ def decode_rows(
         assert isinstance(row_type, StructType)
         for column in table.columns:
             value, bad = column_value(F.col("_row"), row_type, column, encoding)
+            placeholder = avro_placeholder(F.col("_row"), row_type, column, encoding.unavailable_value)
+            if placeholder is not None:  # the placeholder is no value: null here, and no decode failure
+                value, bad = F.when(~placeholder, value), bad & ~placeholder
+                flags.append((placeholder, column.name))
             typed.append(value.alias(column.name))
             failures.append((bad, column.name))
         missing = ("'after' is missing or does not decode with the topic's latest value schema (or a decimal"
@@ -255,18 +264,25 @@ def decode_rows(
         for column in table.columns:
             raw = F.col("_row").getField(column.name)
             scale = F.element_at(F.col("after_scales"), F.lit(column.name)) if encoding.schemas_enable else None
+            placeholder = json_placeholder(raw, column, encoding.unavailable_value)
+            mine: list[tuple[Column, str | Column]] = []
             if versions is not None and column.kind is Kind.DECIMAL:
                 index = F.col("_version")
                 problem = versions.problem(index, F.col("commit_lsn"), F.col("ordinal"), F.col("lsn"))
                 value = F.when(problem.isNull(), decode(raw, column, encoding, scale=versions.scale(column.name, index)))
-                failures.append((raw.isNotNull() & problem.isNotNull(), F.concat(F.lit(f"column {column.name!r}: "), problem)))
+                mine.append((raw.isNotNull() & problem.isNotNull(), F.concat(F.lit(f"column {column.name!r}: "), problem)))
             else:
                 value = decode(raw, column, encoding, scale=scale)
                 if scale is not None and column.kind is Kind.DECIMAL and encoding.decimal_handling == "precise":
                     no_scale = F.lit(f"column {column.name!r}: the record's schema block states no Decimal scale")
-                    failures.append((raw.isNotNull() & scale.isNull(), no_scale))
+                    mine.append((raw.isNotNull() & scale.isNull(), no_scale))
+            mine.append((failed(raw, value, column), column.name))
+            if placeholder is not None:  # the placeholder is no value: null here, and no decode failure
+                value = F.when(~placeholder, value)
+                mine = [(condition & ~placeholder, why) for condition, why in mine]
+                flags.append((placeholder, column.name))
             typed.append(value.alias(column.name))
-            failures.append((failed(raw, value, column), column.name))
+            failures.extend(mine)
         missing = "'after' is not a JSON object"
     row_ok = (F.col("record") == "row") & F.col("_row").isNotNull()
     reason: Column = F.lit(None).cast(StringType())
@@ -278,8 +294,9 @@ def decode_rows(
         "topic", "partition", "offset", "key", "record", "reason", "op", "lsn", "commit_lsn", "ts_ms",
         reason.alias("_decode_error"),
         *[F.when(row_ok, value) for value in typed],
+        F.when(row_ok, placeholder_names(flags)),
     )  # fmt: skip
-    decoded = decoded.toDF(*decoded.columns[:11], *[c.name for c in table.columns])
+    decoded = decoded.toDF(*decoded.columns[:11], *[c.name for c in table.columns], PLACEHOLDERS)
     is_bad = F.col("_decode_error").isNotNull()
     return (
         decoded.withColumn("reason", F.when(is_bad, F.col("_decode_error")).otherwise(F.col("reason")))
@@ -301,11 +318,17 @@ class Changes:
     bad_count: int
     bad: list[BadRecord]
     decoded: DataFrame | None = None  # the persisted decoded records ``rows`` reads; see ``unpersist``
+    placeholders: int = 0  # latest records holding the unchanged-TOAST placeholder (cdc_views.toast)
+    placeholders_filled: int = 0  # of their column values, those filled with the key's previous value
+    placeholders_unresolved: int = 0  # ... those skipped (written as null): on_bad_record='skip'
+    also_persisted: list[DataFrame] = field(default_factory=list)  # further frames ``rows`` reads (toast.resolve)
 
     def unpersist(self) -> None:
         """Free the decoded records ``rows`` reads (call when the view is written)."""
         if self.decoded is not None:
             self.decoded.unpersist()
+        for frame in self.also_persisted:
+            frame.unpersist()
 
     @classmethod
     def of(
@@ -358,13 +381,13 @@ class Changes:
             summaries = _summaries(list(decoded.values()))
             out: dict[str, Changes] = {}
             for topic, table in tables.items():
-                truncates, bad_count, bad = summaries.get(topic, ({}, 0, []))
+                truncates, bad_count, bad, placeholders = summaries.get(topic, ({}, 0, [], 0))
                 if bad_count and on_bad_record == "fail":
                     raise UndecodableRecords(topic, bad_count, bad)
                 if bad_count:
                     log.warning("reader.bad_records_skipped", topic=topic, count=bad_count, first=[str(b) for b in bad[:5]])
                 rows = _rows(decoded[topic], table, truncates)
-                out[topic] = cls(table, rows, truncates, bad_count, bad, decoded[topic])
+                out[topic] = cls(table, rows, truncates, bad_count, bad, decoded[topic], placeholders)
         except BaseException:
             for frame in decoded.values():
                 frame.unpersist()
@@ -388,33 +411,39 @@ def _rows(decoded: DataFrame, table: TableShape, truncates: Mapping[int, int]) -
     )
 
 
-Summary = tuple[dict[int, int], int, list[BadRecord]]
+Summary = tuple[dict[int, int], int, list[BadRecord], int]
 
 
 def _summaries(decoded: Sequence[DataFrame]) -> dict[str, Summary]:
-    """Per topic: truncate markers per partition and bad records (count, first few); one Spark job."""
+    """Per topic: truncate markers per partition, bad records (count, first few) and rows holding the
+    unchanged-TOAST placeholder (count); one Spark job."""
     columns = ["topic", "record", "partition", "offset", "reason"]
+    holds = (F.col("record") == "row") & F.col(PLACEHOLDERS).isNotNull()
     special = functools.reduce(
         DataFrame.unionByName,
-        [d.where(F.col("record").isin("truncate", "bad", "bad_row")).select(*columns) for d in decoded],
-    )
-    kind = F.when(F.col("record") == "truncate", "truncate").otherwise("bad")
-    grouped = special.groupBy("topic", kind.alias("kind"), "partition").agg(
+        [d.where(F.col("record").isin("truncate", "bad", "bad_row") | holds)
+         .select(*columns, F.when(holds, "placeholder").when(F.col("record") == "truncate", "truncate").otherwise("bad").alias("kind"))
+         for d in decoded],
+    )  # fmt: skip
+    first = F.when(F.col("kind") == "bad", F.struct("offset", "reason"))  # collect_list skips the nulls
+    grouped = special.groupBy("topic", "kind", "partition").agg(
         F.count(F.lit(1)).alias("n"),
         F.max("offset").alias("last"),
-        F.slice(F.sort_array(F.collect_list(F.struct("offset", "reason"))), 1, REPORTED_BAD_RECORDS).alias("first"),
+        F.slice(F.sort_array(F.collect_list(first)), 1, REPORTED_BAD_RECORDS).alias("first"),
     )
     out: dict[str, Summary] = {}
     for row in grouped.collect():
-        truncates, bad_count, bad = out.setdefault(row["topic"], ({}, 0, []))
+        truncates, bad_count, bad, placeholders = out.setdefault(row["topic"], ({}, 0, [], 0))
         if row["kind"] == "truncate":
             truncates[int(row["partition"])] = int(row["last"])
+        elif row["kind"] == "placeholder":
+            out[row["topic"]] = (truncates, bad_count, bad, placeholders + int(row["n"]))
         else:
             bad += [BadRecord(row["topic"], int(row["partition"]), int(b["offset"]), str(b["reason"])) for b in row["first"]]
-            out[row["topic"]] = (truncates, bad_count + int(row["n"]), bad)
-    for topic, (truncates, bad_count, bad) in out.items():
+            out[row["topic"]] = (truncates, bad_count + int(row["n"]), bad, placeholders)
+    for topic, (truncates, bad_count, bad, placeholders) in out.items():
         bad.sort(key=lambda b: (b.partition, b.offset))
-        out[topic] = (truncates, bad_count, bad[:REPORTED_BAD_RECORDS])
+        out[topic] = (truncates, bad_count, bad[:REPORTED_BAD_RECORDS], placeholders)
     return out
 
 
@@ -449,7 +478,8 @@ def table_changes(
     registry: RegistryClient | None = None,
     history: SchemaHistory | None = None,
 ) -> Changes:
-    """A batch read of one table's topic from offset 0, reduced to its latest state (not cached).
+    """A batch read of one table's topic from offset 0, reduced to its latest state (not cached). Unchanged-TOAST
+    placeholders are left null (``Changes.placeholders``); the jobs fill them (``jobs.fill_placeholders``).
 
     JSON without the schema block: give ``history`` (``schema_history(source, topic_prefix, encoding)``)."""
     raw = read_batch(spark, source, [topic])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import psycopg
@@ -52,6 +52,9 @@ class Encoding:
     interval_handling: Literal["numeric", "string"] = "numeric"
     schemas_enable: bool = False
     format: Literal["json", "avro"] = "json"
+    # what the connector writes for an unchanged TOASTed value (its toast.placeholder; Debezium's
+    # unavailable.value.placeholder): the jobs replace it by the key's previous value (cdc_views.toast)
+    unavailable_value: str = "__debezium_unavailable_value"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,10 @@ class ColumnShape:
     precision: int | None = None  # DECIMAL; TIME/TIMESTAMP fraction digits
     scale: int | None = None  # DECIMAL
     element: ColumnShape | None = None  # ARRAY
+    # a varlena type (pg_type.typlen -1), whose value PostgreSQL may store out of line (TOAST): the only
+    # columns where an UPDATE's unchanged value becomes the placeholder. None: not read from a catalog,
+    # judged by ``kind`` (``cdc_views.toast.may_hold_placeholder``)
+    toastable: bool | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +107,8 @@ def split_name(qualified: str) -> tuple[str, str]:
 
 
 _COLUMNS_SQL = """
-SELECT a.attname, a.atttypid, a.atttypmod
-FROM pg_attribute a
+SELECT a.attname, a.atttypid, a.atttypmod, t.typlen
+FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
 WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
@@ -175,7 +182,9 @@ def describe(conn: psycopg.Connection[Any], qualified: str, key: Sequence[str] |
     except psycopg.errors.UndefinedTable:
         conn.rollback()
         raise CatalogError(f"table {qualified} does not exist in the source database: check the table list") from None
-    columns = tuple(_shape(conn, attname, typid, typmod) for attname, typid, typmod in rows)
+    columns = tuple(
+        replace(_shape(conn, attname, typid, typmod), toastable=typlen == -1) for attname, typid, typmod, typlen in rows
+    )
     key_columns = tuple(key) if key else tuple(r[0] for r in conn.execute(_KEY_SQL, (regclass,)).fetchall())
     if not key_columns:
         raise CatalogError(f"table {qualified} has no primary key or replica identity index: name its key columns")
