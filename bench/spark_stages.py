@@ -1,0 +1,215 @@
+"""Where a rebuild's time goes: each step of the batch job run on its own, with Spark's own metrics per stage.
+
+One command (the topic of ``bench/spark_rebuild.py`` with the same ``--records``, produced if absent)::
+
+    .venv/bin/python bench/spark_stages.py --records 500000 [--plans plans.txt] [--format avro]
+
+Steps, each a Spark job group, timed on the wall clock, in the order the batch job runs them:
+
+* ``count``: the Kafka source alone (``read_batch(...).count()``);
+* ``read+envelope``: ``envelopes(raw)`` written to Spark's ``noop`` sink (key and envelope parsing);
+* ``latest``: ``reduce_topics`` (read, envelope, latest per key), persisted and counted;
+* ``decode+check``: ``Changes.of_topics`` (decode ``after`` of the latest records, persisted, the bad-record
+  and marker summary job);
+* ``delta write``: ``merge_rows`` into a fresh table (a first build: written outright);
+* ``compare+merge``: ``merge_rows`` again over that table (the re-run: compare, MERGE only what changed);
+* ``view SQL``: the bench's declared view (orders per customer) computed from the changes and written;
+* ``index``: a declared tantivy index of the live rows (``id``, ``note`` text, ``status`` facet).
+
+Per step: the wall time, and per Spark stage its duration, tasks, executor run and CPU time, GC time,
+records read and shuffle bytes, from the Spark UI's REST API. ``--plans FILE`` writes
+``explain("formatted")`` of the reduced, decoded and written frames.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "spark"))
+sys.path.insert(0, str(REPO / "bench"))
+
+log = structlog.get_logger("bench.spark_stages")
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 - the local Spark UI
+        return json.load(response)
+
+
+class Stages:
+    """The Spark UI's REST API of this session: the stages of the jobs of one job group."""
+
+    def __init__(self, spark: Any) -> None:
+        self.sc = spark.sparkContext
+        self.base = f"{self.sc.uiWebUrl}/api/v1/applications/{self.sc.applicationId}"
+
+    def of_group(self, group: str) -> list[dict[str, Any]]:
+        time.sleep(1.0)  # the listener bus delivers the last stage's end asynchronously
+        jobs = [j for j in _get(f"{self.base}/jobs") if j.get("jobGroup") == group]
+        ids = sorted({s for j in jobs for s in j["stageIds"]})
+        out = []
+        for stage_id in ids:
+            for attempt in _get(f"{self.base}/stages/{stage_id}"):
+                if attempt.get("status") != "COMPLETE":
+                    continue
+                start, end = attempt.get("submissionTime"), attempt.get("completionTime")
+                out.append({
+                    "stage": stage_id,
+                    "name": attempt["name"].split(" at ")[0],
+                    "seconds": _seconds(start, end),
+                    "tasks": attempt["numTasks"],
+                    "run_s": attempt["executorRunTime"] / 1000,
+                    "cpu_s": attempt["executorCpuTime"] / 1e9,
+                    "gc_s": attempt.get("jvmGcTime", 0) / 1000,
+                    "input_records": attempt.get("inputRecords", 0),
+                    "shuffle_read_mb": attempt.get("shuffleReadBytes", 0) / 1e6,
+                    "shuffle_write_mb": attempt.get("shuffleWriteBytes", 0) / 1e6,
+                    "spill_mb": attempt.get("diskBytesSpilled", 0) / 1e6,
+                })  # fmt: skip
+        return out
+
+
+def _seconds(start: str | None, end: str | None) -> float:
+    from datetime import datetime  # noqa: PLC0415
+
+    if not start or not end:
+        return 0.0
+    fmt = "%Y-%m-%dT%H:%M:%S.%f%Z"
+    return (datetime.strptime(end.replace("GMT", "UTC"), fmt) - datetime.strptime(start.replace("GMT", "UTC"), fmt)).total_seconds()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=500_000)
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--bootstrap")
+    parser.add_argument("--registry")
+    parser.add_argument("--format", choices=["json", "avro"], default="json")
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--shuffle-partitions", type=int, default=8)
+    parser.add_argument("--driver-memory", default="6g")
+    parser.add_argument("--plans", type=Path, help="write explain('formatted') of the main frames here")
+    parser.add_argument("--skip", default="", help="comma-separated steps to leave out (e.g. index)")
+    args = parser.parse_args(argv)
+
+    import spark_rebuild as bench  # noqa: PLC0415
+    from cdc_views import jobs  # noqa: PLC0415
+    from cdc_views.reader import Changes, KafkaSource, envelopes, read_batch, reduce_topics, schema_history  # noqa: PLC0415
+    from cdc_views.session import build_session  # noqa: PLC0415
+    from cdc_views.tables import ColumnShape, Encoding, Kind, TableShape  # noqa: PLC0415
+    from cdc_views.warehouse import merge_rows  # noqa: PLC0415
+
+    from cdc.declared import DeclaredIndex, DeclaredView, SparkSection  # noqa: PLC0415
+    from cdc.sink.registry import RegistryClient, RegistrySettings  # noqa: PLC0415
+
+    bootstrap, registry = args.bootstrap, args.registry
+    avro = args.format == "avro"
+    if bootstrap is None:
+        from cdc import dev  # noqa: PLC0415
+
+        endpoints = dev.up(REPO / ".cdc-dev" / "bench", registry=avro)
+        bootstrap, registry = endpoints.kafka_bootstrap, registry or endpoints.schema_registry_url
+    prefix = f"bench{args.records}" + ("avro" if avro else "")
+    source = KafkaSource(bootstrap)
+    topic = f"{prefix}.public.bench_orders"
+    bench.publish_history(bootstrap, prefix)
+    if topic not in source.existing_topics():
+        bench.produce(bootstrap, prefix, args.records, args.partitions, registry if avro else None)
+    shape = TableShape("public", "bench_orders", (
+        ColumnShape("id", Kind.INT64, "int8"), ColumnShape("customer_id", Kind.INT32, "int4"),
+        ColumnShape("status", Kind.TEXT, "text"), ColumnShape("amount", Kind.DECIMAL, "numeric", 12, 2),
+        ColumnShape("placed_at", Kind.TIMESTAMPTZ, "timestamptz", 6), ColumnShape("note", Kind.TEXT, "text"),
+    ), ("id",))  # fmt: skip
+    encoding = Encoding(format=args.format)
+    spark = build_session("bench-spark-stages", master=args.master, shuffle_partitions=args.shuffle_partitions, ui=True,
+                          conf={"spark.driver.memory": args.driver_memory, "spark.ui.port": "0",
+                                "spark.ui.retainedJobs": "10000", "spark.ui.retainedStages": "10000"})  # fmt: skip
+    stages = Stages(spark)
+    skip = set(filter(None, args.skip.split(",")))
+    client = RegistryClient.from_settings(RegistrySettings(url=registry)) if avro and registry else None
+    total = read_batch(spark, source, [topic]).count()  # warm-up: JIT, Kafka consumer pool
+    print(f"topic {topic} ({args.format}): {total} records; Spark {spark.version}, {args.master}, "
+          f"{args.shuffle_partitions} shuffle partitions")  # fmt: skip
+    report: list[tuple[str, float, list[dict[str, Any]]]] = []
+    work = Path(tempfile.mkdtemp(prefix="bench-stages-"))
+    section = SparkSection(
+        views=[DeclaredView(name="orders_per_customer", key=["customer_id"],
+                            sql="SELECT customer_id, count(*) AS orders, sum(amount) AS total FROM public_bench_orders GROUP BY customer_id")],
+        indexes=[DeclaredIndex(name="orders", id="id", sql="SELECT id, note, status FROM public_bench_orders",
+                               text={"note": 1.0}, facets=["status"])],
+    )  # fmt: skip
+    cfg = jobs.JobConfig(source, prefix, {shape.qualified: shape}, work, encoding,
+                         registry=RegistrySettings(url=registry) if client else None, declared=section)  # fmt: skip
+
+    def step(name: str, fn: Any) -> Any:
+        spark.sparkContext.setJobGroup(name, name)
+        t = time.monotonic()
+        result = fn()
+        seconds = time.monotonic() - t
+        report.append((name, seconds, stages.of_group(name)))
+        log.info("bench.step", step=name, seconds=round(seconds, 2))
+        return result
+
+    try:
+        step("count", lambda: read_batch(spark, source, [topic]).count())
+        history = schema_history(source, prefix, encoding)
+        if "read+envelope" not in skip:
+            from cdc_views.reader import avro_schemas  # noqa: PLC0415
+
+            def envelope_only() -> None:
+                raw = read_batch(spark, source, [topic])
+                envelopes(raw, encoding, avro_schemas(raw, encoding, client)).write.format("noop").mode("overwrite").save()
+
+            step("read+envelope", envelope_only)
+
+        def reduce() -> Any:
+            reduced, schemas = reduce_topics(spark, source, [topic], encoding, client)
+            reduced.count()
+            return reduced, schemas
+
+        reduced, schemas = step("latest", reduce)
+        changes = step("decode+check", lambda: Changes.of_topics(reduced, {topic: shape}, encoding, "fail", schemas, history)[topic])
+        if args.plans:
+            with args.plans.open("w") as out:
+                for title, frame in (("reduced (read, envelope, latest per key)", reduced), ("decoded latest records", changes.decoded),
+                                     ("rows written", changes.rows)):  # fmt: skip
+                    mode = getattr(getattr(spark._jvm.org.apache.spark.sql.execution, "FormattedMode$"), "MODULE$")  # noqa: SLF001
+                    out.write(f"===== {title}\n{frame._jdf.queryExecution().explainString(mode)}\n")  # noqa: SLF001
+        path = work / "tables" / shape.qualified
+        step("delta write", lambda: merge_rows(spark, path, changes.rows, changes.truncates, full=True))
+        if "compare+merge" not in skip:
+            step("compare+merge", lambda: merge_rows(spark, path, changes.rows, changes.truncates, full=True))
+        frames = {shape.qualified: jobs._source_rows(changes)}  # noqa: SLF001
+        if "view" not in skip:
+            step("view SQL", lambda: jobs._write_view(spark, cfg, section.views[0], frames, job="bench"))  # noqa: SLF001
+        if "index" not in skip:
+            step("index", lambda: jobs._write_index(spark, cfg, section.indexes[0], frames, job="bench"))  # noqa: SLF001
+        reduced.unpersist()
+        changes.unpersist()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(f"\n{'step':<15}{'wall s':>8}  stages (name: seconds, tasks, executor run s / cpu s / gc s, records in, shuffle read/write MB)")
+    for name, seconds, rows in report:
+        print(f"{name:<15}{seconds:8.1f}")
+        for r in rows:
+            print(f"{'':<25}{r['stage']:>4} {r['name']:<28} {r['seconds']:6.1f} s {r['tasks']:>4} tasks  run {r['run_s']:6.1f} "
+                  f"cpu {r['cpu_s']:6.1f} gc {r['gc_s']:5.1f}  in {r['input_records']:>9}  shuffle {r['shuffle_read_mb']:7.1f}/"
+                  f"{r['shuffle_write_mb']:7.1f}  spill {r['spill_mb']:.0f}")  # fmt: skip
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
