@@ -38,8 +38,11 @@ _WRAPPED_ENVELOPE = StructType([StructField("payload", _ENVELOPE)])  # json.sche
 
 
 def _header(name: str) -> Column:
-    matches = F.filter(F.col("headers"), lambda h: h["key"] == F.lit(name))
-    return F.try_element_at(matches, F.lit(1))["value"].cast(StringType())  # null when absent (ANSI: no error)
+    """The first header named ``name`` as text; null when absent. ``array_position`` over the header keys, not
+    a ``filter`` lambda: a higher-order function has no generated code, and Spark then interprets the whole
+    projection it is in (the envelope's parsing included) row by row (#39: a third of the read's CPU)."""
+    position = F.array_position(F.col("headers.key"), F.lit(name))  # 1-based; 0 when absent, null without headers
+    return F.get(F.col("headers"), position - 1)["value"].cast(StringType())  # get: null out of range (ANSI: no error)
 
 
 def _long_header(name: str, has_headers: bool) -> tuple[Column, Column]:
@@ -181,7 +184,8 @@ def _after_scales(value: Column) -> Column:
 
 def _json_marker_key(key_map: Column) -> Column:
     """A truncate marker's JSON key: every key field null (or the legacy ``__cdc_truncate_partition``)."""
-    all_null = (F.size(key_map) > 0) & F.forall(F.map_values(key_map), lambda v: v.isNull())
+    distinct = F.array_distinct(F.map_values(key_map))  # keeps one null; no lambda (see _header)
+    all_null = (F.size(key_map) > 0) & (F.size(distinct) == 1) & F.get(distinct, 0).isNull()
     legacy = key_map.getItem(LEGACY_TRUNCATE_KEY_FIELD).isNotNull()
     return F.coalesce(all_null | legacy, F.lit(False))
 
