@@ -117,6 +117,21 @@ def daemon(config: dict[str, object], workdir: Path, name: str) -> tuple[subproc
     return proc, log
 
 
+def wait_streaming(
+    conn: psycopg.Connection[tuple[object, ...]], slot: str, proc: subprocess.Popen[bytes], log: Path
+) -> None:
+    """Until the daemon's replication connection holds ``slot`` (SystemExit with its log if it exits)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+        if row and row[0]:
+            return
+        if proc.poll() is not None:
+            raise SystemExit(f"the daemon exited:\n{log.read_text()}")
+        time.sleep(0.01)
+    raise SystemExit(f"the daemon did not start streaming from {slot} within 120 s:\n{log.read_text()}")
+
+
 def peak_rss_mb(pid: int) -> float:
     """The process's peak resident set size so far (``VmHWM``), in MB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -149,14 +164,7 @@ def end_to_end(
     proc, log = daemon(config, workdir, slot)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
-                if row and row[0]:
-                    break
-                if proc.poll() is not None:
-                    raise SystemExit(f"the daemon exited:\n{log.read_text()}")
-                time.sleep(0.01)
+            wait_streaming(conn, slot, proc, log)
             started = time.perf_counter()
             before, main0 = {"daemon": process_cpu(proc.pid)} | meter.read(), main_thread_cpu(proc.pid)
             done = wait_confirmed(conn, slot, target, 900)

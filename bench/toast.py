@@ -33,7 +33,7 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu import Services, process_cpu, spent  # bench/cpu.py
 from decoder import create_slots  # bench/decoder.py
-from e2e import daemon, drop_topics, per_row, wait_confirmed, wait_released  # bench/e2e.py
+from e2e import daemon, drop_topics, per_row, wait_confirmed, wait_released, wait_streaming  # bench/e2e.py
 
 from cdc import dev
 from cdc.sink.kafka import admin_client
@@ -91,14 +91,7 @@ def run_once(dsn: str, bootstrap: str, mode: str, slot: str, target: str, workdi
     proc, log = daemon(config, workdir, slot)
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
-                if row and row[0]:
-                    break
-                if proc.poll() is not None:
-                    raise SystemExit(f"the daemon exited:\n{log.read_text()}")
-                time.sleep(0.01)
+            wait_streaming(conn, slot, proc, log)
             started = time.perf_counter()
             before = {"daemon": process_cpu(proc.pid)} | meter.read()
             done = wait_confirmed(conn, slot, target, 900)
