@@ -455,7 +455,7 @@ class ToastExposure:
     def describe(self) -> str:
         ident = {"d": "DEFAULT", "i": "USING INDEX"}.get(self.identity, self.identity)
         what = (
-            "filled by re-reading the row by key (one query per table and transaction)"
+            "filled by re-reading the row by key (one query per table and batch of transactions)"
             if self.mode == "fill"
             else "written as toast.placeholder (Debezium's bytes): a compacted topic can lose these values"
         )
