@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 from cdc.sink.position import record_position
-from tests.support.connector import Connector, write_config
+from tests.support.connector import Connector, wait_confirmed, write_config
 
 pytestmark = pytest.mark.integration
 
@@ -85,20 +85,6 @@ def replay(messages: list[Any]) -> dict[bytes, Any]:
         else:
             state[m.key()] = json.loads(m.value())["after"]
     return state
-
-
-def wait_confirmed(dsn: str, slot: str, target: str, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            row = conn.execute(
-                "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                (target, slot),
-            ).fetchone()
-            if row and row[0]:
-                return
-            time.sleep(0.2)
-    raise AssertionError(f"slot {slot} did not confirm {target} within {timeout}s")
 
 
 # The default (no position headers) in both modes; headers on only where the daemon resumes from its

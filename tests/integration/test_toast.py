@@ -41,7 +41,7 @@ import pytest
 
 from cdc.sink.position import record_position
 from cdc.sink.registry import RegistryClient
-from tests.support.connector import Connector, write_config
+from tests.support.connector import Connector, wait_confirmed, write_config
 from tests.support.http import get, http_port, metric
 from tests.support.toast import (
     BIG,
@@ -58,7 +58,6 @@ from tests.support.toast import (
     replay,
     set_fast_compaction,
     table_rows,
-    wait_confirmed,
 )
 
 pytestmark = pytest.mark.integration

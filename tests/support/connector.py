@@ -133,3 +133,21 @@ def nothing_created(dsn: str, slot: str, publication: str, kafka_admin: Any, pre
     if kafka_admin is not None:
         topics = kafka_admin.list_topics(timeout=10).topics
         assert not [t for t in topics if t.startswith(prefix + ".")]
+
+
+def wait_confirmed(dsn: str, slot: str, target: str | None = None, timeout: float = 90) -> None:
+    """Until the slot confirms ``target`` (default: the WAL written so far): the daemon has it all in Kafka
+    (acks=all, and the position confirmed only after the acknowledgment)."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if target is None:
+            target = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
+        while time.monotonic() < deadline:
+            row = conn.execute(
+                "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                (target, slot),
+            ).fetchone()
+            if row and row[0]:
+                return
+            time.sleep(0.2)
+    raise AssertionError(f"slot {slot} did not confirm {target} within {timeout}s")

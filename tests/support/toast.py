@@ -172,22 +172,6 @@ def differences(state: dict[int, dict[str, Any]], table: dict[int, dict[str, Any
     return out
 
 
-def wait_confirmed(dsn: str, slot: str, timeout: float = 90) -> None:
-    """Until the slot confirms the WAL written so far: the daemon has it all in Kafka (acks=all)."""
-    deadline = time.monotonic() + timeout
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        target = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
-        while time.monotonic() < deadline:
-            row = conn.execute(
-                "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                (target, slot),
-            ).fetchone()
-            if row and row[0]:
-                return
-            time.sleep(0.2)
-    raise AssertionError(f"slot {slot} did not confirm {target} within {timeout}s")
-
-
 def set_fast_compaction(bootstrap: str, topic: str) -> None:
     """Lower the topic's cleaner settings now (the daemon created it with the defaults, so that everything
     written before this call could be read uncompacted first)."""
