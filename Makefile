@@ -103,6 +103,8 @@ services-down: $(STAMP)
 	$(BIN)/cdc dev down
 
 lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy --strict src/cdc
 	$(BIN)/mypy --strict spark
 

@@ -30,19 +30,19 @@ class OptionalBuildExt(build_ext):
     def run(self) -> None:
         try:
             super().run()
-        except Exception as exc:  # noqa: BLE001 - anything: the package works without the extensions
+        except Exception as exc:
             _skipped(exc, "the compiled modules")
 
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             _skipped(exc, ext.name)
 
     def copy_extensions_to_source(self) -> None:  # editable installs: nothing to copy when the build failed
         try:
             super().copy_extensions_to_source()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             _skipped(exc, "the compiled modules")
 
     def get_outputs(self) -> list[str]:  # only what was built: an editable install looks for each output
@@ -77,7 +77,7 @@ if cythonize is not None:
                 compiler_directives={"language_level": "3"},
                 build_dir="build/cython",  # the C sources out of the package (and the wheel)
             )
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             _skipped(exc, name)
 else:
     _skipped(ImportError("Cython is not installed in the build environment"), "the compiled modules")

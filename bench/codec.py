@@ -87,7 +87,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--format", default="json", choices=["json", "avro"])
     parser.add_argument("--processes", type=int, default=2, help="processes per codec, alternated")
-    parser.add_argument("--capture", type=Path, default=Path(tempfile.gettempdir()) / "cdc-bench-rowpath" / "frames-200000.pickle")
+    parser.add_argument(
+        "--capture", type=Path, default=Path(tempfile.gettempdir()) / "cdc-bench-rowpath" / "frames-200000.pickle"
+    )
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -100,11 +102,21 @@ def main() -> int:
         env.pop("CDC_PURE_PYTHON", None)
         if i % 2 == 1:
             env["CDC_PURE_PYTHON"] = "1"
-        command = [sys.executable, str(Path(__file__).resolve()), "--measure", "--format", args.format, "--capture", str(args.capture)]
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--measure",
+            "--format",
+            args.format,
+            "--capture",
+            str(args.capture),
+        ]
         done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
         r = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{args.format} {r['codec']:9}: CPU a row fastest {r['fastest']:.2f} µs, median {r['median']:.2f} µs; "
-              f"Python calls a row {r['calls']:.2f}")  # fmt: skip
+        print(
+            f"{args.format} {r['codec']:9}: CPU a row fastest {r['fastest']:.2f} µs, median {r['median']:.2f} µs; "
+            f"Python calls a row {r['calls']:.2f}"
+        )
     return 0
 
 

@@ -124,8 +124,11 @@ def run_daemon(tree: Path, config: dict[str, Any], dsn: str, slot: str, end_lsn:
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "cdc.cli", "--log-format", "json", "run", "--config", str(path)],
-            cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            cwd=tree,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             deadline = time.monotonic() + 180
             while True:
@@ -205,7 +208,7 @@ class Avro:
         schema_id = int.from_bytes(data[1:5], "big")
         schema = self._schemas.get(schema_id)
         if schema is None:
-            with urllib.request.urlopen(f"{self._url}/schemas/ids/{schema_id}", timeout=10) as response:  # noqa: S310
+            with urllib.request.urlopen(f"{self._url}/schemas/ids/{schema_id}", timeout=10) as response:
                 schema = self._schemas[schema_id] = fastavro.parse_schema(json.loads(json.load(response)["schema"]))
         return schema_id, fastavro.schemaless_reader(io.BytesIO(data[5:]), schema)
 
@@ -281,9 +284,11 @@ def main() -> int:
     parser.add_argument("--baseline", default="HEAD", help="the revision to compare this tree with")
     parser.add_argument("--formats", default=",".join(FORMATS), help="comma-separated: " + ", ".join(FORMATS))
     parser.add_argument(
-        "--position-headers", choices=("on", "default"), default="on",
+        "--position-headers",
+        choices=("on", "default"),
+        default="on",
         help="this tree's kafka.position_headers: on (as every revision before the setting wrote them), or its default",
-    )  # fmt: skip
+    )
     args = parser.parse_args()
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     services = dev.up(dev.default_state_dir(), registry="avro" in formats)
@@ -324,12 +329,32 @@ def main() -> int:
                 if fmt == "avro":
                     config["schema_registry"] = {"url": services.schema_registry_url}
                 first, second = slots[fmt]
-                run_daemon(base_tree, {**config, "source": {**config["source"], "slot": first}}, dsn, first, end_lsn, workdir, f"{fmt}-baseline")
+                run_daemon(
+                    base_tree,
+                    {**config, "source": {**config["source"], "slot": first}},
+                    dsn,
+                    first,
+                    end_lsn,
+                    workdir,
+                    f"{fmt}-baseline",
+                )
                 middle = end_offsets(services.kafka_bootstrap, prefix)
                 # kafka.position_headers (off by default since #21): on for this tree unless told otherwise, so
                 # that its records compare with a baseline from before the setting, headers included
-                mine = config if args.position_headers == "default" else {**config, "kafka": {**config["kafka"], "position_headers": True}}
-                run_daemon(REPO, {**mine, "source": {**config["source"], "slot": second}}, dsn, second, end_lsn, workdir, f"{fmt}-this-tree")
+                mine = (
+                    config
+                    if args.position_headers == "default"
+                    else {**config, "kafka": {**config["kafka"], "position_headers": True}}
+                )
+                run_daemon(
+                    REPO,
+                    {**mine, "source": {**config["source"], "slot": second}},
+                    dsn,
+                    second,
+                    end_lsn,
+                    workdir,
+                    f"{fmt}-this-tree",
+                )
                 end = end_offsets(services.kafka_bootstrap, prefix)
                 avro = Avro(services.schema_registry_url) if fmt == "avro" and services.schema_registry_url else None
                 problems: list[str] = []

@@ -44,13 +44,12 @@ import psycopg
 import structlog
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from cpu import Services, process_cpu  # bench/cpu.py
-from decoder import PUBLICATION, TABLE, create_slots, setup_database, write_rows  # bench/decoder.py
-from e2e import RUN, daemon, drop_bench_topics, latency_samples, wait_released  # bench/e2e.py
-
 from cdc import dev
 from cdc.dev import connect
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics
+from cpu import Services, process_cpu  # bench/cpu.py
+from decoder import PUBLICATION, TABLE, create_slots, setup_database, write_rows  # bench/decoder.py
+from e2e import RUN, daemon, drop_bench_topics, latency_samples, wait_released  # bench/e2e.py
 
 log = structlog.get_logger("bench.debezium")
 POLL_S = 0.02
@@ -121,9 +120,18 @@ def slot_state(conn: psycopg.Connection[tuple[object, ...]], slot: str, target: 
 
 
 def follow(
-    system: str, dsn: str, slot: str, target: str, records: Records, rows: int, pid: int, meter: Services,
-    started: float, before: dict[str, float], failed: Callable[[], str | None],
-) -> Run:  # fmt: skip
+    system: str,
+    dsn: str,
+    slot: str,
+    target: str,
+    records: Records,
+    rows: int,
+    pid: int,
+    meter: Services,
+    started: float,
+    before: dict[str, float],
+    failed: Callable[[], str | None],
+) -> Run:
     """Watch a reader that was started at ``started`` (perf_counter; ``before``: the CPU seconds of its process,
     the server and the broker then) until its topic holds ``rows`` records, then a while longer for its
     slot's confirmation."""
@@ -135,9 +143,18 @@ def follow(
 
 
 def _follow(
-    system: str, conn: psycopg.Connection[tuple[object, ...]], slot: str, target: str, records: Records, rows: int,
-    pid: int, meter: Services, started: float, before: dict[str, float], failed: Callable[[], str | None],
-) -> Run:  # fmt: skip
+    system: str,
+    conn: psycopg.Connection[tuple[object, ...]],
+    slot: str,
+    target: str,
+    records: Records,
+    rows: int,
+    pid: int,
+    meter: Services,
+    started: float,
+    before: dict[str, float],
+    failed: Callable[[], str | None],
+) -> Run:
     active = tenth = None
     at_tenth: dict[str, float] = {}
     deadline = time.monotonic() + TIMEOUT_S
@@ -171,9 +188,15 @@ def _follow(
             break
         time.sleep(POLL_S)
     return Run(
-        system, rows, active if active is not None else done, tenth if tenth is not None else 0.0, done, confirmed,
-        {name: at_done[name] - at_tenth[name] for name in at_done}, {name: at_done[name] - before[name] for name in at_done},
-    )  # fmt: skip
+        system,
+        rows,
+        active if active is not None else done,
+        tenth if tenth is not None else 0.0,
+        done,
+        confirmed,
+        {name: at_done[name] - at_tenth[name] for name in at_done},
+        {name: at_done[name] - before[name] for name in at_done},
+    )
 
 
 def daemon_config(dsn: str, bootstrap: str, slot: str, prefix: str) -> dict[str, object]:
@@ -190,9 +213,7 @@ def daemon_config(dsn: str, bootstrap: str, slot: str, prefix: str) -> dict[str,
     }
 
 
-def run_daemon(
-    dsn: str, bootstrap: str, slot: str, target: str, rows: int, workdir: Path, meter: Services
-) -> Run:
+def run_daemon(dsn: str, bootstrap: str, slot: str, target: str, rows: int, workdir: Path, meter: Services) -> Run:
     prefix = f"bench_{RUN}_{slot}"
     records = Records(bootstrap, f"{prefix}.{TABLE}")
     before = {"process": 0.0} | meter.read()
@@ -216,9 +237,7 @@ def start_worker(bootstrap: str, workdir: Path) -> connect.ConnectWorker:
     return connect.ConnectWorker(workdir, bootstrap, log, plugins=plugins, jvm=connect.SHIPPED_JVM).start()
 
 
-def run_debezium(
-    dsn: str, bootstrap: str, slot: str, target: str, rows: int, workdir: Path, meter: Services
-) -> Run:
+def run_debezium(dsn: str, bootstrap: str, slot: str, target: str, rows: int, workdir: Path, meter: Services) -> Run:
     prefix = f"bench_{RUN}_{slot}"
     topic = f"{prefix}.{TABLE}"
     # the daemon's topic layout: 3 partitions, compacted (Connect would otherwise leave it to the broker's defaults)
@@ -230,9 +249,16 @@ def run_debezium(
     try:
         before = {"process": process_cpu(worker.pid)} | meter.read()
         started = time.perf_counter()
-        worker.add_connector(name, connect.postgres_source_config(
-            dsn, slot=slot, publication=PUBLICATION, tables=[TABLE], topic_prefix=prefix,
-        ))  # fmt: skip
+        worker.add_connector(
+            name,
+            connect.postgres_source_config(
+                dsn,
+                slot=slot,
+                publication=PUBLICATION,
+                tables=[TABLE],
+                topic_prefix=prefix,
+            ),
+        )
 
         def failed() -> str | None:
             trace = worker.failure(name)
@@ -245,7 +271,9 @@ def run_debezium(
         wait_released(dsn, slot)
 
 
-def latency_of(system: str, dsn: str, bootstrap: str, workdir: Path, seconds: float, rate: int, first_id: int) -> list[float]:
+def latency_of(
+    system: str, dsn: str, bootstrap: str, workdir: Path, seconds: float, rate: int, first_id: int
+) -> list[float]:
     slot = f"bench_lat_{system}"
     create_slots(dsn, [slot])  # after everything written so far: only the latency workload is read
     prefix = f"bench_{RUN}_{slot}"
@@ -262,9 +290,16 @@ def latency_of(system: str, dsn: str, bootstrap: str, workdir: Path, seconds: fl
     worker = start_worker(bootstrap, workdir / slot)
     try:
         name = connect.unique_name(slot)
-        worker.add_connector(name, connect.postgres_source_config(
-            dsn, slot=slot, publication=PUBLICATION, tables=[TABLE], topic_prefix=prefix,
-        ))  # fmt: skip
+        worker.add_connector(
+            name,
+            connect.postgres_source_config(
+                dsn,
+                slot=slot,
+                publication=PUBLICATION,
+                tables=[TABLE],
+                topic_prefix=prefix,
+            ),
+        )
         deadline = time.monotonic() + 120
         with psycopg.connect(dsn, autocommit=True) as conn:
             while not slot_state(conn, slot, "0/0")[0]:
@@ -301,16 +336,30 @@ def main() -> int:
     create_slots(dsn, [f"bench_{system}_{i}" for i in runs for system in SYSTEMS])
     t0 = time.perf_counter()
     target = str(write_rows(dsn, args.rows, 1000))
-    print(f"workload: {args.rows:,} rows in {-(-args.rows // 1000):,} transactions written in "
-          f"{time.perf_counter() - t0:.1f}s; {os.cpu_count()} CPUs; Debezium {connect.postgres_source_version()} "
-          f"in Kafka Connect {connect.worker_version()}")  # fmt: skip
+    print(
+        f"workload: {args.rows:,} rows in {-(-args.rows // 1000):,} transactions written in "
+        f"{time.perf_counter() - t0:.1f}s; {os.cpu_count()} CPUs; Debezium {connect.postgres_source_version()} "
+        f"in Kafka Connect {connect.worker_version()}"
+    )
 
     workdir = Path(tempfile.mkdtemp(prefix="cdc-bench-dbz-"))
     meter = Services()
     results: dict[str, list[Run]] = {system: [] for system in SYSTEMS}
-    header = ("run", "system", "slot active s", "records = N s", "slot confirmed s", "rows/s from start",
-              "rows/s 10%-100%", "process µs/row", "server µs/row", "broker µs/row", "process µs/row from start", "server µs/row from start",
-              "broker µs/row from start")  # fmt: skip
+    header = (
+        "run",
+        "system",
+        "slot active s",
+        "records = N s",
+        "slot confirmed s",
+        "rows/s from start",
+        "rows/s 10%-100%",
+        "process µs/row",
+        "server µs/row",
+        "broker µs/row",
+        "process µs/row from start",
+        "server µs/row from start",
+        "broker µs/row from start",
+    )
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for i in runs:
@@ -318,10 +367,21 @@ def main() -> int:
             measure = run_daemon if system == "daemon" else run_debezium
             r = measure(dsn, bootstrap, f"bench_{system}_{i}", target, args.rows, workdir, meter)
             results[system].append(r)
-            row = (str(i + 1), system, fmt_s(r.active), fmt_s(r.done), fmt_s(r.confirmed), f"{r.rate:,.0f}",
-                   f"{r.rate_window:,.0f}", f"{r.per_row('process'):.1f}", f"{r.per_row('server'):.1f}",
-                   f"{r.per_row('broker'):.1f}", f"{r.per_row_whole('process'):.1f}",
-                   f"{r.per_row_whole('server'):.1f}", f"{r.per_row_whole('broker'):.1f}")  # fmt: skip
+            row = (
+                str(i + 1),
+                system,
+                fmt_s(r.active),
+                fmt_s(r.done),
+                fmt_s(r.confirmed),
+                f"{r.rate:,.0f}",
+                f"{r.rate_window:,.0f}",
+                f"{r.per_row('process'):.1f}",
+                f"{r.per_row('server'):.1f}",
+                f"{r.per_row('broker'):.1f}",
+                f"{r.per_row_whole('process'):.1f}",
+                f"{r.per_row_whole('server'):.1f}",
+                f"{r.per_row_whole('broker'):.1f}",
+            )
             print("| " + " | ".join(row) + " |")
 
     def median(system: str, figure: Callable[[Run], float]) -> float:

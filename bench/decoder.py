@@ -32,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psycopg
 import structlog
@@ -135,12 +134,24 @@ def read_with_cdc(dsn: str, slot: str, target: Lsn, renderer: RowRenderer | None
 def read_with_pg_recvlogical(dsn: str, slot: str, target: Lsn, proto: int) -> float:
     """Seconds for pg_recvlogical to read the slot up to ``target`` into /dev/null."""
     cmd = [
-        str(PG_RECVLOGICAL), "--dbname", dsn, "--slot", slot, "--start",
-        "--no-loop", "--endpos", str(target), "-f", "/dev/null",
-        "-o", f"proto_version={proto}", "-o", f"publication_names={PUBLICATION}",
-    ]  # fmt: skip
+        str(PG_RECVLOGICAL),
+        "--dbname",
+        dsn,
+        "--slot",
+        slot,
+        "--start",
+        "--no-loop",
+        "--endpos",
+        str(target),
+        "-f",
+        "/dev/null",
+        "-o",
+        f"proto_version={proto}",
+        "-o",
+        f"publication_names={PUBLICATION}",
+    ]
     started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # noqa: S603
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     elapsed = time.perf_counter() - started
     if proc.returncode != 0:
         raise SystemExit(f"pg_recvlogical failed ({proc.returncode}): {proc.stderr.strip()}")

@@ -58,11 +58,6 @@ import yaml
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from cpu import Services, main_thread_cpu, process_cpu, self_cpu, spent  # bench/cpu.py
-from decoder import DB, PUBLICATION, TABLE, create_slots, read_with_cdc, setup_database, write_rows  # bench/decoder.py
-from decoder import read_with_pg_recvlogical, server_version  # bench/decoder.py
-from options import add_producer_option, producer_settings  # bench/options.py
-
 from cdc import dev
 from cdc.decoder.stream import protocol_for
 from cdc.event import TxBegin, TxCommit
@@ -72,6 +67,19 @@ from cdc.sink.delivery import AtLeastOnce
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
 from cdc.sink.record import Record
+from cpu import Services, main_thread_cpu, process_cpu, self_cpu, spent  # bench/cpu.py
+from decoder import (  # bench/decoder.py  # bench/decoder.py
+    DB,
+    PUBLICATION,
+    TABLE,
+    create_slots,
+    read_with_cdc,
+    read_with_pg_recvlogical,
+    server_version,
+    setup_database,
+    write_rows,
+)
+from options import add_producer_option, producer_settings  # bench/options.py
 
 
 def per_row(cpu: dict[str, float], rows: int) -> str:
@@ -141,7 +149,14 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def end_to_end(
-    dsn: str, bootstrap: str, slot: str, target: str, workdir: Path, fmt: str, registry: str | None, meter: Services,
+    dsn: str,
+    bootstrap: str,
+    slot: str,
+    target: str,
+    workdir: Path,
+    fmt: str,
+    registry: str | None,
+    meter: Services,
     headers: bool = False,
 ) -> tuple[float, dict[str, float], float, float]:
     """Seconds until the slot confirmed ``target``; CPU seconds of the daemon, server and broker; of the
@@ -150,7 +165,12 @@ def end_to_end(
     config: dict[str, object] = {
         "source": {"dsn": dsn, "slot": slot, "publication": PUBLICATION},
         "tables": [TABLE],
-        "kafka": {"bootstrap_servers": bootstrap, "partitions": 3, "producer": dict(PRODUCER), "position_headers": headers},
+        "kafka": {
+            "bootstrap_servers": bootstrap,
+            "partitions": 3,
+            "producer": dict(PRODUCER),
+            "position_headers": headers,
+        },
         "topic_prefix": prefix,
         "format": fmt.removesuffix("-typed"),
         "http": {"enabled": False},
@@ -195,7 +215,9 @@ def big_transaction(dsn: str, bootstrap: str, workdir: Path, rows: int, meter: S
 
 def sample_records(bootstrap: str, topic: str, count: int) -> list[Record]:
     """The first ``count`` records of a topic the daemon wrote: key, value and headers as it sent them."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-sample-{RUN}", "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"bench-sample-{RUN}", "enable.auto.commit": False}
+    )
     parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, 0) for p in parts])
     records: list[Record] = []
@@ -281,7 +303,12 @@ def latency_samples(
     ``topic``; until the topic has been quiet for 3 s after the last write."""
     samples: list[float] = []
     consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "bench-latency", "fetch.wait.max.ms": 5, "auto.offset.reset": "latest"}
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-latency",
+            "fetch.wait.max.ms": 5,
+            "auto.offset.reset": "latest",
+        }
     )
     while topic not in consumer.list_topics(timeout=10).topics:
         time.sleep(0.1)
@@ -300,9 +327,7 @@ def latency_samples(
             next_at = time.perf_counter()
             end = next_at + seconds
             while time.perf_counter() < end:
-                conn.execute(
-                    "INSERT INTO bench_rows VALUES (%s, 'l', 1, 'c', now(), gen_random_uuid())", (i,)
-                )
+                conn.execute("INSERT INTO bench_rows VALUES (%s, 'l', 1, 'c', now(), gen_random_uuid())", (i,))
                 i += 1
                 next_at += interval
                 pause = next_at - time.perf_counter()
@@ -375,7 +400,9 @@ def main() -> int:
         default="off",
         help="comma-separated on/off: each format's daemon with kafka.position_headers on and/or off (default off)",
     )
-    parser.add_argument("--big-transaction", type=int, default=1_000_000, help="rows of the one-transaction RSS run (0: skip)")
+    parser.add_argument(
+        "--big-transaction", type=int, default=1_000_000, help="rows of the one-transaction RSS run (0: skip)"
+    )
     add_producer_option(parser, "the end-to-end daemons")
     args = parser.parse_args()
     PRODUCER.update(producer_settings(parser, args.producer))
@@ -430,13 +457,22 @@ def main() -> int:
         assert rows == args.rows, f"decoded {rows} rows, expected {args.rows}"
         rdec_rates.append(rows / seconds)
         recv_rates.append(args.rows / read_with_pg_recvlogical(dsn, f"bench_recv_{i}", Lsn.parse(target), proto))
-        line = (f"run {i + 1}: decoder-only {rate:,.0f} rows/s (rendering JSON {rows / seconds:,.0f}), "
-                f"pg_recvlogical {recv_rates[-1]:,.0f}")  # fmt: skip
+        line = (
+            f"run {i + 1}: decoder-only {rate:,.0f} rows/s (rendering JSON {rows / seconds:,.0f}), "
+            f"pg_recvlogical {recv_rates[-1]:,.0f}"
+        )
         for fmt in formats if i % 2 == 0 else formats[::-1]:  # alternated: no variant always runs first
             elapsed, cpu, main, rss = end_to_end(
-                dsn, endpoints.kafka_bootstrap, f"bench_{slot_part(fmt)}_{i}", target, workdir, fmt.removesuffix("+headers"),
-                endpoints.schema_registry_url, meter, fmt.endswith("+headers"),
-            )  # fmt: skip
+                dsn,
+                endpoints.kafka_bootstrap,
+                f"bench_{slot_part(fmt)}_{i}",
+                target,
+                workdir,
+                fmt.removesuffix("+headers"),
+                endpoints.schema_registry_url,
+                meter,
+                fmt.endswith("+headers"),
+            )
             e2e_rates[fmt].append(args.rows / elapsed)
             e2e_cpu[fmt].append(cpu)
             e2e_main[fmt].append(main)
@@ -459,8 +495,10 @@ def main() -> int:
         if fmt.endswith("+headers") and fmt.removesuffix("+headers") in e2e_rates:
             on, off = statistics.median(e2e_rates[fmt]), statistics.median(e2e_rates[fmt.removesuffix("+headers")])
             pairs = [b / a for a, b in zip(e2e_rates[fmt], e2e_rates[fmt.removesuffix("+headers")], strict=True)]
-            print(f"position headers off / on, {fmt.removesuffix('+headers')}: medians {off / on:.3f}; "
-                  f"per run {', '.join(f'{r:.3f}' for r in pairs)}")  # fmt: skip
+            print(
+                f"position headers off / on, {fmt.removesuffix('+headers')}: medians {off / on:.3f}; "
+                f"per run {', '.join(f'{r:.3f}' for r in pairs)}"
+            )
 
     # Where the CPU went, per row (medians of the runs, component by component).
     def median_cpu(samples: list[dict[str, float]]) -> dict[str, float]:
@@ -473,41 +511,55 @@ def main() -> int:
         parts = median_cpu(e2e_cpu[fmt])
         busy = sum(parts.values()) / args.rows * statistics.median(e2e_rates[fmt])
         main = statistics.median(e2e_main[fmt]) / args.rows
-        print(f"CPU per row, end-to-end {fmt}: {per_row(parts, args.rows)} ({busy:.2f} of {cores} cores busy); "
-              f"the daemon's main thread {main * 1e6:.1f} µs")  # fmt: skip
+        print(
+            f"CPU per row, end-to-end {fmt}: {per_row(parts, args.rows)} ({busy:.2f} of {cores} cores busy); "
+            f"the daemon's main thread {main * 1e6:.1f} µs"
+        )
         # No rearrangement of this work over threads or processes (hand-over costs nothing, every core
         # always busy) goes faster than its CPU spread over all cores: an upper bound for any design
         # that does the same work per row, the daemon's current work included.
         total = sum(parts.values()) / args.rows
-        print(f"  all of it spread perfectly over {cores} cores: at most {cores / total:,.0f} rows/s = "
-              f"{cores / total / dec:.2f} of decoder-only (target >= 0.60); one thread doing the daemon's main-thread "
-              f"work: at most {1 / main:,.0f} rows/s = {1 / main / dec:.2f}")  # fmt: skip
+        print(
+            f"  all of it spread perfectly over {cores} cores: at most {cores / total:,.0f} rows/s = "
+            f"{cores / total / dec:.2f} of decoder-only (target >= 0.60); one thread doing the daemon's main-thread "
+            f"work: at most {1 / main:,.0f} rows/s = {1 / main / dec:.2f}"
+        )
     sampled = next((f for f in ("json+headers", "json") if f in formats), None)
     if sampled is not None and args.ceiling_runs:
         topic = f"bench_{RUN}_bench_{slot_part(sampled)}_0.{TABLE}"
         print(f"producer alone: the records of {sampled} (position headers {'on' if '+' in sampled else 'off'})")
         records = sample_records(endpoints.kafka_bootstrap, topic, min(args.rows, 100_000))
-        results = [producer_ceiling(endpoints.kafka_bootstrap, records, args.rows, meter) for _ in range(args.ceiling_runs)]
+        results = [
+            producer_ceiling(endpoints.kafka_bootstrap, records, args.rows, meter) for _ in range(args.ceiling_runs)
+        ]
         ceiling = statistics.median(rate for rate, _, _ in results)
         prod_parts = median_cpu([cpu for _, cpu, _ in results])
         prod_main = statistics.median(main for _, _, main in results) / args.rows
-        print(f"producer alone (the daemon's JSON records, its delivery, no database): median {ceiling:,.0f} rows/s "
-              f"({', '.join(f'{rate:,.0f}' for rate, _, _ in results)}); CPU per row: {per_row(prod_parts, args.rows)}; "
-              f"its main thread {prod_main * 1e6:.1f} µs")  # fmt: skip
+        print(
+            f"producer alone (the daemon's JSON records, its delivery, no database): median {ceiling:,.0f} rows/s "
+            f"({', '.join(f'{rate:,.0f}' for rate, _, _ in results)}); CPU per row: {per_row(prod_parts, args.rows)}; "
+            f"its main thread {prod_main * 1e6:.1f} µs"
+        )
         floor = (dec_parts["reader"] + dec_parts["server"] + prod_parts["producer"] + prod_parts["broker"]) / args.rows
         bound = cores / floor
-        print(f"least CPU per row of decoding plus producing (reader + server of decoder-only, producer + broker of "
-              f"the producer alone): {floor * 1e6:.1f} µs -> at most {bound:,.0f} rows/s on {cores} cores with "
-              f"perfect parallelism and no serialization = {bound / dec:.2f} of decoder-only (target >= 0.60)")  # fmt: skip
+        print(
+            f"least CPU per row of decoding plus producing (reader + server of decoder-only, producer + broker of "
+            f"the producer alone): {floor * 1e6:.1f} µs -> at most {bound:,.0f} rows/s on {cores} cores with "
+            f"perfect parallelism and no serialization = {bound / dec:.2f} of decoder-only (target >= 0.60)"
+        )
         one_thread = dec_parts["reader"] / args.rows + prod_main
-        print(f"one Python thread decoding and producing (the decoder-only reader's CPU + the producer's main thread): "
-              f"{one_thread * 1e6:.1f} µs per row -> at most {1 / one_thread:,.0f} rows/s = "
-              f"{1 / one_thread / dec:.2f} of decoder-only, serialization not counted")  # fmt: skip
+        print(
+            f"one Python thread decoding and producing (the decoder-only reader's CPU + the producer's main thread): "
+            f"{one_thread * 1e6:.1f} µs per row -> at most {1 / one_thread:,.0f} rows/s = "
+            f"{1 / one_thread / dec:.2f} of decoder-only, serialization not counted"
+        )
 
     if args.big_transaction:
         seconds, rss = big_transaction(dsn, endpoints.kafka_bootstrap, workdir, args.big_transaction, meter)
-        print(f"one transaction of {args.big_transaction:,} rows (JSON, default settings): {seconds:.1f}s to confirmed, "
-              f"{args.big_transaction / seconds:,.0f} rows/s; the daemon's peak RSS {rss:.0f} MB (target < 200 MB)")  # fmt: skip
+        print(
+            f"one transaction of {args.big_transaction:,} rows (JSON, default settings): {seconds:.1f}s to confirmed, "
+            f"{args.big_transaction / seconds:,.0f} rows/s; the daemon's peak RSS {rss:.0f} MB (target < 200 MB)"
+        )
 
     samples = latency(dsn, endpoints.kafka_bootstrap, workdir, args.latency_seconds, args.rate)
     if samples:

@@ -84,9 +84,11 @@ def main() -> int:
                 rate, cpu = run(endpoints.kafka_bootstrap, topic, args.records, headers)
                 rates.append(rate)
                 cpus.append(cpu)
-            print(f"{headers} header(s): median {statistics.median(rates):,.0f} records/s "
-                  f"({', '.join(f'{r:,.0f}' for r in rates)}); process CPU {statistics.median(cpus) * 1e6:.2f} µs "
-                  "per record")  # fmt: skip
+            print(
+                f"{headers} header(s): median {statistics.median(rates):,.0f} records/s "
+                f"({', '.join(f'{r:,.0f}' for r in rates)}); process CPU {statistics.median(cpus) * 1e6:.2f} µs "
+                "per record"
+            )
     finally:
         for future in admin.delete_topics(topics, operation_timeout=30).values():
             future.result()

@@ -7,8 +7,13 @@ import argparse
 
 def add_producer_option(parser: argparse.ArgumentParser, what: str) -> None:
     """``--producer KEY=VALUE``, repeatable: librdkafka settings for ``what``."""
-    parser.add_argument("--producer", action="append", default=[], metavar="KEY=VALUE",
-                        help=f"a librdkafka setting for {what} (kafka.producer), e.g. linger.ms=20; repeatable")  # fmt: skip
+    parser.add_argument(
+        "--producer",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"a librdkafka setting for {what} (kafka.producer), e.g. linger.ms=20; repeatable",
+    )
 
 
 def producer_settings(parser: argparse.ArgumentParser, settings: list[str]) -> dict[str, object]:

@@ -244,7 +244,9 @@ def one_run(
 def instructions_per_row(src: str | None, path: Path, fmt: str, rows: int, work: Path) -> float:
     """Instructions the whole daemon process executes per row (valgrind's count, the same on any machine state):
     the difference between ``rows`` and ``2 * rows`` of the same capture, so start-up and stop cancel out."""
-    counts = [int(one_run(src, path, fmt, rows=n, callgrind=work / "callgrind.out")["instructions"]) for n in (rows, 2 * rows)]
+    counts = [
+        int(one_run(src, path, fmt, rows=n, callgrind=work / "callgrind.out")["instructions"]) for n in (rows, 2 * rows)
+    ]
     return (counts[1] - counts[0]) / rows
 
 
@@ -267,13 +269,17 @@ PERF_GROUPS = (
 )
 
 
-def perf_breakdown(data: Path, pid: int, window: list[float]) -> tuple[int, list[tuple[str, float]], list[tuple[str, float]]]:
+def perf_breakdown(
+    data: Path, pid: int, window: list[float]
+) -> tuple[int, list[tuple[str, float]], list[tuple[str, float]]]:
     """The main thread's (tid == pid) samples between the first frame and the last: their count, the share of each
     group of shared objects, and the busiest symbols."""
     out = subprocess.run(
         ["perf", "script", "-i", str(data), "--tid", str(pid), "-F", "time,ip,sym,dso"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     line_re = re.compile(r"\s*([\d.]+):\s+[0-9a-f]+\s+(.*?)\s+\((.*)\)\s*$")
     groups: dict[str, int] = {}
     symbols: dict[str, int] = {}
@@ -307,7 +313,9 @@ def main() -> int:
         help="alternate with this checkout on its pure-Python row codec (CDC_PURE_PYTHON=1) instead of another checkout",
     )
     parser.add_argument("--calls", action="store_true", help="one more run under cProfile: Python calls per row")
-    parser.add_argument("--perf", action="store_true", help="one more run under perf record: where the main thread's time goes")
+    parser.add_argument(
+        "--perf", action="store_true", help="one more run under perf record: where the main thread's time goes"
+    )
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "cdc-bench-rowpath")
     parser.add_argument(
         "--instructions",
@@ -360,15 +368,19 @@ def main() -> int:
         print(line)
     print(f"median main-thread CPU a row ({args.format}): this checkout {statistics.median(here):.2f} µs")
     if args.compare:
-        ratios = [a / b for a, b in zip(here, other)]
-        print(f"median {args.compare}: {statistics.median(other):.2f} µs; this / that: median of pairs "
-              f"{statistics.median(ratios):.3f} (each pair run back to back)")  # fmt: skip
+        ratios = [a / b for a, b in zip(here, other, strict=True)]
+        print(
+            f"median {args.compare}: {statistics.median(other):.2f} µs; this / that: median of pairs "
+            f"{statistics.median(ratios):.3f} (each pair run back to back)"
+        )
     if args.instructions:
         for who, src in [("this checkout", None), (args.compare, args.compare)]:
             if who is None:
                 continue
             per_row = instructions_per_row(src, frames, args.format, args.instructions, args.work)
-            print(f"{who}: {per_row:,.0f} instructions a row (valgrind, {args.instructions:,} and {2 * args.instructions:,} rows)")
+            print(
+                f"{who}: {per_row:,.0f} instructions a row (valgrind, {args.instructions:,} and {2 * args.instructions:,} rows)"
+            )
     if args.perf:
         for who, src in [("this checkout", None), (args.compare, args.compare)]:
             if who is None:
@@ -376,7 +388,9 @@ def main() -> int:
             data = args.work / "perf.data"
             result = one_run(src, frames, args.format, perf=data)
             n, shares, busiest = perf_breakdown(data, int(result["pid"]), list(result["window"]))
-            print(f"{who}: {n} perf samples of the main thread over the rows ({result['us_cpu']:.2f} µs a row in this run):")
+            print(
+                f"{who}: {n} perf samples of the main thread over the rows ({result['us_cpu']:.2f} µs a row in this run):"
+            )
             for group, share in shares:
                 print(f"  {100 * share:5.1f}%  {group}")
             print("  busiest functions:")

@@ -44,14 +44,11 @@ from typing import Any
 import psycopg
 from confluent_kafka.admin import AdminClient
 
-from cpu import Services, spent, tree_cpu  # bench/cpu.py
-from e2e import drop_topics  # bench/e2e.py
-from options import add_producer_option, producer_settings  # bench/options.py
-
 from cdc import dev
 from cdc import log as logsetup
 from cdc.catalog import describe_tables
 from cdc.config import TableConfig
+from cdc.decoder.types import parser_for
 from cdc.event import ChangeEvent, Op, TableSchema, TxBegin
 from cdc.lsn import Lsn
 from cdc.render import codec
@@ -61,13 +58,15 @@ from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
 from cdc.sink.records import position_headers
 from cdc.snapshot.config import SnapshotConfig
-from cdc.decoder.types import parser_for
 from cdc.snapshot.copytext import row_parser, unescape
 from cdc.snapshot.initial import InitialSnapshot
 from cdc.snapshot.output import JsonKafkaOutput
 from cdc.snapshot.plan import describe_table
 from cdc.snapshot.progress import ProgressTracker
 from cdc.snapshot.state import MemoryStore, SnapshotState
+from cpu import Services, spent, tree_cpu  # bench/cpu.py
+from e2e import drop_topics  # bench/e2e.py
+from options import add_producer_option, producer_settings  # bench/options.py
 
 DB = "cdc_bench_snapshot"
 TABLE = "public.bench_rows"
@@ -145,7 +144,13 @@ def sample_records(dsn: str, prefix: str, sample: int) -> list[tuple[bytes, byte
 
 
 def _ceiling_producer(
-    config: dict[str, Any], topic: str, records: list[tuple[bytes, bytes]], count: int, headers: bool, go: Any, done: Any
+    config: dict[str, Any],
+    topic: str,
+    records: list[tuple[bytes, bytes]],
+    count: int,
+    headers: bool,
+    go: Any,
+    done: Any,
 ) -> None:
     """One process of the ceiling: produce ``count`` of the prepared records as a snapshot worker does."""
     bulk = BulkProducer(config)
@@ -265,17 +270,27 @@ def snapshot_run(
     with psycopg.connect(dsn, autocommit=True) as conn:
         tables = describe_tables(conn, [TableConfig(name=TABLE)])
     output = JsonKafkaOutput(
-        JsonSettings(topic_prefix=prefix, database=DB), partitions, producer_config(bootstrap, PRODUCER, 1_000_000), 1_000_000,
-        render_rows=render_rows, position_headers=not headerless,
+        JsonSettings(topic_prefix=prefix, database=DB),
+        partitions,
+        producer_config(bootstrap, PRODUCER, 1_000_000),
+        1_000_000,
+        render_rows=render_rows,
+        position_headers=not headerless,
     )
     settings = SnapshotConfig(
         workers=workers, chunk_rows=chunk_rows, progress_log_s=30, progress_bar=False, server_json=server_json
     )
     progress = ProgressTracker("initial", log_interval_s=30)
     snapshot = InitialSnapshot(
-        conninfo=dsn, slot=slot, tables=tables, output=output, state=SnapshotState(MemoryStore()),
-        settings=settings, progress=progress, log_level="warning",
-    )  # fmt: skip
+        conninfo=dsn,
+        slot=slot,
+        tables=tables,
+        output=output,
+        state=SnapshotState(MemoryStore()),
+        settings=settings,
+        progress=progress,
+        log_level="warning",
+    )
     services = Services()
     before = {SNAPSHOT_PROCESSES: tree_cpu(os.getpid())} | services.read()
     started = time.monotonic()
@@ -285,7 +300,13 @@ def snapshot_run(
     copy_s = progress.read().elapsed_s  # the tracker starts with the engine; the copy phase is what follows planning
     assert result.server_json_rows == (result.rows if server_json else 0), "the path asked for was not taken"
     assert result.rendered_rows == (result.rows if render_rows and not server_json else 0), "the codec did not run"
-    return {"rows": result.rows, "elapsed_s": elapsed, "rows_per_s": result.rows / elapsed, "tracker_s": copy_s, "cpu": cpu}
+    return {
+        "rows": result.rows,
+        "elapsed_s": elapsed,
+        "rows_per_s": result.rows / elapsed,
+        "tracker_s": copy_s,
+        "cpu": cpu,
+    }
 
 
 PRODUCER: dict[str, object] = {}  # --producer: librdkafka settings of the snapshot's producers and the ceiling's
@@ -294,29 +315,47 @@ PRODUCER: dict[str, object] = {}  # --producer: librdkafka settings of the snaps
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=5_000_000)
-    parser.add_argument("--workers", default=f"1,{min(4, os.cpu_count() or 2)}", help="worker counts to run, e.g. 1,2,4")
+    parser.add_argument(
+        "--workers", default=f"1,{min(4, os.cpu_count() or 2)}", help="worker counts to run, e.g. 1,2,4"
+    )
     parser.add_argument("--chunk-rows", type=int, default=50_000)
-    parser.add_argument("--server-workers", default=str(min(4, os.cpu_count() or 2)),
-                        help="worker counts with server-built JSON (the default path before 2026-11-27); empty: skip")
-    parser.add_argument("--headerless-workers", default=str(min(4, os.cpu_count() or 2)),
-                        help="worker counts of the row codec without position headers (the daemon's default); empty: skip")
-    parser.add_argument("--ordinary-workers", default="",
-                        help="worker counts for the ordinary path (Python builds the JSON), e.g. 2; empty: skip it")  # fmt: skip
+    parser.add_argument(
+        "--server-workers",
+        default=str(min(4, os.cpu_count() or 2)),
+        help="worker counts with server-built JSON (the default path before 2026-11-27); empty: skip",
+    )
+    parser.add_argument(
+        "--headerless-workers",
+        default=str(min(4, os.cpu_count() or 2)),
+        help="worker counts of the row codec without position headers (the daemon's default); empty: skip",
+    )
+    parser.add_argument(
+        "--ordinary-workers",
+        default="",
+        help="worker counts for the ordinary path (Python builds the JSON), e.g. 2; empty: skip it",
+    )
     parser.add_argument("--copy-runs", type=int, default=3, help="bare COPY runs (median)")
     parser.add_argument("--runs", type=int, default=3, help="snapshot runs per configuration (median)")
     parser.add_argument("--sample", type=int, default=100_000, help="rows for the per-row cost breakdown")
-    parser.add_argument("--keep", action="store_true",
-                        help="keep the database and topics afterwards (until the next benchmark's start)")
-    parser.add_argument("--no-ceiling", dest="ceiling", action="store_false",
-                        help="skip the Kafka ceiling (prepared records produced with no database work)")  # fmt: skip
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the database and topics afterwards (until the next benchmark's start)"
+    )
+    parser.add_argument(
+        "--no-ceiling",
+        dest="ceiling",
+        action="store_false",
+        help="skip the Kafka ceiling (prepared records produced with no database work)",
+    )
     add_producer_option(parser, "the snapshot's producers and the ceiling's")
     args = parser.parse_args()
     PRODUCER.update(producer_settings(parser, args.producer))
     logsetup.configure("console", "warning")
     endpoints = dev.up(dev.default_state_dir(), registry=False)
-    print(f"services: {endpoints.postgres_dsn}  kafka {endpoints.kafka_bootstrap}  ({os.cpu_count()} CPUs); "
-          f"row codec: {codec.IMPLEMENTATION}; producer settings {PRODUCER or 'the defaults'}; "
-          f"load average {os.getloadavg()}")  # fmt: skip
+    print(
+        f"services: {endpoints.postgres_dsn}  kafka {endpoints.kafka_bootstrap}  ({os.cpu_count()} CPUs); "
+        f"row codec: {codec.IMPLEMENTATION}; producer settings {PRODUCER or 'the defaults'}; "
+        f"load average {os.getloadavg()}"
+    )
     admin = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})
     drop_topics(admin, "bench_")  # what earlier benchmarks left (e2e.py and debezium.py keep theirs until the next)
     dsn = setup(endpoints.postgres_dsn, args.rows)
@@ -324,13 +363,20 @@ def main() -> int:
     try:
         copies = [bare_copy(dsn) for _ in range(args.copy_runs)]
         copy_rate = statistics.median(rate for rate, _ in copies)
-        print(f"bare COPY (SELECT ...) TO STDOUT: {copy_rate:,.0f} rows/s "
-              f"(median of {len(copies)}, {copies[0][1] / 1e6:,.0f} MB of text)")  # fmt: skip
+        print(
+            f"bare COPY (SELECT ...) TO STDOUT: {copy_rate:,.0f} rows/s "
+            f"(median of {len(copies)}, {copies[0][1] / 1e6:,.0f} MB of text)"
+        )
         costs = per_row_costs(dsn, endpoints.kafka_bootstrap, f"{prefix}_costs", min(args.sample, args.rows))
-        print("per-row cost, one process: " + ", ".join(f"{k} {v:.2f} µs" for k, v in costs.items())
-              + f"; total {sum(costs.values()):.2f} µs = {1e6 / sum(costs.values()):,.0f} rows/s")  # fmt: skip
-        print(f"per-row cost of the row codec ({codec.IMPLEMENTATION}), COPY line -> after and key JSON: "
-              f"{codec_cost(dsn, f'{prefix}_costs', min(args.sample, args.rows)):.2f} µs")  # fmt: skip
+        print(
+            "per-row cost, one process: "
+            + ", ".join(f"{k} {v:.2f} µs" for k, v in costs.items())
+            + f"; total {sum(costs.values()):.2f} µs = {1e6 / sum(costs.values()):,.0f} rows/s"
+        )
+        print(
+            f"per-row cost of the row codec ({codec.IMPLEMENTATION}), COPY line -> after and key JSON: "
+            f"{codec_cost(dsn, f'{prefix}_costs', min(args.sample, args.rows)):.2f} µs"
+        )
         # The daemon's default first: the figure to quote is measured from the machine state the bare COPY
         # was (each later configuration follows gigabytes written by the ones before it: page cache, broker).
         configs = [("headerless", int(w)) for w in args.headerless_workers.split(",") if w]
@@ -342,23 +388,36 @@ def main() -> int:
             rates, cpus = [], []
             for run in range(args.runs):
                 tag = f"{name[0]}{workers}r{run}"
-                r = snapshot_run(dsn, endpoints.kafka_bootstrap, f"{prefix}_{tag}", f"bench_{tag}_{int(time.time())}",
-                                 workers, args.chunk_rows, name)  # fmt: skip
+                r = snapshot_run(
+                    dsn,
+                    endpoints.kafka_bootstrap,
+                    f"{prefix}_{tag}",
+                    f"bench_{tag}_{int(time.time())}",
+                    workers,
+                    args.chunk_rows,
+                    name,
+                )
                 rates.append(r["rows_per_s"])
                 cpus.append(r["cpu"])
                 if not args.keep:
                     drop_topics(admin, f"{prefix}_{tag}.")
-                print(f"  snapshot, {path}, {workers} worker(s), run {run + 1}: {r['rows']:,} rows in "
-                      f"{r['elapsed_s']:.1f}s = {r['rows_per_s']:,.0f} rows/s")  # fmt: skip
+                print(
+                    f"  snapshot, {path}, {workers} worker(s), run {run + 1}: {r['rows']:,} rows in "
+                    f"{r['elapsed_s']:.1f}s = {r['rows_per_s']:,.0f} rows/s"
+                )
             rate = statistics.median(rates)
-            print(f"snapshot, {path}, {workers} worker(s): median {rate:,.0f} rows/s of {len(rates)} runs = "
-                  f"{rate / copy_rate * 100:.1f}% of bare COPY (ratio {rate / copy_rate:.3f})")  # fmt: skip
+            print(
+                f"snapshot, {path}, {workers} worker(s): median {rate:,.0f} rows/s of {len(rates)} runs = "
+                f"{rate / copy_rate * 100:.1f}% of bare COPY (ratio {rate / copy_rate:.3f})"
+            )
             parts = {name: statistics.median(c[name] for c in cpus) / args.rows for name in cpus[0]}
             total = sum(parts.values())
-            print(f"  CPU per row: {', '.join(f'{k} {v * 1e6:.2f} µs' for k, v in parts.items())}; total "
-                  f"{total * 1e6:.2f} µs ({total * rate:.2f} of {os.cpu_count()} cores busy); at this CPU per row "
-                  f"{os.cpu_count()} cores allow at most {(os.cpu_count() or 1) / total:,.0f} rows/s = "
-                  f"{(os.cpu_count() or 1) / total / copy_rate * 100:.1f}% of bare COPY")  # fmt: skip
+            print(
+                f"  CPU per row: {', '.join(f'{k} {v * 1e6:.2f} µs' for k, v in parts.items())}; total "
+                f"{total * 1e6:.2f} µs ({total * rate:.2f} of {os.cpu_count()} cores busy); at this CPU per row "
+                f"{os.cpu_count()} cores allow at most {(os.cpu_count() or 1) / total:,.0f} rows/s = "
+                f"{(os.cpu_count() or 1) / total / copy_rate * 100:.1f}% of bare COPY"
+            )
         if args.ceiling:
             records = sample_records(dsn, f"{prefix}_ceiling", min(args.sample, args.rows))
             for headers in (True, False):
@@ -375,11 +434,13 @@ def main() -> int:
                         if not args.keep:
                             drop_topics(admin, topic)
                     rate = statistics.median(rates)
-                    print(f"Kafka ceiling, prepared records, no database, {processes} producer process(es), "
-                          f"{'four position headers' if headers else 'no headers'}: median {rate:,.0f} rows/s "
-                          f"({', '.join(f'{r:,.0f}' for r in rates)}) = {rate / copy_rate * 100:.1f}% of bare COPY; "
-                          f"CPU per row: producers {statistics.median(cpus) * 1e6:.2f} µs, "
-                          f"broker {statistics.median(brokers) * 1e6:.2f} µs")  # fmt: skip
+                    print(
+                        f"Kafka ceiling, prepared records, no database, {processes} producer process(es), "
+                        f"{'four position headers' if headers else 'no headers'}: median {rate:,.0f} rows/s "
+                        f"({', '.join(f'{r:,.0f}' for r in rates)}) = {rate / copy_rate * 100:.1f}% of bare COPY; "
+                        f"CPU per row: producers {statistics.median(cpus) * 1e6:.2f} µs, "
+                        f"broker {statistics.median(brokers) * 1e6:.2f} µs"
+                    )
     finally:
         if not args.keep:
             drop_topics(admin, prefix)

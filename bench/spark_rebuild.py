@@ -97,8 +97,16 @@ def _serializer(topic_prefix: str, partitions: int, registry: str | None) -> Eve
 
 
 def _producer(bootstrap: str) -> Producer:
-    return Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random", "linger.ms": 50,
-                     "batch.num.messages": 10000, "compression.type": "lz4", "queue.buffering.max.messages": 500000})  # fmt: skip
+    return Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "partitioner": "murmur2_random",
+            "linger.ms": 50,
+            "batch.num.messages": 10000,
+            "compression.type": "lz4",
+            "queue.buffering.max.messages": 500000,
+        }
+    )
 
 
 def _send(producer: Producer, serializer: EventSerializer[Any], event: ChangeEvent | TruncateEvent) -> int:
@@ -106,8 +114,13 @@ def _send(producer: Producer, serializer: EventSerializer[Any], event: ChangeEve
     for record in serializer.records(event):
         while True:
             try:
-                producer.produce(record.topic, record.value, record.key, partition=record.partition
-                                 if record.partition is not None else -1, headers=list(record.headers))  # fmt: skip
+                producer.produce(
+                    record.topic,
+                    record.value,
+                    record.key,
+                    partition=record.partition if record.partition is not None else -1,
+                    headers=list(record.headers),
+                )
                 break
             except BufferError:
                 producer.poll(0.1)
@@ -130,15 +143,26 @@ def publish_history(bootstrap: str, topic_prefix: str) -> None:
     log.info("bench.schema_history", topic=history.topic, table=TABLE.qualified, published=version is not None)
 
 
-def produce_updates(bootstrap: str, topic_prefix: str, count: int, keys: int, partitions: int, registry: str | None, seed: int) -> None:
+def produce_updates(
+    bootstrap: str, topic_prefix: str, count: int, keys: int, partitions: int, registry: str | None, seed: int
+) -> None:
     """``count`` updates of random keys among the first ``keys`` (a key deleted earlier comes back)."""
-    serializer, producer, rng = _serializer(topic_prefix, partitions, registry), _producer(bootstrap), random.Random(seed)
+    serializer, producer, rng = (
+        _serializer(topic_prefix, partitions, registry),
+        _producer(bootstrap),
+        random.Random(seed),
+    )
     lsn = 10**12 + seed * 10**9
     for i in range(count):
         lsn += 64
         key = rng.randrange(1, keys + 1)
-        _send(producer, serializer, ChangeEvent(Op.UPDATE, TABLE, None, _row(key, rng, 1000 + seed), Lsn(lsn + 32),
-                                                Lsn(lsn), 10**7 + i, 1, lsn))  # fmt: skip
+        _send(
+            producer,
+            serializer,
+            ChangeEvent(
+                Op.UPDATE, TABLE, None, _row(key, rng, 1000 + seed), Lsn(lsn + 32), Lsn(lsn), 10**7 + i, 1, lsn
+            ),
+        )
     producer.flush(300)
 
 
@@ -200,21 +224,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh-topic", action="store_true")
     parser.add_argument("--format", choices=["json", "avro"], default="json")
     parser.add_argument("--registry", help="format avro with --bootstrap: the schema registry's URL")
-    parser.add_argument("--refresh-fraction", type=float, default=0.01,
-                        help="the update batch of the continuous phase, as a share of the records (0: no such phase)")
+    parser.add_argument(
+        "--refresh-fraction",
+        type=float,
+        default=0.01,
+        help="the update batch of the continuous phase, as a share of the records (0: no such phase)",
+    )
     args = parser.parse_args(argv)
 
-    from cdc_views.jobs import JobConfig, rebuild  # noqa: PLC0415 - after sys.path is set
-    from cdc_views.reader import KafkaSource, read_batch  # noqa: PLC0415
-    from cdc_views.session import build_session  # noqa: PLC0415
-    from cdc_views.tables import ColumnShape, Encoding, Kind, TableShape  # noqa: PLC0415
-
-    from cdc.sink.registry import RegistrySettings  # noqa: PLC0415
+    from cdc.sink.registry import RegistrySettings
+    from cdc_views.jobs import JobConfig, rebuild
+    from cdc_views.reader import KafkaSource, read_batch
+    from cdc_views.session import build_session
+    from cdc_views.tables import ColumnShape, Encoding, Kind, TableShape
 
     bootstrap, registry = args.bootstrap, args.registry
     avro = args.format == "avro"
     if bootstrap is None:
-        from cdc import dev  # noqa: PLC0415
+        from cdc import dev
 
         endpoints = dev.up(REPO / ".cdc-dev" / "bench", registry=avro)
         bootstrap, registry = endpoints.kafka_bootstrap, registry or endpoints.schema_registry_url
@@ -231,21 +258,41 @@ def main(argv: list[str] | None = None) -> int:
     if topic not in source.existing_topics():
         produce(bootstrap, prefix, args.records, args.partitions, registry if avro else None)
 
-    shape = TableShape("public", "bench_orders", (
-        ColumnShape("id", Kind.INT64, "int8"), ColumnShape("customer_id", Kind.INT32, "int4"),
-        ColumnShape("status", Kind.TEXT, "text"), ColumnShape("amount", Kind.DECIMAL, "numeric", 12, 2),
-        ColumnShape("placed_at", Kind.TIMESTAMPTZ, "timestamptz", 6), ColumnShape("note", Kind.TEXT, "text"),
-    ), ("id",))  # fmt: skip
-    spark = build_session("bench-spark-rebuild", master=args.master, shuffle_partitions=args.shuffle_partitions,
-                          conf={"spark.driver.memory": args.driver_memory})  # fmt: skip
+    shape = TableShape(
+        "public",
+        "bench_orders",
+        (
+            ColumnShape("id", Kind.INT64, "int8"),
+            ColumnShape("customer_id", Kind.INT32, "int4"),
+            ColumnShape("status", Kind.TEXT, "text"),
+            ColumnShape("amount", Kind.DECIMAL, "numeric", 12, 2),
+            ColumnShape("placed_at", Kind.TIMESTAMPTZ, "timestamptz", 6),
+            ColumnShape("note", Kind.TEXT, "text"),
+        ),
+        ("id",),
+    )
+    spark = build_session(
+        "bench-spark-rebuild",
+        master=args.master,
+        shuffle_partitions=args.shuffle_partitions,
+        conf={"spark.driver.memory": args.driver_memory},
+    )
     total = read_batch(spark, source, [topic]).count()
-    print(f"topic {topic} ({args.format}): {total} records, {args.partitions} partitions; Spark {spark.version}, {args.master}")
+    print(
+        f"topic {topic} ({args.format}): {total} records, {args.partitions} partitions; Spark {spark.version}, {args.master}"
+    )
     timings: dict[str, list[float]] = {"count": [], "rebuild": [], "rebuild again": []}
     for run in range(1, args.runs + 1):
         work = Path(tempfile.mkdtemp(prefix="bench-warehouse-"))
         try:
-            cfg = JobConfig(source, prefix, {shape.qualified: shape}, work, Encoding(format=args.format),
-                            registry=RegistrySettings(url=registry) if avro and registry else None)  # fmt: skip
+            cfg = JobConfig(
+                source,
+                prefix,
+                {shape.qualified: shape},
+                work,
+                Encoding(format=args.format),
+                registry=RegistrySettings(url=registry) if avro and registry else None,
+            )
             t = time.monotonic()
             read_batch(spark, source, [topic]).count()
             timings["count"].append(time.monotonic() - t)
@@ -262,7 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmedians of {args.runs} runs, {total} records ({rows} live rows after the rebuild):")
     for name, values in timings.items():
         median = statistics.median(values)
-        print(f"  {name:<14} {median:8.1f} s  {total / median:12,.0f} records/s   (runs: {', '.join(f'{v:.1f}' for v in values)})")
+        print(
+            f"  {name:<14} {median:8.1f} s  {total / median:12,.0f} records/s   (runs: {', '.join(f'{v:.1f}' for v in values)})"
+        )
     count_median = statistics.median(timings["count"])
     print(f"  rebuild / count: {count_median / statistics.median(timings['rebuild']):.2f} of the plain count's rate")
     if args.refresh_fraction > 0:
@@ -271,25 +320,43 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def refresh(spark: Any, source: Any, prefix: str, shape: Any, args: argparse.Namespace, total: int,
-            registry: str | None, bootstrap: str) -> None:  # fmt: skip
+def refresh(
+    spark: Any,
+    source: Any,
+    prefix: str,
+    shape: Any,
+    args: argparse.Namespace,
+    total: int,
+    registry: str | None,
+    bootstrap: str,
+) -> None:
     """The continuous job with a declared view: catch up once, then time each 1% update batch taken in."""
-    from cdc_views.jobs import JobConfig, start_continuous  # noqa: PLC0415
-    from cdc_views.tables import Encoding  # noqa: PLC0415
+    from cdc.declared import DeclaredView, SparkSection
+    from cdc.sink.registry import RegistrySettings
+    from cdc_views.jobs import JobConfig, start_continuous
+    from cdc_views.tables import Encoding
 
-    from cdc.declared import DeclaredView, SparkSection  # noqa: PLC0415
-    from cdc.sink.registry import RegistrySettings  # noqa: PLC0415
-
-    section = SparkSection(views=[DeclaredView(
-        name="orders_per_customer",
-        sql="SELECT customer_id, count(*) AS orders, sum(amount) AS total FROM public_bench_orders GROUP BY customer_id",
-        key=["customer_id"],
-    )])  # fmt: skip
+    section = SparkSection(
+        views=[
+            DeclaredView(
+                name="orders_per_customer",
+                sql="SELECT customer_id, count(*) AS orders, sum(amount) AS total FROM public_bench_orders GROUP BY customer_id",
+                key=["customer_id"],
+            )
+        ]
+    )
     batch = max(1, int(total * args.refresh_fraction))
     work = Path(tempfile.mkdtemp(prefix="bench-continuous-"))
     try:
-        cfg = JobConfig(source, prefix, {shape.qualified: shape}, work, Encoding(format=args.format),
-                        registry=RegistrySettings(url=registry) if registry else None, declared=section)  # fmt: skip
+        cfg = JobConfig(
+            source,
+            prefix,
+            {shape.qualified: shape},
+            work,
+            Encoding(format=args.format),
+            registry=RegistrySettings(url=registry) if registry else None,
+            declared=section,
+        )
 
         def pass_() -> float:
             t = time.monotonic()
@@ -308,9 +375,11 @@ def refresh(spark: Any, source: Any, prefix: str, shape: Any, args: argparse.Nam
             seconds.append(pass_())
             log.info("bench.refresh", run=run, of=args.runs, records=batch, seconds=round(seconds[-1], 1))
         view_rows = spark.read.format("delta").load(str(work / "views" / section.views[0].name)).count()
-        print(f"  a batch of {batch} updates ({args.refresh_fraction:.0%} of the records) taken in, table MERGEd and the "
-              f"view ({view_rows} rows) recomputed: median {statistics.median(seconds):.1f} s "
-              f"(runs: {', '.join(f'{v:.1f}' for v in seconds)})")
+        print(
+            f"  a batch of {batch} updates ({args.refresh_fraction:.0%} of the records) taken in, table MERGEd and the "
+            f"view ({view_rows} rows) recomputed: median {statistics.median(seconds):.1f} s "
+            f"(runs: {', '.join(f'{v:.1f}' for v in seconds)})"
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -43,7 +43,7 @@ log = structlog.get_logger("bench.spark_stages")
 
 
 def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=30) as response:  # noqa: S310 - the local Spark UI
+    with urllib.request.urlopen(url, timeout=30) as response:
         return json.load(response)
 
 
@@ -64,29 +64,33 @@ class Stages:
                 if attempt.get("status") != "COMPLETE":
                     continue
                 start, end = attempt.get("submissionTime"), attempt.get("completionTime")
-                out.append({
-                    "stage": stage_id,
-                    "name": attempt["name"].split(" at ")[0],
-                    "seconds": _seconds(start, end),
-                    "tasks": attempt["numTasks"],
-                    "run_s": attempt["executorRunTime"] / 1000,
-                    "cpu_s": attempt["executorCpuTime"] / 1e9,
-                    "gc_s": attempt.get("jvmGcTime", 0) / 1000,
-                    "input_records": attempt.get("inputRecords", 0),
-                    "shuffle_read_mb": attempt.get("shuffleReadBytes", 0) / 1e6,
-                    "shuffle_write_mb": attempt.get("shuffleWriteBytes", 0) / 1e6,
-                    "spill_mb": attempt.get("diskBytesSpilled", 0) / 1e6,
-                })  # fmt: skip
+                out.append(
+                    {
+                        "stage": stage_id,
+                        "name": attempt["name"].split(" at ")[0],
+                        "seconds": _seconds(start, end),
+                        "tasks": attempt["numTasks"],
+                        "run_s": attempt["executorRunTime"] / 1000,
+                        "cpu_s": attempt["executorCpuTime"] / 1e9,
+                        "gc_s": attempt.get("jvmGcTime", 0) / 1000,
+                        "input_records": attempt.get("inputRecords", 0),
+                        "shuffle_read_mb": attempt.get("shuffleReadBytes", 0) / 1e6,
+                        "shuffle_write_mb": attempt.get("shuffleWriteBytes", 0) / 1e6,
+                        "spill_mb": attempt.get("diskBytesSpilled", 0) / 1e6,
+                    }
+                )
         return out
 
 
 def _seconds(start: str | None, end: str | None) -> float:
-    from datetime import datetime  # noqa: PLC0415
+    from datetime import datetime
 
     if not start or not end:
         return 0.0
     fmt = "%Y-%m-%dT%H:%M:%S.%f%Z"
-    return (datetime.strptime(end.replace("GMT", "UTC"), fmt) - datetime.strptime(start.replace("GMT", "UTC"), fmt)).total_seconds()
+    return (
+        datetime.strptime(end.replace("GMT", "UTC"), fmt) - datetime.strptime(start.replace("GMT", "UTC"), fmt)
+    ).total_seconds()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,20 +107,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", default="", help="comma-separated steps to leave out (e.g. index)")
     args = parser.parse_args(argv)
 
-    import spark_rebuild as bench  # noqa: PLC0415
-    from cdc_views import jobs  # noqa: PLC0415
-    from cdc_views.reader import Changes, KafkaSource, envelopes, read_batch, reduce_topics, schema_history  # noqa: PLC0415
-    from cdc_views.session import build_session  # noqa: PLC0415
-    from cdc_views.tables import ColumnShape, Encoding, Kind, TableShape  # noqa: PLC0415
-    from cdc_views.warehouse import merge_rows  # noqa: PLC0415
-
-    from cdc.declared import DeclaredIndex, DeclaredView, SparkSection  # noqa: PLC0415
-    from cdc.sink.registry import RegistryClient, RegistrySettings  # noqa: PLC0415
+    import spark_rebuild as bench
+    from cdc.declared import DeclaredIndex, DeclaredView, SparkSection
+    from cdc.sink.registry import RegistryClient, RegistrySettings
+    from cdc_views import jobs
+    from cdc_views.reader import Changes, KafkaSource, envelopes, read_batch, reduce_topics, schema_history
+    from cdc_views.session import build_session
+    from cdc_views.tables import ColumnShape, Encoding, Kind, TableShape
+    from cdc_views.warehouse import merge_rows
 
     bootstrap, registry = args.bootstrap, args.registry
     avro = args.format == "avro"
     if bootstrap is None:
-        from cdc import dev  # noqa: PLC0415
+        from cdc import dev
 
         endpoints = dev.up(REPO / ".cdc-dev" / "bench", registry=avro)
         bootstrap, registry = endpoints.kafka_bootstrap, registry or endpoints.schema_registry_url
@@ -126,31 +129,69 @@ def main(argv: list[str] | None = None) -> int:
     bench.publish_history(bootstrap, prefix)
     if topic not in source.existing_topics():
         bench.produce(bootstrap, prefix, args.records, args.partitions, registry if avro else None)
-    shape = TableShape("public", "bench_orders", (
-        ColumnShape("id", Kind.INT64, "int8"), ColumnShape("customer_id", Kind.INT32, "int4"),
-        ColumnShape("status", Kind.TEXT, "text"), ColumnShape("amount", Kind.DECIMAL, "numeric", 12, 2),
-        ColumnShape("placed_at", Kind.TIMESTAMPTZ, "timestamptz", 6), ColumnShape("note", Kind.TEXT, "text"),
-    ), ("id",))  # fmt: skip
+    shape = TableShape(
+        "public",
+        "bench_orders",
+        (
+            ColumnShape("id", Kind.INT64, "int8"),
+            ColumnShape("customer_id", Kind.INT32, "int4"),
+            ColumnShape("status", Kind.TEXT, "text"),
+            ColumnShape("amount", Kind.DECIMAL, "numeric", 12, 2),
+            ColumnShape("placed_at", Kind.TIMESTAMPTZ, "timestamptz", 6),
+            ColumnShape("note", Kind.TEXT, "text"),
+        ),
+        ("id",),
+    )
     encoding = Encoding(format=args.format)
-    spark = build_session("bench-spark-stages", master=args.master, shuffle_partitions=args.shuffle_partitions, ui=True,
-                          conf={"spark.driver.memory": args.driver_memory, "spark.ui.port": "0",
-                                "spark.ui.retainedJobs": "10000", "spark.ui.retainedStages": "10000"})  # fmt: skip
+    spark = build_session(
+        "bench-spark-stages",
+        master=args.master,
+        shuffle_partitions=args.shuffle_partitions,
+        ui=True,
+        conf={
+            "spark.driver.memory": args.driver_memory,
+            "spark.ui.port": "0",
+            "spark.ui.retainedJobs": "10000",
+            "spark.ui.retainedStages": "10000",
+        },
+    )
     stages = Stages(spark)
     skip = set(filter(None, args.skip.split(",")))
     client = RegistryClient.from_settings(RegistrySettings(url=registry)) if avro and registry else None
     total = read_batch(spark, source, [topic]).count()  # warm-up: JIT, Kafka consumer pool
-    print(f"topic {topic} ({args.format}): {total} records; Spark {spark.version}, {args.master}, "
-          f"{args.shuffle_partitions} shuffle partitions")  # fmt: skip
+    print(
+        f"topic {topic} ({args.format}): {total} records; Spark {spark.version}, {args.master}, "
+        f"{args.shuffle_partitions} shuffle partitions"
+    )
     report: list[tuple[str, float, list[dict[str, Any]]]] = []
     work = Path(tempfile.mkdtemp(prefix="bench-stages-"))
     section = SparkSection(
-        views=[DeclaredView(name="orders_per_customer", key=["customer_id"],
-                            sql="SELECT customer_id, count(*) AS orders, sum(amount) AS total FROM public_bench_orders GROUP BY customer_id")],
-        indexes=[DeclaredIndex(name="orders", id="id", sql="SELECT id, note, status FROM public_bench_orders",
-                               text={"note": 1.0}, facets=["status"])],
-    )  # fmt: skip
-    cfg = jobs.JobConfig(source, prefix, {shape.qualified: shape}, work, encoding,
-                         registry=RegistrySettings(url=registry) if client else None, declared=section)  # fmt: skip
+        views=[
+            DeclaredView(
+                name="orders_per_customer",
+                key=["customer_id"],
+                sql="SELECT customer_id, count(*) AS orders, sum(amount) AS total FROM public_bench_orders GROUP BY customer_id",
+            )
+        ],
+        indexes=[
+            DeclaredIndex(
+                name="orders",
+                id="id",
+                sql="SELECT id, note, status FROM public_bench_orders",
+                text={"note": 1.0},
+                facets=["status"],
+            )
+        ],
+    )
+    cfg = jobs.JobConfig(
+        source,
+        prefix,
+        {shape.qualified: shape},
+        work,
+        encoding,
+        registry=RegistrySettings(url=registry) if client else None,
+        declared=section,
+    )
 
     def step(name: str, fn: Any) -> Any:
         spark.sparkContext.setJobGroup(name, name)
@@ -165,11 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         step("count", lambda: read_batch(spark, source, [topic]).count())
         history = schema_history(source, prefix, encoding)
         if "read+envelope" not in skip:
-            from cdc_views.reader import avro_schemas  # noqa: PLC0415
+            from cdc_views.reader import avro_schemas
 
             def envelope_only() -> None:
                 raw = read_batch(spark, source, [topic])
-                envelopes(raw, encoding, avro_schemas(raw, encoding, client)).write.format("noop").mode("overwrite").save()
+                envelopes(raw, encoding, avro_schemas(raw, encoding, client)).write.format("noop").mode(
+                    "overwrite"
+                ).save()
 
             step("read+envelope", envelope_only)
 
@@ -179,34 +222,44 @@ def main(argv: list[str] | None = None) -> int:
             return reduced, schemas
 
         reduced, schemas = step("latest", reduce)
-        changes = step("decode+check", lambda: Changes.of_topics(reduced, {topic: shape}, encoding, "fail", schemas, history)[topic])
+        changes = step(
+            "decode+check",
+            lambda: Changes.of_topics(reduced, {topic: shape}, encoding, "fail", schemas, history)[topic],
+        )
         if args.plans:
             with args.plans.open("w") as out:
-                for title, frame in (("reduced (read, envelope, latest per key)", reduced), ("decoded latest records", changes.decoded),
-                                     ("rows written", changes.rows)):  # fmt: skip
-                    mode = getattr(getattr(spark._jvm.org.apache.spark.sql.execution, "FormattedMode$"), "MODULE$")  # noqa: SLF001
-                    out.write(f"===== {title}\n{frame._jdf.queryExecution().explainString(mode)}\n")  # noqa: SLF001
+                for title, frame in (
+                    ("reduced (read, envelope, latest per key)", reduced),
+                    ("decoded latest records", changes.decoded),
+                    ("rows written", changes.rows),
+                ):
+                    mode = getattr(getattr(spark._jvm.org.apache.spark.sql.execution, "FormattedMode$"), "MODULE$")
+                    out.write(f"===== {title}\n{frame._jdf.queryExecution().explainString(mode)}\n")
         path = work / "tables" / shape.qualified
         step("delta write", lambda: merge_rows(spark, path, changes.rows, changes.truncates, full=True))
         if "compare+merge" not in skip:
             step("compare+merge", lambda: merge_rows(spark, path, changes.rows, changes.truncates, full=True))
-        frames = {shape.qualified: jobs._source_rows(changes)}  # noqa: SLF001
+        frames = {shape.qualified: jobs._source_rows(changes)}
         if "view" not in skip:
-            step("view SQL", lambda: jobs._write_view(spark, cfg, section.views[0], frames, job="bench"))  # noqa: SLF001
+            step("view SQL", lambda: jobs._write_view(spark, cfg, section.views[0], frames, job="bench"))
         if "index" not in skip:
-            step("index", lambda: jobs._write_index(spark, cfg, section.indexes[0], frames, job="bench"))  # noqa: SLF001
+            step("index", lambda: jobs._write_index(spark, cfg, section.indexes[0], frames, job="bench"))
         reduced.unpersist()
         changes.unpersist()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    print(f"\n{'step':<15}{'wall s':>8}  stages (name: seconds, tasks, executor run s / cpu s / gc s, records in, shuffle read/write MB)")
+    print(
+        f"\n{'step':<15}{'wall s':>8}  stages (name: seconds, tasks, executor run s / cpu s / gc s, records in, shuffle read/write MB)"
+    )
     for name, seconds, rows in report:
         print(f"{name:<15}{seconds:8.1f}")
         for r in rows:
-            print(f"{'':<25}{r['stage']:>4} {r['name']:<28} {r['seconds']:6.1f} s {r['tasks']:>4} tasks  run {r['run_s']:6.1f} "
-                  f"cpu {r['cpu_s']:6.1f} gc {r['gc_s']:5.1f}  in {r['input_records']:>9}  shuffle {r['shuffle_read_mb']:7.1f}/"
-                  f"{r['shuffle_write_mb']:7.1f}  spill {r['spill_mb']:.0f}")  # fmt: skip
+            print(
+                f"{'':<25}{r['stage']:>4} {r['name']:<28} {r['seconds']:6.1f} s {r['tasks']:>4} tasks  run {r['run_s']:6.1f} "
+                f"cpu {r['cpu_s']:6.1f} gc {r['gc_s']:5.1f}  in {r['input_records']:>9}  shuffle {r['shuffle_read_mb']:7.1f}/"
+                f"{r['shuffle_write_mb']:7.1f}  spill {r['spill_mb']:.0f}"
+            )
     spark.stop()
     return 0
 

@@ -22,9 +22,9 @@ byte budget, and any handling of B failing; its figure is an upper bound for suc
 from __future__ import annotations
 
 import argparse
+import marshal
 import multiprocessing
 import os
-import marshal
 import queue
 import statistics
 import sys
@@ -35,22 +35,21 @@ from typing import Any
 
 import psycopg
 
-from cpu import main_thread_cpu, self_cpu  # bench/cpu.py
-from decoder import DB, PUBLICATION, TABLE, create_slots, read_with_cdc, setup_database, write_rows  # bench/decoder.py
-
 from cdc import dev
 from cdc.catalog import describe_tables
 from cdc.config import TableConfig
 from cdc.decoder.changes import ChangeDecoder
-from cdc.render.codec import TableRenderer
 from cdc.decoder.stream import ReplicationStream, protocol_for
 from cdc.event import ChangeEvent, TxBegin, TxCommit
 from cdc.lsn import Lsn
 from cdc.process import tune_gc
+from cdc.render.codec import TableRenderer
 from cdc.sink.delivery import AtLeastOnce
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
 from cdc.sink.record import Record
+from cpu import self_cpu  # bench/cpu.py
+from decoder import DB, PUBLICATION, TABLE, create_slots, read_with_cdc, setup_database, write_rows  # bench/decoder.py
 
 
 def producer_process(bootstrap: str, data: Connection, acks: Connection) -> None:
@@ -177,9 +176,11 @@ def main() -> int:
                 dsn, endpoints.kafka_bootstrap, f"bench_split_{i}", target, f"bench_split_{stamp}_{i}"
             )
             split_rates.append(args.rows / elapsed)
-            print(f"run {i + 1}: decoder-only {rows / seconds:,.0f} rows/s ({dec_cpu / rows * 1e6:.1f} µs CPU a row); "
-                  f"split {args.rows / elapsed:,.0f} rows/s (main threads: A {a_cpu / args.rows * 1e6:.1f} µs, "
-                  f"B {b_cpu / args.rows * 1e6:.1f} µs a row)")  # fmt: skip
+            print(
+                f"run {i + 1}: decoder-only {rows / seconds:,.0f} rows/s ({dec_cpu / rows * 1e6:.1f} µs CPU a row); "
+                f"split {args.rows / elapsed:,.0f} rows/s (main threads: A {a_cpu / args.rows * 1e6:.1f} µs, "
+                f"B {b_cpu / args.rows * 1e6:.1f} µs a row)"
+            )
     finally:
         admin = admin_client(endpoints.kafka_bootstrap, {})
         names = [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"bench_split_{stamp}")]
@@ -187,8 +188,10 @@ def main() -> int:
             for future in admin.delete_topics(names, operation_timeout=30).values():
                 future.result()
     dec, split = statistics.median(dec_rates), statistics.median(split_rates)
-    print(f"median decoder-only {dec:,.0f} rows/s; two-process split {split:,.0f} rows/s; ratio {split / dec:.2f} "
-          "(target of the daemon >= 0.60)")  # fmt: skip
+    print(
+        f"median decoder-only {dec:,.0f} rows/s; two-process split {split:,.0f} rows/s; ratio {split / dec:.2f} "
+        "(target of the daemon >= 0.60)"
+    )
     return 0
 
 

@@ -31,12 +31,11 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cdc import dev
+from cdc.sink.kafka import admin_client
 from cpu import Services, process_cpu, spent  # bench/cpu.py
 from decoder import create_slots  # bench/decoder.py
 from e2e import daemon, drop_topics, per_row, wait_confirmed, wait_released, wait_streaming  # bench/e2e.py
-
-from cdc import dev
-from cdc.sink.kafka import admin_client
 
 DB = "bench_toast"
 MODES = ("full", "fill", "placeholder")
@@ -44,7 +43,9 @@ MODES = ("full", "fill", "placeholder")
 
 def setup(admin_dsn: str, rows: int) -> str:
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        for (slot,) in conn.execute("SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'bench\\_toast\\_%%'"):
+        for (slot,) in conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'bench\\_toast\\_%%'"
+        ):
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
         conn.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
         conn.execute(f"CREATE DATABASE {DB}")
@@ -76,7 +77,9 @@ def update_all(dsn: str, rows: int, tx_rows: int) -> str:
         return str(row[0])
 
 
-def run_once(dsn: str, bootstrap: str, mode: str, slot: str, target: str, workdir: Path, meter: Services) -> tuple[float, dict[str, float]]:
+def run_once(
+    dsn: str, bootstrap: str, mode: str, slot: str, target: str, workdir: Path, meter: Services
+) -> tuple[float, dict[str, float]]:
     table = "toast_full" if mode == "full" else "toast_default"
     config: dict[str, object] = {
         "source": {"dsn": dsn, "slot": slot, "publication": f"pub_{table}"},
@@ -115,12 +118,16 @@ def main() -> int:
     drop_topics(admin, "bench_toast_")
     t0 = time.perf_counter()
     dsn = setup(endpoints.postgres_dsn, args.rows)
-    print(f"tables: 2 x {args.rows} rows (~4 KB text + ~4 KB jsonb each, out of line) in {time.perf_counter() - t0:.1f}s")
+    print(
+        f"tables: 2 x {args.rows} rows (~4 KB text + ~4 KB jsonb each, out of line) in {time.perf_counter() - t0:.1f}s"
+    )
     runs = range(args.runs)
     create_slots(dsn, [f"bench_toast_{m}_{i}" for i in runs for m in MODES])
     t0 = time.perf_counter()
     target = update_all(dsn, args.rows, args.tx_rows)
-    print(f"workload: {args.rows} updates per table in {args.tx_rows}-row transactions, {time.perf_counter() - t0:.1f}s")
+    print(
+        f"workload: {args.rows} updates per table in {args.tx_rows}-row transactions, {time.perf_counter() - t0:.1f}s"
+    )
 
     workdir = Path(tempfile.mkdtemp(prefix="cdc-bench-toast-"))
     meter = Services()
@@ -128,7 +135,9 @@ def main() -> int:
     cpus: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
     for i in runs:
         for mode in MODES:  # alternated, so that each run's modes share one machine state
-            seconds, cpu = run_once(dsn, endpoints.kafka_bootstrap, mode, f"bench_toast_{mode}_{i}", target, workdir, meter)
+            seconds, cpu = run_once(
+                dsn, endpoints.kafka_bootstrap, mode, f"bench_toast_{mode}_{i}", target, workdir, meter
+            )
             rates[mode].append(args.rows / seconds)
             cpus[mode].append(cpu)
             print(f"  run {i + 1} {mode:<11} {args.rows / seconds:>9,.0f} rows/s  {per_row(cpu, args.rows)}")
@@ -137,12 +146,14 @@ def main() -> int:
         middle = sorted(cpus[mode], key=lambda c: c["daemon"])[len(cpus[mode]) // 2]
         print(f"  {mode:<11} {statistics.median(rates[mode]):>9,.0f} rows/s  CPU/row {per_row(middle, args.rows)}")
     ratio = statistics.median(rates["fill"]) / statistics.median(rates["full"])
-    pairs = ", ".join(f"{f / g:.2f}" for f, g in zip(rates["fill"], rates["full"]))
+    pairs = ", ".join(f"{f / g:.2f}" for f, g in zip(rates["fill"], rates["full"], strict=True))
     print(f"fill / full: {ratio:.2f} (per run: {pairs}; target >= 0.5)")
     print(f"placeholder / full: {statistics.median(rates['placeholder']) / statistics.median(rates['full']):.2f}")
     drop_topics(admin, "bench_toast_")
     with psycopg.connect(endpoints.postgres_dsn, autocommit=True) as conn:
-        for (slot,) in conn.execute("SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'bench\\_toast\\_%%'"):
+        for (slot,) in conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE 'bench\\_toast\\_%%'"
+        ):
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
     return 0
 

@@ -111,8 +111,11 @@ STEPS: dict[str, list[str]] = {
     ],
     "done": ["SELECT pg_logical_emit_message(true, 'capture.done', '')"],
 }
-TWO_PHASE_STEPS = {"prepare_commit": "capture-commit", "prepare_rollback": "capture-rollback",
-                   "prepare_streamed": "capture-stream"}
+TWO_PHASE_STEPS = {
+    "prepare_commit": "capture-commit",
+    "prepare_rollback": "capture-rollback",
+    "prepare_streamed": "capture-stream",
+}
 STREAMED_STEPS = {"streamed_commit", "streamed_abort"}
 
 
@@ -171,8 +174,7 @@ def main() -> int:
             facts.relations = {
                 f"capture.{name}": int(oid)
                 for name, oid in conn.execute(
-                    "SELECT relname, oid FROM pg_class WHERE relnamespace = 'capture'::regnamespace"
-                    " AND relkind = 'r'"
+                    "SELECT relname, oid FROM pg_class WHERE relnamespace = 'capture'::regnamespace AND relkind = 'r'"
                 )
             }
             facts.types = {"capture.mood": int(scalar(conn, "SELECT 'capture.mood'::regtype::oid"))}
@@ -191,21 +193,33 @@ def slot_plans(server_version: int, two_phase: bool) -> list[SlotPlan]:
     every_plain_step = set(STEPS) - STREAMED_STEPS - set(TWO_PHASE_STEPS) - {"done"}
     plans = [
         SlotPlan("capture_v1", 1, {"proto_version": "1", **publication}, every_plain_step),
-        SlotPlan("capture_v1_binary", 1, {"proto_version": "1", **publication, "binary": "true"},
-                 {"insert_accounts", "insert_enum", "toast_update"}),
+        SlotPlan(
+            "capture_v1_binary",
+            1,
+            {"proto_version": "1", **publication, "binary": "true"},
+            {"insert_accounts", "insert_enum", "toast_update"},
+        ),
         SlotPlan("capture_v2_stream", 2, {"proto_version": "2", **publication, "streaming": "on"}, STREAMED_STEPS),
     ]
     if two_phase:
-        plans.append(SlotPlan(
-            "capture_v3_two_phase", 3,
-            {"proto_version": "3", **publication, "streaming": "on", "two_phase": "on"},
-            set(TWO_PHASE_STEPS), two_phase=True,
-        ))
+        plans.append(
+            SlotPlan(
+                "capture_v3_two_phase",
+                3,
+                {"proto_version": "3", **publication, "streaming": "on", "two_phase": "on"},
+                set(TWO_PHASE_STEPS),
+                two_phase=True,
+            )
+        )
     if server_version >= 160000:
-        plans.append(SlotPlan(
-            "capture_v4_parallel", 4, {"proto_version": "4", **publication, "streaming": "parallel"},
-            {"streamed_abort"},
-        ))
+        plans.append(
+            SlotPlan(
+                "capture_v4_parallel",
+                4,
+                {"proto_version": "4", **publication, "streaming": "parallel"},
+                {"streamed_abort"},
+            )
+        )
     return plans
 
 
@@ -289,10 +303,25 @@ KEEPALIVE = struct.Struct(">cQqB")  # 'k', wal end, send time, reply requested
 STANDBY_STATUS = struct.Struct(">cQQQqB")
 XID = struct.Struct(">I")
 KIND_NAMES = {
-    b"B": "Begin", b"C": "Commit", b"O": "Origin", b"R": "Relation", b"Y": "Type", b"I": "Insert",
-    b"U": "Update", b"D": "Delete", b"T": "Truncate", b"M": "LogicalMessage", b"S": "StreamStart",
-    b"E": "StreamStop", b"c": "StreamCommit", b"A": "StreamAbort", b"b": "BeginPrepare", b"P": "Prepare",
-    b"K": "CommitPrepared", b"r": "RollbackPrepared", b"p": "StreamPrepare",
+    b"B": "Begin",
+    b"C": "Commit",
+    b"O": "Origin",
+    b"R": "Relation",
+    b"Y": "Type",
+    b"I": "Insert",
+    b"U": "Update",
+    b"D": "Delete",
+    b"T": "Truncate",
+    b"M": "LogicalMessage",
+    b"S": "StreamStart",
+    b"E": "StreamStop",
+    b"c": "StreamCommit",
+    b"A": "StreamAbort",
+    b"b": "BeginPrepare",
+    b"P": "Prepare",
+    b"K": "CommitPrepared",
+    b"r": "RollbackPrepared",
+    b"p": "StreamPrepare",
 }
 # Offset of the xid in the messages that open or close a transaction or a stream block.
 XID_OFFSET = {b"B": 17, b"S": 1, b"c": 1, b"A": 1, b"b": 25, b"P": 26, b"K": 26, b"r": 34, b"p": 26}
@@ -349,10 +378,16 @@ class Tracker:
         if step not in self.plan.keep_steps or self.counts.get(key, 0) >= limit:
             return
         self.counts[key] = self.counts.get(key, 0) + 1
-        self.plan.kept.append({
-            "kind": kind, "variant": variant, "step": step, "in_stream": in_stream, "payload": payload,
-            "wal_start": wal_start,
-        })
+        self.plan.kept.append(
+            {
+                "kind": kind,
+                "variant": variant,
+                "step": step,
+                "in_stream": in_stream,
+                "payload": payload,
+                "wal_start": wal_start,
+            }
+        )
 
     @staticmethod
     def variant(tag: bytes, payload: bytes, in_stream: bool) -> str:
@@ -370,13 +405,13 @@ class Tracker:
             return scope + ("_parallel" if len(payload) > 9 else "")
         if tag == b"T":
             return {0: "plain", 1: "cascade", 2: "restart_identity", 3: "cascade_restart_identity"}.get(
-                payload[head + 4], "other")
+                payload[head + 4], "other"
+            )
         return ""
 
 
 def read_slot(scratch_dsn: str, plan: SlotPlan, facts: Facts, timeout: float = 120.0) -> None:
-    conninfo = make_conninfo(scratch_dsn, replication="database",
-                             options=f"-c logical_decoding_work_mem={WORK_MEM}")
+    conninfo = make_conninfo(scratch_dsn, replication="database", options=f"-c logical_decoding_work_mem={WORK_MEM}")
     conn = pq.PGconn.connect(conninfo.encode())
     if conn.status != pq.ConnStatus.OK:
         raise RuntimeError(f"replication connection failed: {conn.get_error_message()!r}")
@@ -447,17 +482,19 @@ def write_output(out: Path, plans: list[SlotPlan], facts: Facts) -> None:
                 slug = "in_stream_" + slug
             name = f"{number:02d}_{slug}.bin"
             (out / name).write_bytes(kept["payload"])
-            files.append({
-                "file": name,
-                "kind": kept["kind"],
-                "variant": kept["variant"],
-                "step": kept["step"],
-                "in_stream": kept["in_stream"],
-                "proto_version": plan.proto_version,
-                "slot": plan.name,
-                "options": {k: v for k, v in plan.options.items() if k != "publication_names"},
-                "wal_start": format_lsn(kept["wal_start"]),
-            })
+            files.append(
+                {
+                    "file": name,
+                    "kind": kept["kind"],
+                    "variant": kept["variant"],
+                    "step": kept["step"],
+                    "in_stream": kept["in_stream"],
+                    "proto_version": plan.proto_version,
+                    "slot": plan.name,
+                    "options": {k: v for k, v in plan.options.items() if k != "publication_names"},
+                    "wal_start": format_lsn(kept["wal_start"]),
+                }
+            )
     manifest = {
         "about": "pgoutput payloads (bytes after the XLogData header) captured by scripts/capture_pgoutput.py",
         "server_version": facts.server_version,

@@ -43,7 +43,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _connector_jar() -> Path:
-    root = _proc.maven_fetch("flink-kafka-pom.xml", "flink", "flink-sql-connector-kafka-5.0.0-2.2", log, goal=("dependency:copy",))
+    root = _proc.maven_fetch(
+        "flink-kafka-pom.xml", "flink", "flink-sql-connector-kafka-5.0.0-2.2", log, goal=("dependency:copy",)
+    )
     return next((root / "libs").glob("flink-sql-connector-kafka-*.jar"))
 
 
@@ -74,7 +76,9 @@ def _wait_quiet(bootstrap: str, topics: list[str], seconds: float = 4.0, timeout
 
 
 def _rows(conn: psycopg.Connection[Any], table: str) -> list[dict[str, Any]]:
-    cur = conn.execute(sql.SQL("SELECT id, name, price::text AS price, qty FROM {} ORDER BY id").format(sql.Identifier(table)))
+    cur = conn.execute(
+        sql.SQL("SELECT id, name, price::text AS price, qty FROM {} ORDER BY id").format(sql.Identifier(table))
+    )
     return [dict(zip([d.name for d in cur.description or []], r, strict=True)) for r in cur.fetchall()]
 
 
@@ -111,8 +115,10 @@ def main() -> int:
         }
         (work / "cdc.yaml").write_text(yaml.safe_dump(config))
         with (work / "cdc.log").open("ab") as out:
-            daemon = subprocess.Popen(  # noqa: S603
-                [sys.executable, "-m", "cdc.cli", "run", "--config", str(work / "cdc.yaml")], stdout=out, stderr=subprocess.STDOUT
+            daemon = subprocess.Popen(
+                [sys.executable, "-m", "cdc.cli", "run", "--config", str(work / "cdc.yaml")],
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         topics = [f"{prefix}.public.kept", f"{prefix}.public.marked"]
         _wait_quiet(endpoints.kafka_bootstrap, topics)
@@ -129,25 +135,41 @@ def main() -> int:
         _wait_quiet(endpoints.kafka_bootstrap, topics)
         for topic in topics:
             started = time.monotonic()
-            job = subprocess.run(  # noqa: S603
-                [args.flink_python, str(ROOT / "scripts" / "flink_debezium_job.py"), endpoints.kafka_bootstrap, topic, str(jar)],
-                capture_output=True, text=True, timeout=600, check=False,
-            )  # fmt: skip
+            job = subprocess.run(
+                [
+                    args.flink_python,
+                    str(ROOT / "scripts" / "flink_debezium_job.py"),
+                    endpoints.kafka_bootstrap,
+                    topic,
+                    str(jar),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
             seconds = round(time.monotonic() - started, 1)
             if topic.endswith(".kept"):
                 got = {r["id"]: r for r in map(json.loads, job.stdout.splitlines())} if job.returncode == 0 else None
-                want = {k: {**v, "price": str(v["price"]) if v["price"] is not None else None} for k, v in expected_kept.items()}
+                want = {
+                    k: {**v, "price": str(v["price"]) if v["price"] is not None else None}
+                    for k, v in expected_kept.items()
+                }
                 same = got == want
                 ok &= same
-                print(f"kept (truncate: skip): job exit {job.returncode} in {seconds}s; rows {len(got or {})}, "
-                      f"expected {len(want)} (source rows plus the truncated ones): {'equal' if same else 'DIFFERENT'}")  # fmt: skip
+                print(
+                    f"kept (truncate: skip): job exit {job.returncode} in {seconds}s; rows {len(got or {})}, "
+                    f"expected {len(want)} (source rows plus the truncated ones): {'equal' if same else 'DIFFERENT'}"
+                )
                 if not same:
                     print(f"  got {got}\n  want {want}\n  stderr: {job.stderr[-3000:]}")
             else:
                 failed = job.returncode != 0 and 'Unknown "op" value "t"' in job.stderr
                 ok &= failed
-                print(f"marked (truncate markers): job exit {job.returncode} in {seconds}s; "
-                      f"{'fails at the marker as expected' if failed else 'UNEXPECTED'}")  # fmt: skip
+                print(
+                    f"marked (truncate markers): job exit {job.returncode} in {seconds}s; "
+                    f"{'fails at the marker as expected' if failed else 'UNEXPECTED'}"
+                )
                 if not failed:
                     print(f"  stdout: {job.stdout[-2000:]}\n  stderr: {job.stderr[-3000:]}")
     finally:
@@ -155,7 +177,9 @@ def main() -> int:
             daemon.terminate()
             daemon.wait(60)
         with psycopg.connect(endpoints.postgres_dsn, autocommit=True) as admin:
-            for (slot,) in admin.execute("SELECT slot_name FROM pg_replication_slots WHERE database = %s", (dbname,)).fetchall():
+            for (slot,) in admin.execute(
+                "SELECT slot_name FROM pg_replication_slots WHERE database = %s", (dbname,)
+            ).fetchall():
                 admin.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(dbname)))
         admin_client = AdminClient({"bootstrap.servers": endpoints.kafka_bootstrap})

@@ -45,7 +45,12 @@ def main(bootstrap: str, topic: str, jar: str) -> int:
     with env.execute_sql("SELECT id, name, price, qty FROM src").collect() as results:
         for row in results:
             kind = row.get_row_kind()
-            values = {"id": row[0], "name": row[1], "price": str(row[2]) if isinstance(row[2], Decimal) else row[2], "qty": row[3]}
+            values = {
+                "id": row[0],
+                "name": row[1],
+                "price": str(row[2]) if isinstance(row[2], Decimal) else row[2],
+                "qty": row[3],
+            }
             if kind in (RowKind.INSERT, RowKind.UPDATE_AFTER):
                 rows[row[0]] = values
             elif kind in (RowKind.DELETE, RowKind.UPDATE_BEFORE):

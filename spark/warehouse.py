@@ -8,6 +8,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cdc_views.cli import main  # noqa: E402
+from cdc_views.cli import main
 
 raise SystemExit(main(["rebuild", "--views", "warehouse", *sys.argv[1:]]))

@@ -46,9 +46,9 @@ def pytest_report_header(config: pytest.Config) -> str:
     the compiled ones, or the pure-Python reference (CDC_PURE_PYTHON=1, or the compiled module not built)."""
     from cdc.render import codec
 
-    if codec._COMPILED is not None:  # noqa: SLF001 - the chooser's own verdict, as log_choice reports it
+    if codec._COMPILED is not None:
         return "row codec: compiled (cdc.render._compiled, cdc.render._envelope)"
-    return f"row codec: pure-Python reference ({codec._WHY_NOT})"  # noqa: SLF001
+    return f"row codec: pure-Python reference ({codec._WHY_NOT})"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -58,7 +58,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    from xdist.scheduler import LoadScopeScheduling  # noqa: PLC0415 - only when xdist runs the session
+    from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:

@@ -39,7 +39,7 @@ PROMETHEUS_RULE = ROOT / "deploy" / "k8s" / "monitoring" / "prometheusrule.yaml"
 K8S_DASHBOARD = ROOT / "deploy" / "k8s" / "monitoring" / "grafana-dashboard.json"  # kustomize reads files below it only
 
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
-I = 'instance=~"$instance"'  # every query is filtered by the instance variable
+INST = 'instance=~"$instance"'  # every query is filtered by the instance variable
 T = 'table=~"$table"'  # per-table queries by the table variable
 
 # (row title, [(panel title, kind, unit, [(expr, legend)], description)])
@@ -48,105 +48,323 @@ ROWS: list[tuple[str, list[Panel]]] = [
     (
         "Overview",
         [
-            ("Daemon up", "stat", "none", [(f'up{{job="cdc",{I}}}', "{{instance}}")], "1 while Prometheus scrapes the daemon"),
-            ("Streaming", "stat", "none", [(f"cdc_streaming{{{I}}}", "{{instance}}")], "1 while the replication stream runs"),
-            ("Starting", "stat", "none", [(f"cdc_starting{{{I}}}", "{{instance}}")], "1 during start-up and the initial snapshot"),
-            ("Slot lag", "timeseries", "bytes", [(f"cdc_slot_lag_bytes{{{I}}}", "{{instance}}")], "WAL the server retains for the slot"),
-            ("Source lag", "timeseries", "s", [(f"cdc_source_lag_seconds{{{I}}}", "{{instance}}")], "commit to processing, last transaction"),
-            ("Events per second", "timeseries", "ops", [(f"sum by (instance) (cdc:events:rate5m{{{I}}})", "{{instance}}")], "change events published"),
+            (
+                "Daemon up",
+                "stat",
+                "none",
+                [(f'up{{job="cdc",{INST}}}', "{{instance}}")],
+                "1 while Prometheus scrapes the daemon",
+            ),
+            (
+                "Streaming",
+                "stat",
+                "none",
+                [(f"cdc_streaming{{{INST}}}", "{{instance}}")],
+                "1 while the replication stream runs",
+            ),
+            (
+                "Starting",
+                "stat",
+                "none",
+                [(f"cdc_starting{{{INST}}}", "{{instance}}")],
+                "1 during start-up and the initial snapshot",
+            ),
+            (
+                "Slot lag",
+                "timeseries",
+                "bytes",
+                [(f"cdc_slot_lag_bytes{{{INST}}}", "{{instance}}")],
+                "WAL the server retains for the slot",
+            ),
+            (
+                "Source lag",
+                "timeseries",
+                "s",
+                [(f"cdc_source_lag_seconds{{{INST}}}", "{{instance}}")],
+                "commit to processing, last transaction",
+            ),
+            (
+                "Events per second",
+                "timeseries",
+                "ops",
+                [(f"sum by (instance) (cdc:events:rate5m{{{INST}}})", "{{instance}}")],
+                "change events published",
+            ),
             (
                 "WAL left before invalidation",
                 "timeseries",
                 "bytes",
-                [(f"cdc_slot_safe_wal_size_bytes{{{I}}}", "{{instance}} safe_wal_size")],
+                [(f"cdc_slot_safe_wal_size_bytes{{{INST}}}", "{{instance}} safe_wal_size")],
                 "pg_replication_slots.safe_wal_size (empty when max_slot_wal_keep_size is -1)",
             ),
-            ("WAL left, share", "stat", "percentunit", [(f"cdc:slot_wal_left:ratio{{{I}}}", "{{instance}}")], "safe_wal_size of what the server keeps for the slot"),
-            ("Slot wal_status", "stat", "none", [(f"cdc_slot_wal_status{{{I}}} == 1", "{{status}}")], "reserved, extended, unreserved, lost"),
-            ("Since the server's last message", "timeseries", "s", [(f"cdc_server_message_age_seconds{{{I}}}", "{{instance}}")], "keepalives come every wal_sender_timeout/2"),
+            (
+                "WAL left, share",
+                "stat",
+                "percentunit",
+                [(f"cdc:slot_wal_left:ratio{{{INST}}}", "{{instance}}")],
+                "safe_wal_size of what the server keeps for the slot",
+            ),
+            (
+                "Slot wal_status",
+                "stat",
+                "none",
+                [(f"cdc_slot_wal_status{{{INST}}} == 1", "{{status}}")],
+                "reserved, extended, unreserved, lost",
+            ),
+            (
+                "Since the server's last message",
+                "timeseries",
+                "s",
+                [(f"cdc_server_message_age_seconds{{{INST}}}", "{{instance}}")],
+                "keepalives come every wal_sender_timeout/2",
+            ),
         ],
     ),
     (
         "Per table",
         [
-            ("Events per second by table", "timeseries", "ops", [(f"sum by (table, op) (rate(cdc_events_total{{{I},{T}}}[$__rate_interval]))", "{{table}} {{op}}")], ""),
-            ("Events in the last hour", "stat", "short", [(f"sum by (table) (increase(cdc_events_total{{{I},{T}}}[1h]))", "{{table}}")], ""),
-            ("Transaction size", "timeseries", "short", [
-                (f"cdc:transaction_events:p99_5m{{{I}}}", "p99 {{instance}}"),
-                (f"histogram_quantile(0.5, sum by (instance, le) (rate(cdc_transaction_events_bucket{{{I}}}[$__rate_interval])))", "p50 {{instance}}"),
-            ], "events per source transaction"),
-            ("Transactions per second", "timeseries", "ops", [(f"sum by (instance) (rate(cdc_transaction_events_count{{{I}}}[$__rate_interval]))", "{{instance}}")], ""),
+            (
+                "Events per second by table",
+                "timeseries",
+                "ops",
+                [(f"sum by (table, op) (rate(cdc_events_total{{{INST},{T}}}[$__rate_interval]))", "{{table}} {{op}}")],
+                "",
+            ),
+            (
+                "Events in the last hour",
+                "stat",
+                "short",
+                [(f"sum by (table) (increase(cdc_events_total{{{INST},{T}}}[1h]))", "{{table}}")],
+                "",
+            ),
+            (
+                "Transaction size",
+                "timeseries",
+                "short",
+                [
+                    (f"cdc:transaction_events:p99_5m{{{INST}}}", "p99 {{instance}}"),
+                    (
+                        f"histogram_quantile(0.5, sum by (instance, le) (rate(cdc_transaction_events_bucket{{{INST}}}[$__rate_interval])))",
+                        "p50 {{instance}}",
+                    ),
+                ],
+                "events per source transaction",
+            ),
+            (
+                "Transactions per second",
+                "timeseries",
+                "ops",
+                [
+                    (
+                        f"sum by (instance) (rate(cdc_transaction_events_count{{{INST}}}[$__rate_interval]))",
+                        "{{instance}}",
+                    )
+                ],
+                "",
+            ),
         ],
     ),
     (
         "Snapshots",
         [
-            ("Rows copied", "timeseries", "short", [
-                (f"cdc_snapshot_table_rows{{{I},{T}}}", "{{kind}} {{table}}"),
-                (f"cdc_snapshot_table_rows_estimated{{{I},{T}}}", "{{kind}} {{table}} estimated"),
-            ], "rows done and pg_class's estimate"),
-            ("Done", "stat", "percentunit", [(f"cdc:snapshot_table_done:ratio{{{I},{T}}}", "{{kind}} {{table}}")], "rows done of the estimate"),
-            ("Chunks", "timeseries", "short", [
-                (f"cdc_snapshot_table_chunks{{{I},{T}}}", "{{kind}} {{table}}"),
-                (f"cdc_snapshot_table_chunks_planned{{{I},{T}}}", "{{kind}} {{table}} planned"),
-            ], ""),
-            ("Snapshot rows per second", "timeseries", "ops", [(f"sum by (table) (rate(cdc_snapshot_rows_total{{{I},{T}}}[$__rate_interval]))", "{{table}}")], ""),
-            ("Running", "stat", "none", [(f"cdc_snapshot_running{{{I}}}", "{{kind}}")], ""),
-            ("Rate and ETA", "timeseries", "short", [
-                (f"cdc_snapshot_rows_per_second{{{I}}}", "{{kind}} rows/s"),
-                (f"cdc_snapshot_eta_seconds{{{I}}}", "{{kind}} seconds left"),
-            ], ""),
+            (
+                "Rows copied",
+                "timeseries",
+                "short",
+                [
+                    (f"cdc_snapshot_table_rows{{{INST},{T}}}", "{{kind}} {{table}}"),
+                    (f"cdc_snapshot_table_rows_estimated{{{INST},{T}}}", "{{kind}} {{table}} estimated"),
+                ],
+                "rows done and pg_class's estimate",
+            ),
+            (
+                "Done",
+                "stat",
+                "percentunit",
+                [(f"cdc:snapshot_table_done:ratio{{{INST},{T}}}", "{{kind}} {{table}}")],
+                "rows done of the estimate",
+            ),
+            (
+                "Chunks",
+                "timeseries",
+                "short",
+                [
+                    (f"cdc_snapshot_table_chunks{{{INST},{T}}}", "{{kind}} {{table}}"),
+                    (f"cdc_snapshot_table_chunks_planned{{{INST},{T}}}", "{{kind}} {{table}} planned"),
+                ],
+                "",
+            ),
+            (
+                "Snapshot rows per second",
+                "timeseries",
+                "ops",
+                [(f"sum by (table) (rate(cdc_snapshot_rows_total{{{INST},{T}}}[$__rate_interval]))", "{{table}}")],
+                "",
+            ),
+            ("Running", "stat", "none", [(f"cdc_snapshot_running{{{INST}}}", "{{kind}}")], ""),
+            (
+                "Rate and ETA",
+                "timeseries",
+                "short",
+                [
+                    (f"cdc_snapshot_rows_per_second{{{INST}}}", "{{kind}} rows/s"),
+                    (f"cdc_snapshot_eta_seconds{{{INST}}}", "{{kind}} seconds left"),
+                ],
+                "",
+            ),
         ],
     ),
     (
         "Delivery and queue",
         [
-            ("Queue", "timeseries", "bytes", [
-                (f"cdc_queue_bytes{{{I}}}", "{{instance}} in flight"),
-                (f"cdc_queue_limit_bytes{{{I}}}", "{{instance}} limits.max_inflight_bytes"),
-            ], ""),
-            ("Queue fill", "stat", "percentunit", [(f"cdc:queue_fill:ratio{{{I}}}", "{{instance}}")], ""),
-            ("Records in flight", "timeseries", "short", [(f"cdc_inflight_records{{{I}}}", "{{instance}}")], ""),
-            ("Backpressure", "timeseries", "percentunit", [(f"rate(cdc_backpressure_seconds_total{{{I}}}[$__rate_interval])", "{{instance}}")], "share of the time the loop waited on Kafka"),
-            ("Kafka requests and retries", "timeseries", "reqps", [
-                (f"sum by (broker) (rate(cdc_kafka_requests_total{{{I}}}[$__rate_interval]))", "broker {{broker}} requests"),
-                (f"sum by (broker) (rate(cdc_kafka_request_retries_total{{{I}}}[$__rate_interval]))", "broker {{broker}} retries"),
-            ], "librdkafka's statistics"),
-            ("Broker round trip", "timeseries", "s", [(f"cdc_kafka_broker_rtt_seconds{{{I}}}", "broker {{broker}} q{{quantile}}")], ""),
-            ("Brokers up", "stat", "none", [(f"cdc_kafka_broker_up{{{I}}}", "broker {{broker}}")], ""),
-            ("Batches", "timeseries", "short", [
-                (f"rate(cdc_kafka_batches_total{{{I}}}[$__rate_interval])", "{{instance}} batches/s"),
-                (f"cdc:kafka_batch_bytes:mean5m{{{I}}}", "{{instance}} mean batch bytes"),
-            ], ""),
-            ("Confirmed LSN moves", "timeseries", "Bps", [(f"deriv(cdc_confirmed_lsn{{{I}}}[$__rate_interval])", "{{instance}}")], "WAL bytes per second confirmed to Postgres"),
+            (
+                "Queue",
+                "timeseries",
+                "bytes",
+                [
+                    (f"cdc_queue_bytes{{{INST}}}", "{{instance}} in flight"),
+                    (f"cdc_queue_limit_bytes{{{INST}}}", "{{instance}} limits.max_inflight_bytes"),
+                ],
+                "",
+            ),
+            ("Queue fill", "stat", "percentunit", [(f"cdc:queue_fill:ratio{{{INST}}}", "{{instance}}")], ""),
+            ("Records in flight", "timeseries", "short", [(f"cdc_inflight_records{{{INST}}}", "{{instance}}")], ""),
+            (
+                "Backpressure",
+                "timeseries",
+                "percentunit",
+                [(f"rate(cdc_backpressure_seconds_total{{{INST}}}[$__rate_interval])", "{{instance}}")],
+                "share of the time the loop waited on Kafka",
+            ),
+            (
+                "Kafka requests and retries",
+                "timeseries",
+                "reqps",
+                [
+                    (
+                        f"sum by (broker) (rate(cdc_kafka_requests_total{{{INST}}}[$__rate_interval]))",
+                        "broker {{broker}} requests",
+                    ),
+                    (
+                        f"sum by (broker) (rate(cdc_kafka_request_retries_total{{{INST}}}[$__rate_interval]))",
+                        "broker {{broker}} retries",
+                    ),
+                ],
+                "librdkafka's statistics",
+            ),
+            (
+                "Broker round trip",
+                "timeseries",
+                "s",
+                [(f"cdc_kafka_broker_rtt_seconds{{{INST}}}", "broker {{broker}} q{{quantile}}")],
+                "",
+            ),
+            ("Brokers up", "stat", "none", [(f"cdc_kafka_broker_up{{{INST}}}", "broker {{broker}}")], ""),
+            (
+                "Batches",
+                "timeseries",
+                "short",
+                [
+                    (f"rate(cdc_kafka_batches_total{{{INST}}}[$__rate_interval])", "{{instance}} batches/s"),
+                    (f"cdc:kafka_batch_bytes:mean5m{{{INST}}}", "{{instance}} mean batch bytes"),
+                ],
+                "",
+            ),
+            (
+                "Confirmed LSN moves",
+                "timeseries",
+                "Bps",
+                [(f"deriv(cdc_confirmed_lsn{{{INST}}}[$__rate_interval])", "{{instance}}")],
+                "WAL bytes per second confirmed to Postgres",
+            ),
         ],
     ),
     (
         "Errors and dead letters",
         [
-            ("Delivery errors", "stat", "short", [(f"increase(cdc_delivery_errors_total{{{I}}}[1h])", "{{instance}}")], "each stops the pipeline"),
-            ("Dead letters", "stat", "short", [(f"increase(cdc_dead_letters_total{{{I}}}[1h])", "{{instance}}")], "records sent to limits.dead_letter_topic"),
-            ("Kafka request errors and timeouts", "timeseries", "reqps", [
-                (f"sum by (broker) (rate(cdc_kafka_request_errors_total{{{I}}}[$__rate_interval]))", "broker {{broker}} errors"),
-                (f"sum by (broker) (rate(cdc_kafka_request_timeouts_total{{{I}}}[$__rate_interval]))", "broker {{broker}} timeouts"),
-            ], ""),
+            (
+                "Delivery errors",
+                "stat",
+                "short",
+                [(f"increase(cdc_delivery_errors_total{{{INST}}}[1h])", "{{instance}}")],
+                "each stops the pipeline",
+            ),
+            (
+                "Dead letters",
+                "stat",
+                "short",
+                [(f"increase(cdc_dead_letters_total{{{INST}}}[1h])", "{{instance}}")],
+                "records sent to limits.dead_letter_topic",
+            ),
+            (
+                "Kafka request errors and timeouts",
+                "timeseries",
+                "reqps",
+                [
+                    (
+                        f"sum by (broker) (rate(cdc_kafka_request_errors_total{{{INST}}}[$__rate_interval]))",
+                        "broker {{broker}} errors",
+                    ),
+                    (
+                        f"sum by (broker) (rate(cdc_kafka_request_timeouts_total{{{INST}}}[$__rate_interval]))",
+                        "broker {{broker}} timeouts",
+                    ),
+                ],
+                "",
+            ),
         ],
     ),
     (
         "Failover",
         [
-            ("Standby ready", "stat", "none", [(f"cdc_slot_failover_ready{{{I}}}", "{{host}}")], "a synchronized, persistent copy of the slot (multi-host DSN)"),
-            ("Standby behind", "timeseries", "bytes", [(f"cdc_slot_standby_behind_bytes{{{I}}}", "{{host}}")], ""),
+            (
+                "Standby ready",
+                "stat",
+                "none",
+                [(f"cdc_slot_failover_ready{{{INST}}}", "{{host}}")],
+                "a synchronized, persistent copy of the slot (multi-host DSN)",
+            ),
+            ("Standby behind", "timeseries", "bytes", [(f"cdc_slot_standby_behind_bytes{{{INST}}}", "{{host}}")], ""),
         ],
     ),
     (
         "Process",
         [
-            ("Resident memory", "timeseries", "bytes", [(f'process_resident_memory_bytes{{job="cdc",{I}}}', "{{instance}}")], ""),
-            ("CPU", "timeseries", "percentunit", [(f'rate(process_cpu_seconds_total{{job="cdc",{I}}}[$__rate_interval])', "{{instance}}")], "cores used by the main process"),
-            ("Open file descriptors", "timeseries", "short", [(f'process_open_fds{{job="cdc",{I}}}', "{{instance}}")], ""),
-            ("Main loop heartbeat age", "timeseries", "s", [(f"cdc_main_loop_heartbeat_age_seconds{{{I}}}", "{{instance}}")], "/healthz says stalled past 120 s"),
-            ("Start-up phases", "timeseries", "s", [(f"cdc_startup_phase_seconds{{{I}}}", "{{phase}}")], "how long each start-up phase took"),
+            (
+                "Resident memory",
+                "timeseries",
+                "bytes",
+                [(f'process_resident_memory_bytes{{job="cdc",{INST}}}', "{{instance}}")],
+                "",
+            ),
+            (
+                "CPU",
+                "timeseries",
+                "percentunit",
+                [(f'rate(process_cpu_seconds_total{{job="cdc",{INST}}}[$__rate_interval])', "{{instance}}")],
+                "cores used by the main process",
+            ),
+            (
+                "Open file descriptors",
+                "timeseries",
+                "short",
+                [(f'process_open_fds{{job="cdc",{INST}}}', "{{instance}}")],
+                "",
+            ),
+            (
+                "Main loop heartbeat age",
+                "timeseries",
+                "s",
+                [(f"cdc_main_loop_heartbeat_age_seconds{{{INST}}}", "{{instance}}")],
+                "/healthz says stalled past 120 s",
+            ),
+            (
+                "Start-up phases",
+                "timeseries",
+                "s",
+                [(f"cdc_startup_phase_seconds{{{INST}}}", "{{phase}}")],
+                "how long each start-up phase took",
+            ),
         ],
     ),
 ]
@@ -160,7 +378,15 @@ def _panel(
         if kind == "stat"
         else timeseries.Panel()
     )
-    builder = builder.id(panel_id).title(title).unit(unit).datasource(DS).height(6).span(8).grid_pos(dm.GridPos(h=6, w=8, x=x, y=y))
+    builder = (
+        builder.id(panel_id)
+        .title(title)
+        .unit(unit)
+        .datasource(DS)
+        .height(6)
+        .span(8)
+        .grid_pos(dm.GridPos(h=6, w=8, x=x, y=y))
+    )
     if description:
         builder = builder.description(description)
     for i, (expr, legend) in enumerate(queries):

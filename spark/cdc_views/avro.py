@@ -45,8 +45,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
 from pyspark.sql.types import ArrayType, BinaryType, DataType, DecimalType, StringType, StructType
 
+from cdc.sink.avro_diff import named_types
 from cdc.sink.avro_schema import avro_field_name
-from cdc.sink.registry import RegistryClient, RegistryError, named_types
+from cdc.sink.registry import RegistryClient, RegistryError
 from cdc.sink.wire import LEGACY_TRUNCATE_KEY_FIELD
 from cdc_views.decode import decode, spark_type
 from cdc_views.tables import ColumnShape, Encoding, Kind, TableShape
@@ -131,12 +132,17 @@ def _envelope_shape(decoded: Column, reader: Mapping[str, Any]) -> Column:
     """``decoded`` (read with ``reader``, a ``_pruned`` envelope) as struct<op, source: struct<lsn, ts_ms,
     sequence>> whatever the writer had: one type for every writer schema; a field the writer lacks (a
     ``sequence`` in a source block that has none) is null."""
-    source_fields: list[dict[str, Any]] = next((f["type"].get("fields", []) for f in reader["fields"] if f["name"] == "source"), [])
+    source_fields: list[dict[str, Any]] = next(
+        (f["type"].get("fields", []) for f in reader["fields"] if f["name"] == "source"), []
+    )
     have = {f["name"] for f in source_fields}
     types = {"lsn": "bigint", "ts_ms": "bigint", "sequence": "string"}
-    source = F.struct(*[
-        (decoded["source"][name] if name in have else F.lit(None)).cast(kind).alias(name) for name, kind in types.items()
-    ])  # fmt: skip
+    source = F.struct(
+        *[
+            (decoded["source"][name] if name in have else F.lit(None)).cast(kind).alias(name)
+            for name, kind in types.items()
+        ]
+    )
     return F.when(decoded.isNotNull(), F.struct(decoded["op"].alias("op"), source.alias("source")))
 
 
@@ -204,8 +210,14 @@ class AvroSchemas:
                 out.topics[topic] = TopicSchemas(topic, reader, reader_id)
         except RegistryError as exc:
             raise AvroSchemaError(f"{exc}. For the jobs: --registry URL or schema_registry.url in --config") from None
-        log.info("avro.schemas", topics=sorted(topics), key_ids=sorted(out.key_ids), value_ids=sorted(out.value_ids),
-                 unknown=sorted(out.unknown), readers={t: s.reader_id for t, s in out.topics.items()})  # fmt: skip
+        log.info(
+            "avro.schemas",
+            topics=sorted(topics),
+            key_ids=sorted(out.key_ids),
+            value_ids=sorted(out.value_ids),
+            unknown=sorted(out.unknown),
+            readers={t: s.reader_id for t, s in out.topics.items()},
+        )
         return out
 
     # --- keys -------------------------------------------------------------------
@@ -227,8 +239,10 @@ class AvroSchemas:
             F.when(kid.isNull(), F.lit("key is not in the Confluent Avro wire format (magic byte 0, 4-byte schema id)"))
             .when(kid.isin(*self.unknown) if self.unknown else F.lit(False), _unknown("key", kid, self.registry_url))
             # a marker's key fields are all null, which to_json writes as {} too: it is no decoding failure
-            .when((text == "{}") & ~self.is_marker(kid),
-                  F.concat(F.lit("key does not decode with its schema (id "), kid.cast("string"), F.lit(")")))
+            .when(
+                (text == "{}") & ~self.is_marker(kid),
+                F.concat(F.lit("key does not decode with its schema (id "), kid.cast("string"), F.lit(")")),
+            )
         )
 
     def is_marker(self, kid: Column) -> Column:
@@ -250,11 +264,15 @@ class AvroSchemas:
     def value_problem(self, vid: Column, env: Column) -> Column:
         """Why a (non-null) value with schema id ``vid`` and decoded envelope ``env`` is bad, or null."""
         return (
-            F.when(vid.isNull(), F.lit("value is not in the Confluent Avro wire format (magic byte 0, 4-byte schema id)"))
+            F.when(
+                vid.isNull(), F.lit("value is not in the Confluent Avro wire format (magic byte 0, 4-byte schema id)")
+            )
             .when(vid.isin(*self.unknown) if self.unknown else F.lit(False), _unknown("value", vid, self.registry_url))
-            .when(env.isNull() | env["op"].isNull(),
-                  F.concat(F.lit("value does not decode with its schema (id "), vid.cast("string"), F.lit(")")))
-        )  # fmt: skip
+            .when(
+                env.isNull() | env["op"].isNull(),
+                F.concat(F.lit("value does not decode with its schema (id "), vid.cast("string"), F.lit(")")),
+            )
+        )
 
     def after(self, topic: str, value: Column) -> Column | None:
         """The ``after`` row of a value resolved to the topic's latest value schema (None: no reader)."""
@@ -285,8 +303,12 @@ class AvroSchemas:
                 lambda ok, name: ok & (decoded[name].isNull() | rescaled[name].isNotNull()), changed, F.lit(True)
             )
             fields = [rescaled.get(name, decoded[name]).alias(name) for name in _after_fields(pruned)]
-            log.info("avro.decimal_scale_resolved", topic=topic, writer_id=sid,
-                     columns={n: {"writer": w, "reader": r} for n, (w, r) in changed.items()})  # fmt: skip
+            log.info(
+                "avro.decimal_scale_resolved",
+                topic=topic,
+                writer_id=sid,
+                columns={n: {"writer": w, "reader": r} for n, (w, r) in changed.items()},
+            )
             row = F.when(vid == sid, F.when(decoded.isNotNull() & fits, F.struct(*fields))).otherwise(row)
         return row
 
@@ -318,7 +340,9 @@ def _decimal_of(node: Any) -> tuple[int, int] | None:
     return None
 
 
-def _decimals_changed(reader: dict[str, Any], writer: dict[str, Any]) -> dict[str, tuple[tuple[int, int], tuple[int, int]]]:
+def _decimals_changed(
+    reader: dict[str, Any], writer: dict[str, Any]
+) -> dict[str, tuple[tuple[int, int], tuple[int, int]]]:
     """The ``after`` columns that are decimals in both schemas with another precision or scale:
     name -> ((writer precision, scale), (reader precision, scale))."""
     r, w = _after_record(reader), _after_record(writer)
@@ -333,7 +357,9 @@ def _decimals_changed(reader: dict[str, Any], writer: dict[str, Any]) -> dict[st
     return out
 
 
-def _with_decimals(envelope: dict[str, Any], changed: Mapping[str, tuple[tuple[int, int], tuple[int, int]]]) -> dict[str, Any]:
+def _with_decimals(
+    envelope: dict[str, Any], changed: Mapping[str, tuple[tuple[int, int], tuple[int, int]]]
+) -> dict[str, Any]:
     """``envelope`` (pruned to ``after``) with the ``changed`` columns' decimals at the writer's precision and scale."""
     out = copy.deepcopy(envelope)
     record = _after_record(out)
@@ -395,5 +421,7 @@ def _convert(raw: Column, have: DataType, column: ColumnShape, encoding: Encodin
     return decode(raw.cast(StringType()), column, encoding)
 
 
-def row_columns(row: Column, row_type: StructType, table: TableShape, encoding: Encoding) -> list[tuple[Column, Column]]:
+def row_columns(
+    row: Column, row_type: StructType, table: TableShape, encoding: Encoding
+) -> list[tuple[Column, Column]]:
     return [column_value(row, row_type, c, encoding) for c in table.columns]

@@ -35,13 +35,13 @@ def _config_defaults(path: str | None) -> dict[str, Any]:
     """Settings from the connector's YAML configuration (validated by the connector's own model)."""
     if path is None:
         return {}
-    from cdc.config import load_config  # noqa: PLC0415 - only with --config
+    from cdc.config import load_config
 
     cfg = load_config(path)
     if any(t.name is None for t in cfg.tables):  # pattern entries: the tables they select in the database now
-        import psycopg  # noqa: PLC0415
+        import psycopg
 
-        from cdc.catalog import StartupError, expand_config  # noqa: PLC0415
+        from cdc.catalog import StartupError, expand_config
 
         try:
             with psycopg.connect(cfg.source.conninfo(application_name="cdc-views"), autocommit=True) as conn:
@@ -51,7 +51,9 @@ def _config_defaults(path: str | None) -> dict[str, Any]:
     values = cfg.avro_format if cfg.format == "avro" else cfg.json_format
     return {
         "bootstrap": cfg.kafka.bootstrap_servers,
-        "kafka_settings": {k: str(v) for k, v in cfg.kafka.producer.items() if k.startswith(("security.", "sasl.", "ssl."))},
+        "kafka_settings": {
+            k: str(v) for k, v in cfg.kafka.producer.items() if k.startswith(("security.", "sasl.", "ssl."))
+        },
         "topic_prefix": cfg.topic_prefix,
         "tables": [t.name for t in cfg.tables],
         "keys": {t.name: list(t.key) for t in cfg.tables if t.key},
@@ -81,16 +83,27 @@ def _common(p: argparse.ArgumentParser, *, kafka: bool = True) -> None:
         p.add_argument("--bootstrap", help="Kafka bootstrap servers")
         p.add_argument("--topic-prefix")
         p.add_argument("--format", choices=["json", "avro"], help="how the connector wrote the records (default json)")
-        p.add_argument("--registry", help="format avro: the schema registry's Confluent-compatible URL "
-                       "(Apicurio: http://host:8080/apis/ccompat/v7)")  # fmt: skip
-        p.add_argument("--on-bad-record", choices=["fail", "skip"], default="fail",
-                       help="a record that does not decode, or an unchanged-TOAST placeholder whose previous value neither the "
-                       "topic nor the warehouse holds: fail the job (default) or skip it (counted and logged; a "
-                       "placeholder's column is written as null)")  # fmt: skip
-        p.add_argument("--unavailable-value-placeholder", dest="unavailable_value", metavar="TEXT",
-                       help="what the connector wrote for an unchanged TOASTed value (its toast.placeholder; default "
-                       "the configuration's, else Debezium's __debezium_unavailable_value): replaced by the key's "
-                       "previous value, never written to a view")  # fmt: skip
+        p.add_argument(
+            "--registry",
+            help="format avro: the schema registry's Confluent-compatible URL "
+            "(Apicurio: http://host:8080/apis/ccompat/v7)",
+        )
+        p.add_argument(
+            "--on-bad-record",
+            choices=["fail", "skip"],
+            default="fail",
+            help="a record that does not decode, or an unchanged-TOAST placeholder whose previous value neither the "
+            "topic nor the warehouse holds: fail the job (default) or skip it (counted and logged; a "
+            "placeholder's column is written as null)",
+        )
+        p.add_argument(
+            "--unavailable-value-placeholder",
+            dest="unavailable_value",
+            metavar="TEXT",
+            help="what the connector wrote for an unchanged TOASTed value (its toast.placeholder; default "
+            "the configuration's, else Debezium's __debezium_unavailable_value): replaced by the key's "
+            "previous value, never written to a view",
+        )
         p.add_argument(
             "--views",
             default="warehouse,declared",
@@ -100,7 +113,9 @@ def _common(p: argparse.ArgumentParser, *, kafka: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cdc_views", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="cdc_views", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _common(sub.add_parser("rebuild", help="rebuild the views from offset 0"))
     stream = sub.add_parser("stream", help="keep the views up to date (Structured Streaming)")
@@ -112,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     query = sub.add_parser("search", help="query a declared search index")
     query.add_argument("--warehouse", required=True, type=Path)
     query.add_argument("--limit", type=int, default=10)
-    query.add_argument("--index", help="a declared index (spark.indexes); default: the only one under <warehouse>/search")
+    query.add_argument(
+        "--index", help="a declared index (spark.indexes); default: the only one under <warehouse>/search"
+    )
     query.add_argument("--fields", help="comma-separated fields to show of each hit (default: all stored)")
     query.add_argument("query")
     sub.add_parser("jars", help="fetch the job jars into the cache")
@@ -121,13 +138,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     merged = _config_defaults(args.config)
-    for name in ("dsn", "bootstrap", "topic_prefix", "decimal_handling", "time_precision", "interval_handling", "format",
-                 "unavailable_value"):  # fmt: skip
+    for name in (
+        "dsn",
+        "bootstrap",
+        "topic_prefix",
+        "decimal_handling",
+        "time_precision",
+        "interval_handling",
+        "format",
+        "unavailable_value",
+    ):
         value = getattr(args, name, None)
         if value is not None:
             merged[name] = value
     if getattr(args, "registry", None):
-        from cdc.sink.registry import RegistrySettings  # noqa: PLC0415
+        from cdc.sink.registry import RegistrySettings
 
         configured = merged.get("registry")  # its credentials and TLS settings stay; the URL is validated again
         merged["registry"] = RegistrySettings.model_validate(
@@ -141,14 +166,16 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     if args.command in ("rebuild", "stream") and merged.get("format") == "avro" and not merged.get("registry"):
         missing.append("registry")
     if missing:
-        raise SystemExit(f"error: missing {', '.join('--' + m.replace('_', '-') for m in missing)} (or give --config cdc.yaml)")
+        raise SystemExit(
+            f"error: missing {', '.join('--' + m.replace('_', '-') for m in missing)} (or give --config cdc.yaml)"
+        )
     return merged
 
 
 def _job_config(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
-    from cdc_views.jobs import JobConfig  # noqa: PLC0415 - pyspark only for the Spark commands
-    from cdc_views.reader import KafkaSource  # noqa: PLC0415
-    from cdc_views.tables import read_shapes  # noqa: PLC0415
+    from cdc_views.jobs import JobConfig
+    from cdc_views.reader import KafkaSource
+    from cdc_views.tables import read_shapes
 
     shapes = read_shapes(settings["dsn"], settings["tables"], settings.get("keys"))
     return JobConfig(
@@ -164,7 +191,7 @@ def _job_config(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
 
 
 def _encoding(settings: dict[str, Any]) -> Any:
-    from cdc_views.tables import Encoding  # noqa: PLC0415
+    from cdc_views.tables import Encoding
 
     defaults = Encoding()
     return Encoding(
@@ -178,13 +205,13 @@ def _encoding(settings: dict[str, Any]) -> Any:
 
 
 def _session(args: argparse.Namespace, name: str) -> Any:
-    from cdc_views.session import build_session  # noqa: PLC0415
+    from cdc_views.session import build_session
 
     return build_session(name, master=args.master)
 
 
 def _cmd_rebuild(args: argparse.Namespace) -> int:
-    from cdc_views.jobs import rebuild  # noqa: PLC0415
+    from cdc_views.jobs import rebuild
 
     settings = _settings(args)
     cfg = _job_config(args, settings)
@@ -195,13 +222,15 @@ def _cmd_rebuild(args: argparse.Namespace) -> int:
 
 
 def _cmd_stream(args: argparse.Namespace) -> int:
-    from cdc_views.jobs import start_continuous  # noqa: PLC0415
+    from cdc_views.jobs import start_continuous
 
     settings = _settings(args)
     cfg = _job_config(args, settings)
     wanted = [v.strip() for v in args.views.split(",") if v.strip()]
     spark = _session(args, "cdc-stream")
-    query = start_continuous(spark, cfg, available_now=args.available_now, interval_s=args.interval, wanted=cast(Any, wanted))
+    query = start_continuous(
+        spark, cfg, available_now=args.available_now, interval_s=args.interval, wanted=cast(Any, wanted)
+    )
     started = time.monotonic()
     try:
         while query.isActive:
@@ -219,21 +248,25 @@ def _cmd_stream(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from cdc_views.tables import read_shapes  # noqa: PLC0415
-    from cdc_views.verify import verify  # noqa: PLC0415
+    from cdc_views.tables import read_shapes
+    from cdc_views.verify import verify
 
     settings = _settings(args)
     shapes = read_shapes(settings["dsn"], settings["tables"], settings.get("keys"))
     report = verify(
-        settings["dsn"], args.warehouse, shapes, spark=_session(args, "cdc-verify"), encoding=_encoding(settings),
+        settings["dsn"],
+        args.warehouse,
+        shapes,
+        spark=_session(args, "cdc-verify"),
+        encoding=_encoding(settings),
         declared_section=settings.get("declared"),
-    )  # fmt: skip
+    )
     print(report.render())
     return 0 if report.ok else 1
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
-    from cdc_views import declared  # noqa: PLC0415
+    from cdc_views import declared
 
     path = declared.index_path(args.warehouse, args.index) if args.index else declared.default_index(args.warehouse)
     fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
@@ -249,12 +282,12 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from cdc.log import configure  # noqa: PLC0415 - the project's structlog set-up: events to stderr
+    from cdc.log import configure
 
     configure()
     try:
         if args.command == "jars":
-            from cdc_views.jars import main as jars_main  # noqa: PLC0415
+            from cdc_views.jars import main as jars_main
 
             return jars_main(["fetch"])
         handlers = {"rebuild": _cmd_rebuild, "stream": _cmd_stream, "verify": _cmd_verify, "search": _cmd_search}
@@ -262,12 +295,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (JarsMissing, FetchFailed) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # noqa: BLE001 - the job's own errors carry their fix; print them plainly
-        from cdc_views.reader import ReadError  # noqa: PLC0415
-        from cdc_views.tables import CatalogError  # noqa: PLC0415
-        from cdc_views.toast import UnresolvedPlaceholders  # noqa: PLC0415
-
-        from cdc.declared import DeclarationError  # noqa: PLC0415
+    except Exception as exc:
+        from cdc.declared import DeclarationError
+        from cdc_views.reader import ReadError
+        from cdc_views.tables import CatalogError
+        from cdc_views.toast import UnresolvedPlaceholders
 
         if isinstance(exc, ReadError | CatalogError | DeclarationError | LookupError | UnresolvedPlaceholders):
             print(f"error: {exc}", file=sys.stderr)

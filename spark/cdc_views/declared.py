@@ -132,7 +132,9 @@ def default_index(warehouse: Path) -> Path:
     if len(names) == 1:
         return index_path(warehouse, names[0])
     if not names:
-        raise LookupError(f"no search index under {root}: declare one under spark.indexes (or in spark.file) and run the rebuild")
+        raise LookupError(
+            f"no search index under {root}: declare one under spark.indexes (or in spark.file) and run the rebuild"
+        )
     raise LookupError(f"several search indexes under {root} ({', '.join(names)}): name one with --index")
 
 
@@ -176,7 +178,9 @@ def documents(path: Path) -> list[dict[str, str]]:
     out = []
     for _, address in searcher.search(tantivy.Query.all_query(), total).hits:
         stored = searcher.doc(address).to_dict()
-        out.append({f: (stored.get(f) or [""])[0] for f in ("_id", *index.text, *index.facets, *index.stored) if f != index.id})
+        out.append(
+            {f: (stored.get(f) or [""])[0] for f in ("_id", *index.text, *index.facets, *index.stored) if f != index.id}
+        )
     return out
 
 

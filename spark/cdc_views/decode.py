@@ -176,11 +176,17 @@ def _plain_text(sign: Column, digits: Column, scale: Column) -> Column:
     def text(pair: Column) -> Column:
         digits_, scale_ = pair["d"], pair["s"]
         padded = F.call_function("lpad", digits_, F.greatest(F.length(digits_), scale_ + 1), F.lit("0"))
-        return _let(padded, lambda p: F.when(
-            scale_ > 0,
-            F.concat(F.call_function("substring", p, F.lit(1), F.length(p) - scale_), F.lit("."),
-                     F.call_function("substring", p, F.length(p) - scale_ + 1, scale_)),
-        ).otherwise(p))  # fmt: skip
+        return _let(
+            padded,
+            lambda p: F.when(
+                scale_ > 0,
+                F.concat(
+                    F.call_function("substring", p, F.lit(1), F.length(p) - scale_),
+                    F.lit("."),
+                    F.call_function("substring", p, F.length(p) - scale_ + 1, scale_),
+                ),
+            ).otherwise(p),
+        )
 
     return F.concat(sign, _let(F.struct(digits.alias("d"), scale.alias("s")), text))
 

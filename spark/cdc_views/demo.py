@@ -45,8 +45,14 @@ def rebuild_and_verify(
         raise ValueError(f"the demo searches index {searched}, which is not declared")
     spark = build_session("cdc-demo", quick_start=True)
     try:
-        cfg = JobConfig(KafkaSource(bootstrap), topic_prefix, read_shapes(dsn, list(tables)),
-                        Path(workdir).resolve() / "warehouse", encoding or Encoding(), declared=section)  # fmt: skip
+        cfg = JobConfig(
+            KafkaSource(bootstrap),
+            topic_prefix,
+            read_shapes(dsn, list(tables)),
+            Path(workdir).resolve() / "warehouse",
+            encoding or Encoding(),
+            declared=section,
+        )
         summary = rebuild(spark, cfg)
         report = verify(dsn, cfg.warehouse, cfg.tables, spark=spark, encoding=cfg.encoding, declared_section=section)
         hits = declared.search(declared.index_path(cfg.warehouse, searched), query, limit=5)

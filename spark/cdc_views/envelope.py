@@ -30,7 +30,13 @@ _ENVELOPE = StructType(
         StructField("after", StringType()),  # the JSON text of the row object
         StructField(
             "source",
-            StructType([StructField("lsn", LongType()), StructField("ts_ms", LongType()), StructField("sequence", StringType())]),
+            StructType(
+                [
+                    StructField("lsn", LongType()),
+                    StructField("ts_ms", LongType()),
+                    StructField("sequence", StringType()),
+                ]
+            ),
         ),
     ]
 )
@@ -68,38 +74,52 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
     if encoding.format == "avro":
         if avro is None:
             raise ValueError("format avro: envelopes() needs the records' schemas (AvroSchemas.scan)")
-        from cdc_views.avro import schema_id  # noqa: PLC0415 - spark-avro only for Avro topics
+        from cdc_views.avro import schema_id
 
         # three projections, so that each schema id and each decode is computed once per record
         ids = raw.select(
-            "topic", "partition", "offset", "key", "value",
+            "topic",
+            "partition",
+            "offset",
+            "key",
+            "value",
             schema_id(F.col("key")).alias("kid"),
             schema_id(F.col("value")).alias("vid"),
             lsn_header.alias("lsn_header"),
             commit_header.alias("commit_header"),
             ordinal_header.alias("ordinal"),
             header_problem,
-        )  # fmt: skip
+        )
         kid, vid = F.col("kid"), F.col("vid")
         decoded = ids.select(
             "*", avro.key_text(F.col("key"), kid).alias("key_text"), avro.envelope(F.col("value"), vid).alias("env")
         )
         df = decoded.select(
-            "topic", "partition", "offset", "key_text",
+            "topic",
+            "partition",
+            "offset",
+            "key_text",
             F.col("key").isNull().alias("key_missing"),
             F.when(F.col("key").isNotNull(), avro.key_problem(kid, F.col("key_text"))).alias("key_problem"),
             avro.is_marker(kid).alias("is_marker"),
             F.col("value").isNull().alias("tombstone"),
             "env",
             F.col("value").alias("after"),
-            "lsn_header", "commit_header", "ordinal", "header_problem",
+            "lsn_header",
+            "commit_header",
+            "ordinal",
+            "header_problem",
             F.when(F.col("value").isNotNull(), avro.value_problem(vid, F.col("env"))).alias("value_problem"),
             F.lit(None).cast(_SCALES).alias("after_scales"),  # Avro: the writer schema says (cdc_views.avro)
-        )  # fmt: skip
+        )
     else:
         key = F.col("key").cast(StringType())
         value = F.col("value").cast(StringType())
-        parsed = F.from_json(value, _WRAPPED_ENVELOPE)["payload"] if encoding.schemas_enable else F.from_json(value, _ENVELOPE)
+        parsed = (
+            F.from_json(value, _WRAPPED_ENVELOPE)["payload"]
+            if encoding.schemas_enable
+            else F.from_json(value, _ENVELOPE)
+        )
         key_map = F.from_json(key, "map<string,string>")
         if encoding.schemas_enable:
             key_map = F.from_json(F.get_json_object(key, "$.payload"), "map<string,string>")
@@ -107,7 +127,9 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
         # two projections, so that each from_json runs once per record (Spark keeps a projection
         # whose expensive columns are referenced several times apart from the next one)
         parsed_df = raw.select(
-            "topic", "partition", "offset",
+            "topic",
+            "partition",
+            "offset",
             key.alias("key_text"),
             key_map.alias("key_map"),
             value.isNull().alias("tombstone"),
@@ -117,18 +139,25 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
             ordinal_header.alias("ordinal"),
             header_problem,
             (_after_scales(value) if encoding.schemas_enable else F.lit(None).cast(_SCALES)).alias("after_scales"),
-        )  # fmt: skip
+        )
         df = parsed_df.select(
-            "topic", "partition", "offset", "key_text",
+            "topic",
+            "partition",
+            "offset",
+            "key_text",
             F.col("key_text").isNull().alias("key_missing"),
             F.when(F.col("key_map").isNull(), F.lit("key is not a JSON object")).alias("key_problem"),
             _json_marker_key(F.col("key_map")).alias("is_marker"),
-            "tombstone", "env",
+            "tombstone",
+            "env",
             F.col("env.after").alias("after"),
-            "lsn_header", "commit_header", "ordinal", "header_problem",
+            "lsn_header",
+            "commit_header",
+            "ordinal",
+            "header_problem",
             F.lit(None).cast(StringType()).alias("value_problem"),
             "after_scales",
-        )  # fmt: skip
+        )
     op = F.col("env.op")
     record, reason = _classify(op, check_after=encoding.format != "avro")
     lsn = F.coalesce(F.col("lsn_header"), F.col("env.source.lsn"))
@@ -152,13 +181,23 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
 
 _SCALES = MapType(StringType(), IntegerType())
 _SCHEMA_FIELDS = ArrayType(
-    StructType([
-        StructField("field", StringType()),
-        StructField("fields", ArrayType(StructType([
-            StructField("field", StringType()), StructField("parameters", MapType(StringType(), StringType())),
-        ]))),
-    ])
-)  # fmt: skip
+    StructType(
+        [
+            StructField("field", StringType()),
+            StructField(
+                "fields",
+                ArrayType(
+                    StructType(
+                        [
+                            StructField("field", StringType()),
+                            StructField("parameters", MapType(StringType(), StringType())),
+                        ]
+                    )
+                ),
+            ),
+        ]
+    )
+)
 
 
 def sequence_commit_lsn(sequence: Column) -> Column:
@@ -178,7 +217,9 @@ def _after_scales(value: Column) -> Column:
     with_scale = F.filter(after, lambda c: c["parameters"].getItem("scale").isNotNull())
     # a scale that is not an integer is null here, then reported by decode_rows (not read at a guessed scale)
     return F.map_from_entries(
-        F.transform(with_scale, lambda c: F.struct(c["field"], c["parameters"].getItem("scale").try_cast(IntegerType())))
+        F.transform(
+            with_scale, lambda c: F.struct(c["field"], c["parameters"].getItem("scale").try_cast(IntegerType()))
+        )
     )
 
 

@@ -201,7 +201,9 @@ def read_history(
                 if offset + 1 >= high:
                     break
     except KafkaException as e:
-        raise SchemaHistoryReadError(f"cannot read the schema history topic {topic} on {bootstrap}: {e}; is the broker up?") from e
+        raise SchemaHistoryReadError(
+            f"cannot read the schema history topic {topic} on {bootstrap}: {e}; is the broker up?"
+        ) from e
     finally:
         consumer.close()
     history = SchemaHistory.of_records(topic, records)

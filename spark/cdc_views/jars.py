@@ -36,8 +36,15 @@ log = structlog.get_logger("cdc_views.jars")
 
 POM = Path(__file__).resolve().parent.parent / "jars-pom.xml"
 FETCH_COMMAND = "bash scripts/fetch-spark-jars.sh"
-REQUIRED_PREFIXES = ("spark-sql-kafka-0-10_", "spark-token-provider-kafka-0-10_", "kafka-clients-", "commons-pool2-",
-                     "spark-avro_", "delta-spark_", "delta-storage-")  # fmt: skip
+REQUIRED_PREFIXES = (
+    "spark-sql-kafka-0-10_",
+    "spark-token-provider-kafka-0-10_",
+    "kafka-clients-",
+    "commons-pool2-",
+    "spark-avro_",
+    "delta-spark_",
+    "delta-storage-",
+)
 
 
 class JarsMissing(RuntimeError):
@@ -59,8 +66,7 @@ class Versions:
             return cls(spark=metadata.version("pyspark"), delta=metadata.version("delta-spark"))
         except metadata.PackageNotFoundError as exc:
             raise JarsMissing(
-                f"the Python package {exc.name} is not installed: install the spark extra "
-                "(pip install -e '.[spark]')"
+                f"the Python package {exc.name} is not installed: install the spark extra (pip install -e '.[spark]')"
             ) from None
 
 
@@ -72,7 +78,9 @@ def pyspark_jackson_version() -> str:
     """
     spec = importlib.util.find_spec("pyspark")
     if spec is None or not spec.submodule_search_locations:
-        raise JarsMissing("the Python package pyspark is not installed: install the spark extra (pip install -e '.[spark]')")
+        raise JarsMissing(
+            "the Python package pyspark is not installed: install the spark extra (pip install -e '.[spark]')"
+        )
     jars_dir = Path(next(iter(spec.submodule_search_locations))) / "jars"
     found = sorted(jars_dir.glob("jackson-databind-*.jar"))
     if len(found) != 1:
@@ -96,7 +104,9 @@ def job_jars(versions: Versions | None = None) -> list[Path]:
     target = target_dir(versions)
     libs = target / "libs"
     if not (target / ".complete").exists():
-        raise JarsMissing(f"the Spark job jars are not in {target}: run `{FETCH_COMMAND}` once (it needs Maven Central)")
+        raise JarsMissing(
+            f"the Spark job jars are not in {target}: run `{FETCH_COMMAND}` once (it needs Maven Central)"
+        )
     jars = sorted(libs.glob("*.jar"))
     names = [j.name for j in jars]
     missing = [p for p in REQUIRED_PREFIXES if not any(n.startswith(p) for n in names)]
@@ -108,7 +118,9 @@ def job_jars(versions: Versions | None = None) -> list[Path]:
 def _maven() -> str:
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise FetchFailed("Maven (mvn) is not on PATH: install it (apt-get install maven) or run scripts/system-deps.sh")
+        raise FetchFailed(
+            "Maven (mvn) is not on PATH: install it (apt-get install maven) or run scripts/system-deps.sh"
+        )
     return mvn
 
 
@@ -127,12 +139,21 @@ def fetch(versions: Versions | None = None) -> list[Path]:
             shutil.copyfile(POM, work / "pom.xml")
             started = time.monotonic()
             log.info("spark_jars.fetching", spark=v.spark, delta=v.delta, cache=str(target))
-            cmd = [_maven(), "-B", "-q", "-Dstyle.color=never", "-f", str(work / "pom.xml"),
-                   "dependency:copy-dependencies", "-DincludeScope=runtime",
-                   f"-Dspark.version={v.spark}", f"-Ddelta.version={v.delta}",
-                   f"-Djackson.version={pyspark_jackson_version()}",
-                   f"-DoutputDirectory={work / 'libs'}"]  # fmt: skip
-            proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, check=False, timeout=1800)  # noqa: S603
+            cmd = [
+                _maven(),
+                "-B",
+                "-q",
+                "-Dstyle.color=never",
+                "-f",
+                str(work / "pom.xml"),
+                "dependency:copy-dependencies",
+                "-DincludeScope=runtime",
+                f"-Dspark.version={v.spark}",
+                f"-Ddelta.version={v.delta}",
+                f"-Djackson.version={pyspark_jackson_version()}",
+                f"-DoutputDirectory={work / 'libs'}",
+            ]
+            proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, check=False, timeout=1800)
             if proc.returncode != 0:
                 tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
                 raise FetchFailed(f"Maven could not fetch the Spark job jars (exit {proc.returncode}):\n{tail}")

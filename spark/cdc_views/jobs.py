@@ -129,12 +129,16 @@ def merge_view(
     joined = source.join(t, on, "full_outer")
     missing = F.col(f"_t_{key[0]}").isNull()
     gone = F.col("_view_hash").isNull()
-    changed = joined.where(missing | gone | (F.col("_view_hash") != F.col("_t_hash"))).select(
-        *[F.coalesce(F.col(k), F.col(f"_t_{k}")).alias(k) for k in key],
-        *[F.col(c) for c in value_columns],
-        F.col("_view_hash"),
-        gone.alias("_view_delete"),
-    ).persist(StorageLevel.MEMORY_AND_DISK)
+    changed = (
+        joined.where(missing | gone | (F.col("_view_hash") != F.col("_t_hash")))
+        .select(
+            *[F.coalesce(F.col(k), F.col(f"_t_{k}")).alias(k) for k in key],
+            *[F.col(c) for c in value_columns],
+            F.col("_view_hash"),
+            gone.alias("_view_delete"),
+        )
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
     try:
         count = changed.count()
         if count == 0:
@@ -188,14 +192,24 @@ def rebuild(spark: SparkSession, cfg: JobConfig, wanted: Sequence[View] = ALL_VI
         changes = {n: by_topic[topics[n]] for n in names}
         summary["bad_records_skipped"] = {n: c.bad_count for n, c in changes.items() if c.bad_count}
         # a second read of only the topics whose latest records hold the unchanged-TOAST placeholder
-        fill_placeholders(spark, cfg, changes, lambda wanted: envelopes(read_batch(spark, cfg.source, wanted), cfg.encoding, avro),
-                          avro, history)  # fmt: skip
+        fill_placeholders(
+            spark,
+            cfg,
+            changes,
+            lambda wanted: envelopes(read_batch(spark, cfg.source, wanted), cfg.encoding, avro),
+            avro,
+            history,
+        )
         summary["placeholders_filled"] = {n: c.placeholders_filled for n, c in changes.items() if c.placeholders_filled}
-        summary["placeholders_skipped"] = {n: c.placeholders_unresolved for n, c in changes.items() if c.placeholders_unresolved}
+        summary["placeholders_skipped"] = {
+            n: c.placeholders_unresolved for n, c in changes.items() if c.placeholders_unresolved
+        }
         if "warehouse" in wanted:
             mark_pending(cfg, set(changes))  # views not built here are recomputed whole by the next stream batch
             for i, (name, change) in enumerate(changes.items(), 1):
-                written = merge_rows(spark, table_path(cfg.warehouse, change.table), change.rows, change.truncates, full=True)
+                written = merge_rows(
+                    spark, table_path(cfg.warehouse, change.table), change.rows, change.truncates, full=True
+                )
                 log.info("rebuild.table_written", table=name, n=i, of=len(changes), changed_keys=written)
                 summary[f"table {name}"] = written
         if wants_declared:
@@ -233,9 +247,15 @@ def fill_placeholders(
         path = table_path(cfg.warehouse, change.table)
         previous = spark.read.format("delta").load(str(path)) if DeltaTable.isDeltaTable(spark, str(path)) else None
         changes[name] = toast.resolve(
-            change, topic=cfg.topic(name), earlier=records, previous=previous, encoding=cfg.encoding, avro=avro,
-            history=history.of(change.table.qualified) if history is not None else None, on_bad_record=cfg.on_bad_record,
-        )  # fmt: skip
+            change,
+            topic=cfg.topic(name),
+            earlier=records,
+            previous=previous,
+            encoding=cfg.encoding,
+            avro=avro,
+            history=history.of(change.table.qualified) if history is not None else None,
+            on_bad_record=cfg.on_bad_record,
+        )
 
 
 # --------------------------------------------------------------------------- declared views and indexes
@@ -285,9 +305,15 @@ def build_declared(
 
 
 def _write_view(
-    spark: SparkSession, cfg: JobConfig, view: DeclaredView, frames: Mapping[str, DataFrame], *, job: str,
-    keys: TouchedKeys | None = None, reason: str = "the whole view is recomputed; only rows whose content changed are rewritten",
-) -> int:  # fmt: skip
+    spark: SparkSession,
+    cfg: JobConfig,
+    view: DeclaredView,
+    frames: Mapping[str, DataFrame],
+    *,
+    job: str,
+    keys: TouchedKeys | None = None,
+    reason: str = "the whole view is recomputed; only rows whose content changed are rewritten",
+) -> int:
     """The view recomputed whole from ``frames``, or for the ``keys`` of its key-lineage table only."""
     path = declared.view_path(cfg.warehouse, view.name)
     rows, scope = _query(spark, view.sql, frames, keys)
@@ -303,9 +329,15 @@ def _write_view(
 
 
 def _write_index(
-    spark: SparkSession, cfg: JobConfig, index: DeclaredIndex, frames: Mapping[str, DataFrame], *, job: str,
-    keys: TouchedKeys | None = None, reason: str = "the whole index is built again",
-) -> int:  # fmt: skip
+    spark: SparkSession,
+    cfg: JobConfig,
+    index: DeclaredIndex,
+    frames: Mapping[str, DataFrame],
+    *,
+    job: str,
+    keys: TouchedKeys | None = None,
+    reason: str = "the whole index is built again",
+) -> int:
     """The index built again from ``frames``, or its documents of the ``keys`` replaced."""
     path = declared.index_path(cfg.warehouse, index.name)
     rows, _ = _query(spark, index.sql, frames, keys)
@@ -365,8 +397,17 @@ class Refresh:
     reason: str
 
 
-_ROW_BY_ROW_PLAN = {"Project", "Filter", "Join", "SubqueryAlias", "View", "LogicalRDD", "LocalRelation", "Relation",
-                    "LogicalRelation"}  # fmt: skip
+_ROW_BY_ROW_PLAN = {
+    "Project",
+    "Filter",
+    "Join",
+    "SubqueryAlias",
+    "View",
+    "LogicalRDD",
+    "LocalRelation",
+    "Relation",
+    "LogicalRelation",
+}
 _ROW_BY_ROW_JOINS = {"Inner", "LeftOuter", "LeftSemi", "LeftAnti", "Cross"}
 
 
@@ -386,13 +427,17 @@ def refresh_plan(spark: SparkSession, cfg: JobConfig, name: str, sql: str, key: 
     only projections, filters and inner or left joins over the tables (an empty frame of each)."""
     columns = {n: [c.name for c in t.columns] for n, t in cfg.tables.items()}
     reads = frozenset(declared_model.tables_read(sql, list(cfg.tables)))
-    lineage = declared_model.key_lineage(DeclaredView(name=name, sql=sql, key=list(key)), columns,
-                                         {n: list(t.key) for n, t in cfg.tables.items()})  # fmt: skip
+    lineage = declared_model.key_lineage(
+        DeclaredView(name=name, sql=sql, key=list(key)), columns, {n: list(t.key) for n, t in cfg.tables.items()}
+    )
     if isinstance(lineage, NoKeyLineage):
         return Refresh(reads, None, f"recomputed whole: {lineage.reason}")
     declared.register(_empty_frames(spark, cfg))
-    other = [n for n in _plan_nodes(spark.sql(sql)) if n not in _ROW_BY_ROW_PLAN
-             and not (n.startswith("Join ") and n.split()[1] in _ROW_BY_ROW_JOINS)]  # fmt: skip
+    other = [
+        n
+        for n in _plan_nodes(spark.sql(sql))
+        if n not in _ROW_BY_ROW_PLAN and not (n.startswith("Join ") and n.split()[1] in _ROW_BY_ROW_JOINS)
+    ]
     if other:
         return Refresh(reads, None, f"recomputed whole: Spark's plan has {', '.join(sorted(set(other)))}")
     return Refresh(reads, lineage, f"the keys of {lineage.table} a batch touched, when it touched no other table")
@@ -442,7 +487,9 @@ def mark_pending(cfg: JobConfig, touched: set[str], reads: Mapping[str, frozense
         known = (reads or {}).get(what)
         if marker.exists():
             pending.add(what)
-        elif (known if known is not None else set(declared_model.tables_read(declaration.sql, list(cfg.tables)))) & touched:
+        elif (
+            known if known is not None else set(declared_model.tables_read(declaration.sql, list(cfg.tables)))
+        ) & touched:
             path.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()
     return pending
@@ -486,8 +533,13 @@ def micro_batch_writer(
         for i in cfg.declared.indexes:
             plans[f"index {i.name}"] = refresh_plan(spark, cfg, i.name, i.sql, [i.id])
         for what, plan in plans.items():
-            log.info("stream.refresh_planned", declared=what, by_keys_of=plan.lineage.table if plan.lineage else None,
-                     reads=sorted(plan.reads), reason=plan.reason)  # fmt: skip
+            log.info(
+                "stream.refresh_planned",
+                declared=what,
+                by_keys_of=plan.lineage.table if plan.lineage else None,
+                reads=sorted(plan.reads),
+                reason=plan.reason,
+            )
     registry = cfg.registry_client()  # one client: schemas by id are fetched once for all micro-batches
 
     def write(batch: DataFrame, batch_id: int) -> None:
@@ -500,22 +552,39 @@ def micro_batch_writer(
         changes: dict[str, Changes] = {}
         try:
             present = [by_topic[r[0]] for r in reduced.select("topic").distinct().collect() if r[0] in by_topic]
-            found = Changes.of_topics(reduced, {topics[n]: cfg.tables[n] for n in present}, cfg.encoding,
-                                      cfg.on_bad_record, avro, history)  # fmt: skip
+            found = Changes.of_topics(
+                reduced, {topics[n]: cfg.tables[n] for n in present}, cfg.encoding, cfg.on_bad_record, avro, history
+            )
             changes = {n: found[topics[n]] for n in present}
-            fill_placeholders(spark, cfg, changes, lambda wanted: envelopes(batch.where(F.col("topic").isin(*wanted)), cfg.encoding, avro),
-                              avro, history)  # fmt: skip
+            fill_placeholders(
+                spark,
+                cfg,
+                changes,
+                lambda wanted: envelopes(batch.where(F.col("topic").isin(*wanted)), cfg.encoding, avro),
+                avro,
+                history,
+            )
             keys: dict[str, TouchedKeys | str] = {}  # before the merge: the warehouse still has the old rows
             for plan in plans.values():
-                if plan.lineage and set(changes) & plan.reads == {plan.lineage.table} and plan.lineage.table not in keys:
+                if (
+                    plan.lineage
+                    and set(changes) & plan.reads == {plan.lineage.table}
+                    and plan.lineage.table not in keys
+                ):
                     keys[plan.lineage.table] = _touched_keys(spark, cfg, plan.lineage, changes[plan.lineage.table])
             interrupted = mark_pending(cfg, set(changes), {what: plan.reads for what, plan in plans.items()})
-            written = {n: merge_rows(spark, table_path(cfg.warehouse, c.table), c.rows, c.truncates, full=False)
-                       for n, c in changes.items()}  # fmt: skip
+            written = {
+                n: merge_rows(spark, table_path(cfg.warehouse, c.table), c.rows, c.truncates, full=False)
+                for n, c in changes.items()
+            }
             if plans and changes:
                 _refresh_declared(spark, cfg, plans, set(changes), keys, interrupted, job=f"batch {batch_id}")
-            log.info("stream.batch_written", batch=batch_id, changed_keys=written,
-                     seconds=round(time.monotonic() - started, 2))  # fmt: skip
+            log.info(
+                "stream.batch_written",
+                batch=batch_id,
+                changed_keys=written,
+                seconds=round(time.monotonic() - started, 2),
+            )
         finally:
             reduced.unpersist()
             for change in changes.values():
@@ -525,16 +594,28 @@ def micro_batch_writer(
 
 
 def _refresh_declared(
-    spark: SparkSession, cfg: JobConfig, plans: Mapping[str, Refresh], touched: set[str],
-    keys: Mapping[str, TouchedKeys | str], interrupted: set[str], *, job: str,
-) -> None:  # fmt: skip
+    spark: SparkSession,
+    cfg: JobConfig,
+    plans: Mapping[str, Refresh],
+    touched: set[str],
+    keys: Mapping[str, TouchedKeys | str],
+    interrupted: set[str],
+    *,
+    job: str,
+) -> None:
     """Each declared view and index after a micro-batch that changed the tables ``touched``: untouched when it
     reads none of them; by the touched keys where its plan allows; whole otherwise. Logged per view."""
     frames = _warehouse_frames(spark, cfg)
     for what, declaration, path in _declarations(cfg):
         plan = plans[what]
         if not plan.reads & touched:
-            log.info("declared_unchanged", declared=what, job=job, mode="unchanged", reason="the batch touched none of its tables")
+            log.info(
+                "declared_unchanged",
+                declared=what,
+                job=job,
+                mode="unchanged",
+                reason="the batch touched none of its tables",
+            )
             continue
         why = _by_keys(plan, path, declaration.model_dump_json(), touched, what in interrupted)
         by_keys = None
@@ -565,8 +646,14 @@ def start_continuous(
     writer = stream.writeStream.foreachBatch(micro_batch_writer(spark, cfg, wanted)).option(
         "checkpointLocation", str(checkpoint_path(cfg.warehouse))
     )
-    writer = writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=f"{interval_s} seconds")
+    writer = (
+        writer.trigger(availableNow=True) if available_now else writer.trigger(processingTime=f"{interval_s} seconds")
+    )
     query = writer.queryName("cdc_views_continuous").start()
-    log.info("stream.started", topics=list(cfg.topics.values()), checkpoint=str(checkpoint_path(cfg.warehouse)),
-             available_now=available_now)  # fmt: skip
+    log.info(
+        "stream.started",
+        topics=list(cfg.topics.values()),
+        checkpoint=str(checkpoint_path(cfg.warehouse)),
+        available_now=available_now,
+    )
     return query

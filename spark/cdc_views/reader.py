@@ -192,7 +192,9 @@ def latest(env: DataFrame) -> DataFrame:
     group = (
         F.when(
             F.col("record") == "bad",
-            F.concat(F.lit("\u0000bad:"), F.col("partition").cast("string"), F.lit(":"), F.col("offset").cast("string")),
+            F.concat(
+                F.lit("\u0000bad:"), F.col("partition").cast("string"), F.lit(":"), F.col("offset").cast("string")
+            ),
         )
         # every partition's markers share one key: the latest marker of each partition counts
         .when(F.col("record") == "truncate", F.concat(F.lit("\u0000truncate:"), F.col("partition").cast("string")))
@@ -209,7 +211,9 @@ def latest(env: DataFrame) -> DataFrame:
         )
     )
     inherit = F.col("last.lsn").isNull() & (F.col("last.record") == "delete")
-    position = {n: F.when(inherit, F.col(f"_pos.{n}")).otherwise(F.col(f"last.{n}")) for n in ("lsn", "commit_lsn", "ordinal")}
+    position = {
+        n: F.when(inherit, F.col(f"_pos.{n}")).otherwise(F.col(f"last.{n}")) for n in ("lsn", "commit_lsn", "ordinal")
+    }
     return reduced.select("topic", *[position[c].alias(c) if c in position else F.col(f"last.{c}") for c in carried])
 
 
@@ -237,7 +241,7 @@ def decode_rows(
     if encoding.format == "avro":
         if avro is None:
             raise ValueError("format avro: decode_rows() needs the records' schemas (AvroSchemas.scan)")
-        from cdc_views.avro import column_value  # noqa: PLC0415 - spark-avro only for Avro topics
+        from cdc_views.avro import column_value
 
         after = avro.after(topic, F.col("after"))
         if after is None:  # no value was ever written: only deletes and markers
@@ -254,8 +258,10 @@ def decode_rows(
                 flags.append((placeholder, column.name))
             typed.append(value.alias(column.name))
             failures.append((bad, column.name))
-        missing = ("'after' is missing or does not decode with the topic's latest value schema (or a decimal"
-                   " written before a type change does not fit the latest precision)")
+        missing = (
+            "'after' is missing or does not decode with the topic's latest value schema (or a decimal"
+            " written before a type change does not fit the latest precision)"
+        )
     else:
         parsed = reduced.withColumn("_row", F.from_json(F.col("after"), row_schema(table.columns)))
         versions = history if history is not None and any(c.kind is Kind.DECIMAL for c in table.columns) else None
@@ -269,8 +275,12 @@ def decode_rows(
             if versions is not None and column.kind is Kind.DECIMAL:
                 index = F.col("_version")
                 problem = versions.problem(index, F.col("commit_lsn"), F.col("ordinal"), F.col("lsn"))
-                value = F.when(problem.isNull(), decode(raw, column, encoding, scale=versions.scale(column.name, index)))
-                mine.append((raw.isNotNull() & problem.isNotNull(), F.concat(F.lit(f"column {column.name!r}: "), problem)))
+                value = F.when(
+                    problem.isNull(), decode(raw, column, encoding, scale=versions.scale(column.name, index))
+                )
+                mine.append(
+                    (raw.isNotNull() & problem.isNotNull(), F.concat(F.lit(f"column {column.name!r}: "), problem))
+                )
             else:
                 value = decode(raw, column, encoding, scale=scale)
                 if scale is not None and column.kind is Kind.DECIMAL and encoding.decimal_handling == "precise":
@@ -291,11 +301,20 @@ def decode_rows(
         reason = F.when(condition, why).otherwise(reason)
     reason = F.when(F.col("record") == "row", F.when(F.col("_row").isNull(), F.lit(missing)).otherwise(reason))
     decoded = parsed.select(
-        "topic", "partition", "offset", "key", "record", "reason", "op", "lsn", "commit_lsn", "ts_ms",
+        "topic",
+        "partition",
+        "offset",
+        "key",
+        "record",
+        "reason",
+        "op",
+        "lsn",
+        "commit_lsn",
+        "ts_ms",
         reason.alias("_decode_error"),
         *[F.when(row_ok, value) for value in typed],
         F.when(row_ok, placeholder_names(flags)),
-    )  # fmt: skip
+    )
     decoded = decoded.toDF(*decoded.columns[:11], *[c.name for c in table.columns], PLACEHOLDERS)
     is_bad = F.col("_decode_error").isNotNull()
     return (
@@ -372,9 +391,7 @@ class Changes:
                 avro,
                 topic=t,
                 history=history.of(table.qualified) if history is not None else None,
-            ).persist(
-                StorageLevel.MEMORY_AND_DISK
-            )
+            ).persist(StorageLevel.MEMORY_AND_DISK)
             for t, table in tables.items()
         }
         try:
@@ -385,7 +402,9 @@ class Changes:
                 if bad_count and on_bad_record == "fail":
                     raise UndecodableRecords(topic, bad_count, bad)
                 if bad_count:
-                    log.warning("reader.bad_records_skipped", topic=topic, count=bad_count, first=[str(b) for b in bad[:5]])
+                    log.warning(
+                        "reader.bad_records_skipped", topic=topic, count=bad_count, first=[str(b) for b in bad[:5]]
+                    )
                 rows = _rows(decoded[topic], table, truncates)
                 out[topic] = cls(table, rows, truncates, bad_count, bad, decoded[topic], placeholders)
         except BaseException:
@@ -421,10 +440,17 @@ def _summaries(decoded: Sequence[DataFrame]) -> dict[str, Summary]:
     holds = (F.col("record") == "row") & F.col(PLACEHOLDERS).isNotNull()
     special = functools.reduce(
         DataFrame.unionByName,
-        [d.where(F.col("record").isin("truncate", "bad", "bad_row") | holds)
-         .select(*columns, F.when(holds, "placeholder").when(F.col("record") == "truncate", "truncate").otherwise("bad").alias("kind"))
-         for d in decoded],
-    )  # fmt: skip
+        [
+            d.where(F.col("record").isin("truncate", "bad", "bad_row") | holds).select(
+                *columns,
+                F.when(holds, "placeholder")
+                .when(F.col("record") == "truncate", "truncate")
+                .otherwise("bad")
+                .alias("kind"),
+            )
+            for d in decoded
+        ],
+    )
     first = F.when(F.col("kind") == "bad", F.struct("offset", "reason"))  # collect_list skips the nulls
     grouped = special.groupBy("topic", "kind", "partition").agg(
         F.count(F.lit(1)).alias("n"),
@@ -439,7 +465,9 @@ def _summaries(decoded: Sequence[DataFrame]) -> dict[str, Summary]:
         elif row["kind"] == "placeholder":
             out[row["topic"]] = (truncates, bad_count, bad, placeholders + int(row["n"]))
         else:
-            bad += [BadRecord(row["topic"], int(row["partition"]), int(b["offset"]), str(b["reason"])) for b in row["first"]]
+            bad += [
+                BadRecord(row["topic"], int(row["partition"]), int(b["offset"]), str(b["reason"])) for b in row["first"]
+            ]
             out[row["topic"]] = (truncates, bad_count + int(row["n"]), bad, placeholders)
     for topic, (truncates, bad_count, bad, placeholders) in out.items():
         bad.sort(key=lambda b: (b.partition, b.offset))
@@ -459,8 +487,10 @@ def avro_schemas(raw: DataFrame, encoding: Encoding, registry: RegistryClient | 
     if encoding.format != "avro":
         return None
     if registry is None:
-        raise ReadError("format avro needs the schema registry: give --registry URL, or a --config with schema_registry.url")
-    from cdc_views.avro import AvroSchemaError, AvroSchemas  # noqa: PLC0415 - spark-avro only for Avro topics
+        raise ReadError(
+            "format avro needs the schema registry: give --registry URL, or a --config with schema_registry.url"
+        )
+    from cdc_views.avro import AvroSchemaError, AvroSchemas
 
     try:
         return AvroSchemas.scan(raw, registry)
@@ -491,7 +521,7 @@ def table_changes(
 def schema_history(source: KafkaSource, topic_prefix: str, encoding: Encoding) -> SchemaHistory | None:
     """The schema history when ``encoding``'s records need it (``cdc_views.history.needed``), else None;
     read before the records, so that it covers every record read after it."""
-    from cdc_views.history import needed, read_history  # noqa: PLC0415
+    from cdc_views.history import needed, read_history
 
     if not needed(encoding):
         return None

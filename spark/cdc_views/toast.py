@@ -54,7 +54,9 @@ log = structlog.get_logger("cdc_views.toast")
 
 PLACEHOLDERS = "_cdc_placeholders"  # decoded records: the columns whose value was the placeholder
 REPORTED = 20
-_TOASTABLE_KINDS = frozenset({Kind.TEXT, Kind.JSON, Kind.BYTES, Kind.DECIMAL, Kind.DECIMAL_TEXT, Kind.ARRAY, Kind.OTHER})
+_TOASTABLE_KINDS = frozenset(
+    {Kind.TEXT, Kind.JSON, Kind.BYTES, Kind.DECIMAL, Kind.DECIMAL_TEXT, Kind.ARRAY, Kind.OTHER}
+)
 _INT_ELEMENTS = frozenset({"int2", "int4", "int8"})  # cdc.sink.typemap: such arrays get the bytes as numbers
 
 
@@ -166,18 +168,22 @@ def resolve(
     """``changes`` (a table whose latest records hold placeholders) with each placeholder replaced by the key's
     previous value: from ``earlier`` (the same read's envelopes, ``cdc_views.envelope.envelopes``, of any topics)
     or ``previous`` (the warehouse table, None when there is none); see the module docstring."""
-    from cdc_views.reader import _rows, _truncated, decode_rows  # noqa: PLC0415 - reader imports this module
+    from cdc_views.reader import _rows, _truncated, decode_rows
 
     table = changes.table
     decoded = changes.decoded
     assert decoded is not None
     columns = [c.name for c in toastable_columns(table)]
-    holds = F.coalesce((F.col("record") == "row") & F.col(PLACEHOLDERS).isNotNull() & ~_truncated(changes.truncates), F.lit(False))
+    holds = F.coalesce(
+        (F.col("record") == "row") & F.col(PLACEHOLDERS).isNotNull() & ~_truncated(changes.truncates), F.lit(False)
+    )
     held = decoded.where(holds)
     fine = decoded.where(~holds)
 
     # the earlier records of the keys whose latest record holds a placeholder, decoded like the latest ones
-    targets = held.select(F.col("key").alias("_t_key"), F.col("partition").alias("_t_partition"), F.col("offset").alias("_t_offset"))
+    targets = held.select(
+        F.col("key").alias("_t_key"), F.col("partition").alias("_t_partition"), F.col("offset").alias("_t_offset")
+    )
     prior = (
         earlier.where(F.col("topic") == topic)
         .join(targets, (F.col("key") == F.col("_t_key")) & (F.col("partition") == F.col("_t_partition")), "inner")
@@ -193,13 +199,19 @@ def resolve(
     found = values.groupBy(F.col("key").alias("_f_key")).agg(*aggregates)
     found = found.select(
         "_f_key",
-        *[F.when(F.col("_deleted").isNull() | (F.col(f"_e{i}.o") > F.col("_deleted")), F.col(f"_e{i}.v")).alias(f"_topic{i}")
-          for i in range(len(columns))],
-    )  # fmt: skip
+        *[
+            F.when(F.col("_deleted").isNull() | (F.col(f"_e{i}.o") > F.col("_deleted")), F.col(f"_e{i}.v")).alias(
+                f"_topic{i}"
+            )
+            for i in range(len(columns))
+        ],
+    )
     joined = held.join(found, F.col("key") == F.col("_f_key"), "left")
     if previous is not None:
         kept = [c for c in columns if c in previous.columns]
-        warehouse = previous.select(F.col("_cdc_key").alias("_w_key"), *[F.col(c).alias(f"_w{columns.index(c)}") for c in kept])
+        warehouse = previous.select(
+            F.col("_cdc_key").alias("_w_key"), *[F.col(c).alias(f"_w{columns.index(c)}") for c in kept]
+        )
         joined = joined.join(warehouse, F.col("key") == F.col("_w_key"), "left")
     else:
         kept = []
@@ -215,7 +227,9 @@ def resolve(
         out[name] = F.when(is_placeholder, F.coalesce(topic_value, warehouse_value)).otherwise(F.col(name))
         unresolved.append(F.when(is_placeholder & topic_value.isNull() & warehouse_value.isNull(), F.lit(name)))
         from_topic.append(F.when(is_placeholder & topic_value.isNotNull(), F.lit(1)).otherwise(F.lit(0)))
-        from_warehouse.append(F.when(is_placeholder & topic_value.isNull() & warehouse_value.isNotNull(), F.lit(1)).otherwise(F.lit(0)))
+        from_warehouse.append(
+            F.when(is_placeholder & topic_value.isNull() & warehouse_value.isNotNull(), F.lit(1)).otherwise(F.lit(0))
+        )
     missing = F.filter(F.array(*unresolved), lambda n: n.isNotNull())
     fixed = joined.select(
         *[out[c].alias(c) if c in out else F.col(c) for c in decoded.columns],
@@ -229,23 +243,51 @@ def resolve(
             F.coalesce(F.sum("_from_topic"), F.lit(0)).alias("from_topic"),
             F.coalesce(F.sum("_from_warehouse"), F.lit(0)).alias("from_warehouse"),
             F.coalesce(F.sum(F.size("_missing")), F.lit(0)).alias("missing"),
-            F.slice(F.sort_array(F.collect_list(F.when(F.size("_missing") > 0, F.struct("partition", "offset", "key", "_missing")))),
-                    1, REPORTED).alias("first"),
-        ).first()  # fmt: skip
+            F.slice(
+                F.sort_array(
+                    F.collect_list(F.when(F.size("_missing") > 0, F.struct("partition", "offset", "key", "_missing")))
+                ),
+                1,
+                REPORTED,
+            ).alias("first"),
+        ).first()
         assert stats is not None
-        examples = [Unresolved(str(r["key"]), str(c), int(r["partition"]), int(r["offset"])) for r in stats["first"] for c in r["_missing"]]
+        examples = [
+            Unresolved(str(r["key"]), str(c), int(r["partition"]), int(r["offset"]))
+            for r in stats["first"]
+            for c in r["_missing"]
+        ]
         missing_count = int(stats["missing"])
         if missing_count and on_bad_record == "fail":
-            raise UnresolvedPlaceholders(table.qualified, topic, encoding.unavailable_value, missing_count, examples[:REPORTED])
-        log.info("toast.placeholders_filled", table=table.qualified, topic=topic, records=int(stats["records"]),
-                 from_topic=int(stats["from_topic"]), from_warehouse=int(stats["from_warehouse"]))  # fmt: skip
+            raise UnresolvedPlaceholders(
+                table.qualified, topic, encoding.unavailable_value, missing_count, examples[:REPORTED]
+            )
+        log.info(
+            "toast.placeholders_filled",
+            table=table.qualified,
+            topic=topic,
+            records=int(stats["records"]),
+            from_topic=int(stats["from_topic"]),
+            from_warehouse=int(stats["from_warehouse"]),
+        )
         if missing_count:
-            log.warning("toast.placeholders_unresolved_skipped", table=table.qualified, topic=topic, count=missing_count,
-                        written_as="null", first=[str(u) for u in examples[:5]])  # fmt: skip
+            log.warning(
+                "toast.placeholders_unresolved_skipped",
+                table=table.qualified,
+                topic=topic,
+                count=missing_count,
+                written_as="null",
+                first=[str(u) for u in examples[:5]],
+            )
     except BaseException:
         fixed.unpersist()
         raise
     rows = _rows(fine.unionByName(fixed.select(*decoded.columns)), table, changes.truncates)
     filled = int(stats["from_topic"]) + int(stats["from_warehouse"])
-    return replace(changes, rows=rows, placeholders_filled=filled, placeholders_unresolved=missing_count,
-                   also_persisted=[*changes.also_persisted, fixed])  # fmt: skip
+    return replace(
+        changes,
+        rows=rows,
+        placeholders_filled=filled,
+        placeholders_unresolved=missing_count,
+        also_persisted=[*changes.also_persisted, fixed],
+    )

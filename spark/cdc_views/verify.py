@@ -142,13 +142,15 @@ def _python_value(value: Any, column: ColumnShape, encoding: Encoding) -> Any:
             return float(value)
         return Decimal(value) if kind is Kind.DECIMAL else str(value)
     if kind is Kind.TIMESTAMP and isinstance(value, dt.datetime):
-        return value.replace(tzinfo=dt.timezone.utc)  # the wall clock, stored as a UTC instant
+        return value.replace(tzinfo=dt.UTC)  # the wall clock, stored as a UTC instant
     if kind is Kind.BYTES:
         return bytearray(value)
     return value
 
 
-def database_frame(spark: SparkSession, conn: psycopg.Connection[Any], table: TableShape, encoding: Encoding) -> DataFrame:
+def database_frame(
+    spark: SparkSession, conn: psycopg.Connection[Any], table: TableShape, encoding: Encoding
+) -> DataFrame:
     """The source table's rows as a DataFrame with the warehouse's column types."""
     query = sql.SQL("SELECT {} FROM {}.{}").format(
         sql.SQL(", ").join(_select_expr(c, encoding) for c in table.columns),
@@ -176,7 +178,11 @@ def without_trailing_zeros(df: DataFrame, columns: Sequence[str]) -> DataFrame:
 
 def _normalized(df: DataFrame, key: Sequence[str], columns: Sequence[str]) -> DataFrame:
     body: Column = F.to_json(F.struct(*[F.col(c) for c in columns]), JSON_OPTIONS)
-    return df.select(F.to_json(F.struct(*[F.col(k) for k in key]), JSON_OPTIONS).alias("k"), body.alias("v"), F.sha2(body, 256).alias("h"))
+    return df.select(
+        F.to_json(F.struct(*[F.col(k) for k in key]), JSON_OPTIONS).alias("k"),
+        body.alias("v"),
+        F.sha2(body, 256).alias("h"),
+    )
 
 
 def _column_diff(database: str | None, view: str | None) -> str:
@@ -202,10 +208,19 @@ def compare_frames(
     ).collect()[0]
     listed: list[Difference] = []
     if counts["diffs"]:
-        rows = joined.where(is_diff).select(
-            F.coalesce("a.k", "b.k").alias("k"), F.col("a.v").alias("av"), F.col("b.v").alias("bv"),
-            F.col("a.k").isNull().alias("extra"), F.col("b.k").isNull().alias("missing"),
-        ).orderBy("k").limit(LISTED_DIFFERENCES).collect()  # fmt: skip
+        rows = (
+            joined.where(is_diff)
+            .select(
+                F.coalesce("a.k", "b.k").alias("k"),
+                F.col("a.v").alias("av"),
+                F.col("b.v").alias("bv"),
+                F.col("a.k").isNull().alias("extra"),
+                F.col("b.k").isNull().alias("missing"),
+            )
+            .orderBy("k")
+            .limit(LISTED_DIFFERENCES)
+            .collect()
+        )
         for r in rows:
             if r["missing"]:
                 listed.append(Difference(r["k"], "missing from the view"))
@@ -219,8 +234,9 @@ def compare_frames(
 # --------------------------------------------------------------------------- the checks
 
 
-def _check_table(spark: SparkSession, conn: psycopg.Connection[Any], warehouse: Path, table: TableShape,
-                 encoding: Encoding) -> tuple[ViewCheck, DataFrame]:  # fmt: skip
+def _check_table(
+    spark: SparkSession, conn: psycopg.Connection[Any], warehouse: Path, table: TableShape, encoding: Encoding
+) -> tuple[ViewCheck, DataFrame]:
     database = database_frame(spark, conn, table, encoding)
     name = f"table {table.qualified}"
     if not (table_path(warehouse, table) / "_delta_log").exists():
@@ -244,7 +260,7 @@ def verify(
     declared_section: SparkSection | None = None,
 ) -> VerifyReport:
     """Every warehouse table of ``tables``, and each view and index of ``declared_section``, against ``dsn``."""
-    from cdc_views.session import build_session  # noqa: PLC0415 - a session only when none is given
+    from cdc_views.session import build_session
 
     session = spark or build_session("cdc-verify")
     enc = encoding or Encoding()
@@ -286,10 +302,15 @@ def _check_declared(
         except LookupError as exc:
             checks.append(ViewCheck(f"index {index.name}", 0, 0, 0, error=str(exc)))
             continue
-        wanted = declared.expected_documents(index, (r.asDict(recursive=True) for r in spark.sql(index.sql).toLocalIterator()))
+        wanted = declared.expected_documents(
+            index, (r.asDict(recursive=True) for r in spark.sql(index.sql).toLocalIterator())
+        )
         fields = list(wanted[0]) if wanted else list(indexed[0]) if indexed else ["_id"]
         schema = StructType([StructField(f, StringType(), True) for f in fields])
-        frames_of = [spark.createDataFrame([tuple(d.get(f, "") for f in fields) for d in docs], schema) for docs in (wanted, indexed)]
+        frames_of = [
+            spark.createDataFrame([tuple(d.get(f, "") for f in fields) for d in docs], schema)
+            for docs in (wanted, indexed)
+        ]
         check = compare_frames(f"index {index.name}", frames_of[0], frames_of[1], ("_id",), fields[1:])
         log.info("verify.checked", view=check.name, ok=check.ok, differences=check.difference_count)
         checks.append(check)

@@ -29,7 +29,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, IntegerType, LongType, StringType, StructField, StructType
 
 from cdc_views.decode import spark_type
-
 from cdc_views.reader import META
 from cdc_views.tables import Encoding, TableShape
 
@@ -46,9 +45,14 @@ NOT_OLDER = (
 
 
 META_TYPES: dict[str, DataType] = {
-    "_cdc_key": StringType(), "_cdc_partition": IntegerType(), "_cdc_offset": LongType(), "_cdc_lsn": LongType(),
-    "_cdc_commit_lsn": LongType(), "_cdc_op": StringType(), "_cdc_ts_ms": LongType(),
-}  # fmt: skip
+    "_cdc_key": StringType(),
+    "_cdc_partition": IntegerType(),
+    "_cdc_offset": LongType(),
+    "_cdc_lsn": LongType(),
+    "_cdc_commit_lsn": LongType(),
+    "_cdc_op": StringType(),
+    "_cdc_ts_ms": LongType(),
+}
 
 
 class SchemaChangeError(RuntimeError):
@@ -110,28 +114,40 @@ def effective_changes(rows: DataFrame, target: DataFrame, *, full: bool) -> Data
     that hold changed keys.
     """
     t = target.select(
-        F.col("_cdc_key").alias("_t_key"), F.col("_cdc_commit_lsn").alias("_t_commit"), F.col("_cdc_lsn").alias("_t_lsn")
+        F.col("_cdc_key").alias("_t_key"),
+        F.col("_cdc_commit_lsn").alias("_t_commit"),
+        F.col("_cdc_lsn").alias("_t_lsn"),
     )
     joined = rows.join(t, rows["_cdc_key"] == t["_t_key"], "full_outer" if full else "left")
     s_pos = F.struct(F.col("_cdc_commit_lsn").alias("c"), F.col("_cdc_lsn").alias("l"))
     t_pos = F.struct(F.col("_t_commit").alias("c"), F.col("_t_lsn").alias("l"))
     unknown = F.col("_t_key").isNull()
     upsert = (F.col("_cdc_action") == "upsert") & (unknown | F.col("_t_commit").isNull() | (s_pos > t_pos))
-    delete = (F.col("_cdc_action") == "delete") & ~unknown & (F.col("_cdc_lsn").isNull() | F.col("_t_commit").isNull() | (s_pos >= t_pos))
+    delete = (
+        (F.col("_cdc_action") == "delete")
+        & ~unknown
+        & (F.col("_cdc_lsn").isNull() | F.col("_t_commit").isNull() | (s_pos >= t_pos))
+    )
     changed = joined.where(upsert | delete)
     if not full:
         return changed.drop("_t_key", "_t_commit", "_t_lsn")
-    gone = joined.where(F.col("_cdc_key").isNull()).select(
-        *[F.lit(None).cast(f.dataType).alias(f.name) for f in rows.schema.fields if f.name not in ("_cdc_key", "_cdc_action")],
-        F.col("_t_key").alias("_cdc_key"),
-        F.lit("delete").alias("_cdc_action"),
-    ).select(*rows.columns)
+    gone = (
+        joined.where(F.col("_cdc_key").isNull())
+        .select(
+            *[
+                F.lit(None).cast(f.dataType).alias(f.name)
+                for f in rows.schema.fields
+                if f.name not in ("_cdc_key", "_cdc_action")
+            ],
+            F.col("_t_key").alias("_cdc_key"),
+            F.lit("delete").alias("_cdc_action"),
+        )
+        .select(*rows.columns)
+    )
     return changed.drop("_t_key", "_t_commit", "_t_lsn").unionByName(gone)
 
 
-def merge_rows(
-    spark: SparkSession, path: Path, rows: DataFrame, truncates: dict[int, int], *, full: bool
-) -> int:
+def merge_rows(spark: SparkSession, path: Path, rows: DataFrame, truncates: dict[int, int], *, full: bool) -> int:
     """Steps 1-3 of the module docstring for ``rows`` (table columns + META + ``_cdc_action``).
 
     Returns how many keys were inserted, updated or deleted (-1: not counted, for a micro-batch).

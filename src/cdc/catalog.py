@@ -7,7 +7,6 @@ half-made behind: no publication, no slot, no topic.
 from __future__ import annotations
 
 import dataclasses
-
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -17,9 +16,9 @@ from psycopg import sql
 
 from cdc.config import Config, TableConfig
 from cdc.decoder.stream import failover_refusal
-from cdc.outbox.config import OutboxTable
 from cdc.event import PgType, TypeKind
 from cdc.event import TableInfo as TableInfo  # re-exported: the catalog builds it (describe_tables)
+from cdc.outbox.config import OutboxTable
 from cdc.selection import Selection, SelectionError, select_tables
 
 log = structlog.get_logger(__name__)
@@ -318,9 +317,7 @@ class PublicationPlan:
         return self.current is not None and self.current == self.wanted and not self.set_via_root
 
 
-def plan_publication(
-    conn: psycopg.Connection[tuple[object, ...]], name: str, tables: Iterable[str]
-) -> PublicationPlan:
+def plan_publication(conn: psycopg.Connection[tuple[object, ...]], name: str, tables: Iterable[str]) -> PublicationPlan:
     """Check that the publication can be created or brought to exactly ``tables`` by this role."""
     wanted = tuple(sorted(tables))
     row = conn.execute(
@@ -538,7 +535,14 @@ def load_types(conn: psycopg.Connection[tuple[object, ...]], oids: Iterable[int]
             return resolved[oid]
         r = rows_by_oid[oid]
         name, schema, typtype, elem, base, category, subtype, labels = (
-            str(r[1]), str(r[2]), str(r[3]), int(str(r[4])), int(str(r[5])), str(r[6]), int(str(r[7])), r[8]
+            str(r[1]),
+            str(r[2]),
+            str(r[3]),
+            int(str(r[4])),
+            int(str(r[5])),
+            str(r[6]),
+            int(str(r[7])),
+            r[8],
         )
         element: PgType | None = None
         if typtype == "e":

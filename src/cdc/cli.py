@@ -7,7 +7,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import structlog
 
@@ -87,7 +86,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         f"  database: {len(checked.tables)} tables ready to capture, publication {publication.name} {shape}, "
         f"slot {config.source.slot} {checked.slot_state.value}"
     )
-    print(f"  kafka: {config.kafka.bootstrap_servers} reachable" + (", schema registry reachable" if config.format == "avro" else ""))
+    print(
+        f"  kafka: {config.kafka.bootstrap_servers} reachable"
+        + (", schema registry reachable" if config.format == "avro" else "")
+    )
     return 0
 
 
@@ -222,7 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run Prometheus (Debian's package, cached by scripts/prometheus.sh) with deploy/observability's rules",
     )
-    p.add_argument("--metrics-target", default="127.0.0.1:8080", help="the daemon's http.host:http.port Prometheus scrapes")
+    p.add_argument(
+        "--metrics-target", default="127.0.0.1:8080", help="the daemon's http.host:http.port Prometheus scrapes"
+    )
     p.add_argument(
         "--pg",
         choices=["15", "16", "17", "18"],

@@ -77,10 +77,7 @@ class SourceConfig(_Section):
     @classmethod
     def _identifier(cls, v: str) -> str:
         if not _IDENT.match(v) or len(v) > 63:
-            raise ValueError(
-                "must be a lower-case identifier of at most 63 characters (letters, digits, _): "
-                f"{v!r}"
-            )
+            raise ValueError(f"must be a lower-case identifier of at most 63 characters (letters, digits, _): {v!r}")
         return v
 
     @field_validator("dsn")
@@ -91,9 +88,7 @@ class SourceConfig(_Section):
         except psycopg.ProgrammingError as e:
             raise ValueError(f"not a valid libpq connection string: {e}") from None
         if "password" in params:
-            raise ValueError(
-                "holds a password; remove it and set CDC_SOURCE__PASSWORD or source.password_file instead"
-            )
+            raise ValueError("holds a password; remove it and set CDC_SOURCE__PASSWORD or source.password_file instead")
         return v
 
     def conninfo(self, **overrides: Any) -> str:
@@ -198,8 +193,7 @@ class TableConfig(_Section):
         given = [k for k in ("name", "pattern", "regex") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError(
-                "give exactly one of name, pattern, regex"
-                + (f" (this entry has {', '.join(given)})" if given else "")
+                "give exactly one of name, pattern, regex" + (f" (this entry has {', '.join(given)})" if given else "")
             )
         if self.allow_empty and self.name is not None:
             raise ValueError("allow_empty applies to pattern and regex entries only; remove it from a named table")
@@ -320,10 +314,16 @@ class DeliveryConfig(_Section):
     offsets_topic: str = Field(
         default="__cdc_offsets", description="compacted topic holding the committed position (exactly_once)"
     )
-    commit_interval_ms: int = Field(default=100, ge=1, description="exactly_once: how long a Kafka transaction stays open to batch source ones")  # fmt: skip
+    commit_interval_ms: int = Field(
+        default=100, ge=1, description="exactly_once: how long a Kafka transaction stays open to batch source ones"
+    )
     commit_records: int = Field(default=10_000, ge=1, description="exactly_once: records per Kafka transaction")
-    split_records: int = Field(default=1_000_000, ge=1024, description="exactly_once: a source transaction with more "
-        "records, or producing for half of transaction.timeout.ms, goes to Kafka in parts (read_committed sees the parts)")  # fmt: skip
+    split_records: int = Field(
+        default=1_000_000,
+        ge=1024,
+        description="exactly_once: a source transaction with more "
+        "records, or producing for half of transaction.timeout.ms, goes to Kafka in parts (read_committed sees the parts)",
+    )
 
 
 class _ValueEncoding(_Section):
@@ -360,7 +360,9 @@ class JsonFormatConfig(_ValueEncoding):
 
 class HeartbeatConfig(_Section):
     interval_ms: int = Field(
-        default=0, ge=0, description="write a heartbeat record to __debezium-heartbeat.<topic_prefix> this often; 0: off"
+        default=0,
+        ge=0,
+        description="write a heartbeat record to __debezium-heartbeat.<topic_prefix> this often; 0: off",
     )
     action_query: str | None = Field(
         default=None,
@@ -584,8 +586,7 @@ def load_config(path: str | Path) -> Config:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{p} is not valid YAML: {e}") from None
-    if data is None:
-        data = {}
+    data = {} if data is None else data
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of keys (source, tables, kafka, ...)")
     spark = data.get("spark")

@@ -29,7 +29,9 @@ class _Model(BaseModel):
 
 class DeclaredView(_Model):
     name: str = Field(description="the view's name: a Delta table at <warehouse>/views/<name>")
-    sql: str = Field(description="Spark SQL over the rebuilt tables, each named <schema>_<table> (public.orders: public_orders)")
+    sql: str = Field(
+        description="Spark SQL over the rebuilt tables, each named <schema>_<table> (public.orders: public_orders)"
+    )
     key: list[str] = Field(min_length=1, description="the view's key columns (one row per key)")
 
     @field_validator("name")
@@ -41,7 +43,9 @@ class DeclaredView(_Model):
 
 
 class DeclaredIndex(_Model):
-    name: str = Field(description="the index's name: a tantivy index at <warehouse>/search/<name>; cdc search --index NAME")
+    name: str = Field(
+        description="the index's name: a tantivy index at <warehouse>/search/<name>; cdc search --index NAME"
+    )
     sql: str = Field(description="Spark SQL giving one row per document, over the tables named <schema>_<table>")
     id: str = Field(description="the column that identifies a document")
     text: dict[str, float] = Field(
@@ -135,7 +139,7 @@ def read_declarations_file(path: Path) -> dict[str, Any]:
 def load_declarations(path: str | Path) -> SparkSection:
     """A declarations file on its own (the demo's): its views and indexes, validated; DeclarationError naming
     the file and every problem."""
-    from pydantic import ValidationError  # noqa: PLC0415
+    from pydantic import ValidationError
 
     try:
         return SparkSection.model_validate({"file": str(path)})
@@ -161,9 +165,9 @@ def check_declarations(section: SparkSection, columns: Mapping[str, Sequence[str
     """Parse and resolve every declared query against ``columns`` (qualified table -> its columns);
     DeclarationError naming every view or index that does not parse, names an unknown table or column,
     or lacks its key (id, fields) columns."""
-    import sqlglot  # noqa: PLC0415 - only validation needs the parser
-    from sqlglot.errors import OptimizeError, ParseError  # noqa: PLC0415
-    from sqlglot.optimizer.qualify import qualify  # noqa: PLC0415
+    import sqlglot
+    from sqlglot.errors import OptimizeError, ParseError
+    from sqlglot.optimizer.qualify import qualify
 
     schema: dict[str, object] = {sql_name(t): {c: "string" for c in cols} for t, cols in columns.items()}
     known = ", ".join(sorted(schema)) or "none"
@@ -179,7 +183,9 @@ def check_declarations(section: SparkSection, columns: Mapping[str, Sequence[str
         if not isinstance(tree, sqlglot.exp.Query):
             problems.append(f"{what}: its SQL is not a query (SELECT ...)")
             continue
-        tables = sorted({t.name for t in tree.find_all(sqlglot.exp.Table)} - {cte.alias for cte in tree.find_all(sqlglot.exp.CTE)})
+        tables = sorted(
+            {t.name for t in tree.find_all(sqlglot.exp.Table)} - {cte.alias for cte in tree.find_all(sqlglot.exp.CTE)}
+        )
         unknown = [t for t in tables if t not in schema]
         if unknown:
             problems.append(f"{what}: unknown table(s) {', '.join(unknown)} (the captured tables are: {known})")
@@ -217,16 +223,36 @@ class NoKeyLineage(BaseModel):
 
 
 _NOT_ROW_BY_ROW: tuple[tuple[str, str], ...] = (  # node class -> why a key's rows may depend on other rows
-    ("AggFunc", "an aggregate"), ("Window", "a window function"), ("Group", "GROUP BY"), ("Having", "HAVING"),
-    ("Qualify", "QUALIFY"), ("Distinct", "DISTINCT"), ("Limit", "LIMIT"), ("Offset", "OFFSET"), ("Order", "ORDER BY"),
-    ("Subquery", "a subquery"), ("SetOperation", "UNION/EXCEPT/INTERSECT"), ("With", "WITH"), ("Lateral", "LATERAL"),
-    ("Pivot", "PIVOT"), ("TableSample", "TABLESAMPLE"), ("Values", "VALUES"), ("Exists", "EXISTS"),
-    ("Explode", "a generator (explode)"), ("Posexplode", "a generator (posexplode)"), ("Unnest", "a generator"),
-    ("Inline", "a generator (inline)"), ("Stack", "a generator (stack)"), ("Rand", "rand()"), ("Randn", "randn()"),
-    ("Uuid", "uuid()"), ("CurrentTimestamp", "current_timestamp()"), ("CurrentDate", "current_date()"),
+    ("AggFunc", "an aggregate"),
+    ("Window", "a window function"),
+    ("Group", "GROUP BY"),
+    ("Having", "HAVING"),
+    ("Qualify", "QUALIFY"),
+    ("Distinct", "DISTINCT"),
+    ("Limit", "LIMIT"),
+    ("Offset", "OFFSET"),
+    ("Order", "ORDER BY"),
+    ("Subquery", "a subquery"),
+    ("SetOperation", "UNION/EXCEPT/INTERSECT"),
+    ("With", "WITH"),
+    ("Lateral", "LATERAL"),
+    ("Pivot", "PIVOT"),
+    ("TableSample", "TABLESAMPLE"),
+    ("Values", "VALUES"),
+    ("Exists", "EXISTS"),
+    ("Explode", "a generator (explode)"),
+    ("Posexplode", "a generator (posexplode)"),
+    ("Unnest", "a generator"),
+    ("Inline", "a generator (inline)"),
+    ("Stack", "a generator (stack)"),
+    ("Rand", "rand()"),
+    ("Randn", "randn()"),
+    ("Uuid", "uuid()"),
+    ("CurrentTimestamp", "current_timestamp()"),
+    ("CurrentDate", "current_date()"),
     ("CurrentTime", "current_time()"),
     ("Anonymous", "a function the checker does not know (it may be an aggregate or not deterministic)"),
-)  # fmt: skip
+)
 
 
 def key_lineage(
@@ -240,16 +266,17 @@ def key_lineage(
     non-deterministic or unknown function; each of the view's key columns is one of that table's key
     columns, unchanged, and together they are all of them. Anything else: ``NoKeyLineage`` with why.
     """
-    import sqlglot  # noqa: PLC0415
-    from sqlglot import exp  # noqa: PLC0415
-    from sqlglot.errors import OptimizeError, ParseError  # noqa: PLC0415
-    from sqlglot.optimizer.qualify import qualify  # noqa: PLC0415
+    import sqlglot
+    from sqlglot import exp
+    from sqlglot.errors import OptimizeError, ParseError
+    from sqlglot.optimizer.qualify import qualify
 
     by_sql_name = {sql_name(t): t for t in tables}
     schema: dict[str, object] = {sql_name(t): {c: "string" for c in cols} for t, cols in tables.items()}
     try:
-        tree = qualify(sqlglot.parse_one(view.sql, read="spark"), schema=schema, dialect="spark",
-                       validate_qualify_columns=True)  # fmt: skip
+        tree = qualify(
+            sqlglot.parse_one(view.sql, read="spark"), schema=schema, dialect="spark", validate_qualify_columns=True
+        )
     except (ParseError, OptimizeError) as e:
         return NoKeyLineage(reason=f"its SQL does not resolve: {str(e).splitlines()[0]}")
     if not isinstance(tree, exp.Select):
@@ -288,8 +315,8 @@ def key_lineage(
 
 def tables_read(query: str, tables: Sequence[str]) -> list[str]:
     """The captured tables (qualified) a declared query reads; every one of ``tables`` when it cannot tell."""
-    import sqlglot  # noqa: PLC0415
-    from sqlglot.errors import ParseError  # noqa: PLC0415
+    import sqlglot
+    from sqlglot.errors import ParseError
 
     try:
         tree = sqlglot.parse_one(query, read="spark")

@@ -231,9 +231,7 @@ def main(*, keep_services: bool = False) -> int:
         )
     )
     log.info("demo_connector_starting", config=str(config_path))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cdc.cli", "run", "--config", str(config_path)], env={**os.environ}
-    )
+    proc = subprocess.Popen([sys.executable, "-m", "cdc.cli", "run", "--config", str(config_path)], env={**os.environ})
     event_ids: list[str] = []
     metrics = f"http://127.0.0.1:{metrics_port}/metrics"
     prometheus = Prometheus(state / "prometheus", [f"127.0.0.1:{metrics_port}"]) if Prometheus.available() else None
@@ -291,9 +289,13 @@ def _print_where_to_look(metrics: str, prometheus: Prometheus | None) -> None:
     print("\n=== where to look while the connector runs ===")
     print(f"  metrics:    {metrics}   (health: /healthz, readiness: /readyz)")
     if prometheus is not None:
-        print(f"  prometheus: {prometheus.url}   (alerts: {prometheus.url}/alerts, rules: deploy/observability/cdc-rules.yml)")
+        print(
+            f"  prometheus: {prometheus.url}   (alerts: {prometheus.url}/alerts, rules: deploy/observability/cdc-rules.yml)"
+        )
     else:
-        print("  prometheus: not started (no binaries in the cache: `bash scripts/prometheus.sh`, which make install runs)")
+        print(
+            "  prometheus: not started (no binaries in the cache: `bash scripts/prometheus.sh`, which make install runs)"
+        )
     print("  dashboard:  deploy/observability/grafana-dashboard.json (import it into Grafana)")
     sys.stdout.flush()
 
@@ -306,7 +308,13 @@ def _print_metrics(port: int, prometheus: Prometheus | None) -> None:
     except OSError as e:
         log.warning("demo_metrics_unavailable", error=str(e))
         return
-    wanted = ("cdc_events_total", "cdc_slot_lag_bytes", "cdc_slot_wal_status", "cdc_source_lag_seconds", "cdc_streaming")
+    wanted = (
+        "cdc_events_total",
+        "cdc_slot_lag_bytes",
+        "cdc_slot_wal_status",
+        "cdc_source_lag_seconds",
+        "cdc_streaming",
+    )
     print("\n=== the connector's metrics (a few) ===")
     for line in text.splitlines():
         if line.startswith(wanted) and not (line.startswith("cdc_slot_wal_status") and not line.endswith(" 1.0")):
@@ -319,7 +327,9 @@ def _print_metrics(port: int, prometheus: Prometheus | None) -> None:
         except OSError as e:
             log.warning("demo_prometheus_unavailable", error=str(e))
             return
-        print(f"  prometheus: up={[r['value'][1] for r in up]}, alerts: {[r['metric']['alertname'] for r in alerts] or 'none'}")
+        print(
+            f"  prometheus: up={[r['value'][1] for r in up]}, alerts: {[r['metric']['alertname'] for r in alerts] or 'none'}"
+        )
 
 
 def _print_outbox(bootstrap: str, event_ids: list[str]) -> bool:
@@ -328,10 +338,16 @@ def _print_outbox(bootstrap: str, event_ids: list[str]) -> bool:
     print(f"\n{OUTBOX_TOPIC}: {len(msgs)} outbox events (table public.outbox itself stays unpublished)")
     for m in msgs:
         headers = {k: v.decode() for k, v in (m.headers() or [])}
-        print(f"  p{m.partition()} key={m.key().decode():<4} {headers['eventType']} id={headers['id']} {m.value().decode()}")
+        print(
+            f"  p{m.partition()} key={m.key().decode():<4} {headers['eventType']} id={headers['id']} {m.value().decode()}"
+        )
     got = sorted(dict(m.headers() or [])["id"].decode() for m in msgs)
     ok = got == sorted(event_ids)
-    print("outbox events match the committed orders" if ok else f"OUTBOX MISMATCH: expected {sorted(event_ids)}, got {got}")
+    print(
+        "outbox events match the committed orders"
+        if ok
+        else f"OUTBOX MISMATCH: expected {sorted(event_ids)}, got {got}"
+    )
     return ok
 
 
@@ -346,8 +362,14 @@ def _spark_rebuild(bootstrap: str, dsn: str, state: Path) -> bool:
     section = load_config(state / "demo.yaml").spark  # the declarations file the demo's cdc.yaml names
     log.info("demo_spark_rebuild_starting", declarations=section.file)
     summary = rebuild_and_verify(
-        bootstrap, dsn, PREFIX, TABLES, state / "demo-spark", section=section, query=SEARCH,
+        bootstrap,
+        dsn,
+        PREFIX,
+        TABLES,
+        state / "demo-spark",
+        section=section,
+        query=SEARCH,
         encoding=Encoding(decimal_handling="string"),
-    )  # fmt: skip
+    )
     print("\n" + summary)
     return "all views match the database" in summary  # the verification verdict line

@@ -66,10 +66,18 @@ def hosts(conninfo: str) -> list[tuple[str, str]]:
 def each_host(conninfo: str, application_name: str, timeout_s: int) -> list[tuple[str, str, str]]:
     """(host, port, a conninfo reaching that host alone, whatever its role) for each host the DSN names."""
     return [
-        (host, port, make_conninfo(
-            conninfo, host=host, port=port, target_session_attrs="any", connect_timeout=timeout_s,
-            application_name=application_name,
-        ))  # fmt: skip
+        (
+            host,
+            port,
+            make_conninfo(
+                conninfo,
+                host=host,
+                port=port,
+                target_session_attrs="any",
+                connect_timeout=timeout_s,
+                application_name=application_name,
+            ),
+        )
         for host, port in hosts(conninfo)
     ]
 
@@ -83,7 +91,7 @@ def read(conninfo: str, slot: str, *, timeout_s: int = 3) -> list[HostSlot]:
                 standby = bool(conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,))
                 columns = "synced, temporary" if standby and conn.info.server_version >= 170000 else "NULL, temporary"
                 row = conn.execute(
-                    f"SELECT {columns}, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",  # noqa: S608
+                    f"SELECT {columns}, confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
                     (slot,),
                 ).fetchone()
         except psycopg.Error as e:
@@ -94,7 +102,9 @@ def read(conninfo: str, slot: str, *, timeout_s: int = 3) -> list[HostSlot]:
         elif row is None:
             found.append(HostSlot(host, port, "standby", synced=False, temporary=None))
         else:
-            found.append(HostSlot(host, port, "standby", synced=bool(row[0]), temporary=bool(row[1]), confirmed_flush_lsn=row[2]))
+            found.append(
+                HostSlot(host, port, "standby", synced=bool(row[0]), temporary=bool(row[1]), confirmed_flush_lsn=row[2])
+            )
     primary = next((h.confirmed_flush_lsn for h in found if h.role == "primary" and h.confirmed_flush_lsn), None)
     if primary is None:
         return found
@@ -148,7 +158,9 @@ def setup_problems(conninfo: str, *, timeout_s: int = 3) -> tuple[list[str], lis
             fixes.append("hot_standby_feedback = on (without it the copy can be invalidated)")
         slot = settings.get("primary_slot_name", "")
         if not slot:
-            fixes.append("primary_slot_name = '<its physical slot on the primary>' (slot synchronization refuses to run)")
+            fixes.append(
+                "primary_slot_name = '<its physical slot on the primary>' (slot synchronization refuses to run)"
+            )
         else:
             standby_slots.append(slot)
         if "dbname=" not in settings.get("primary_conninfo", ""):
@@ -206,6 +218,6 @@ class FailoverWatch:
         while not self._stop.is_set():
             try:
                 self.check()
-            except Exception as e:  # noqa: BLE001 - a reading that failed is reported; the daemon goes on
+            except Exception as e:
                 log.warning("failover_readiness_unavailable", slot=self._slot, error=str(e))
             self._stop.wait(self._interval)

@@ -57,7 +57,11 @@ class InstanceLock:
         if not row or not row[0]:
             holder = self._holder(conn)
             conn.close()
-            who = f" (its lock connection is backend PID {holder[0]} from {holder[1] or 'local socket'} since {holder[2]})" if holder else ""
+            who = (
+                f" (its lock connection is backend PID {holder[0]} from {holder[1] or 'local socket'} since {holder[2]})"
+                if holder
+                else ""
+            )
             gone = (
                 f" If that instance is gone (its host died, so the server has not noticed yet), end its session: "
                 f"SELECT pg_terminate_backend({holder[0]});"
@@ -68,7 +72,9 @@ class InstanceLock:
                 f"another cdc instance is already running for slot {self._slot}{who}. One instance per slot: "
                 f"stop the other one, or give this one its own slot.{gone}"
             )
-        me = conn.execute("SELECT pid, backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()").fetchone()
+        me = conn.execute(
+            "SELECT pid, backend_start::text FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        ).fetchone()
         self._session = (me[0], me[1]) if me else None
         self._conn = conn
         log.info("instance_lock_acquired", slot=self._slot)

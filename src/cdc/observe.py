@@ -182,7 +182,11 @@ def _toast_metrics(s: Stats) -> Iterator[Any]:
     """cdc.pipeline.toast's counters, per table."""
     for name, doc, counts in (
         ("cdc_toast_filled", "Unchanged TOASTed values filled by re-reading their row", s.toast_filled),
-        ("cdc_toast_unresolved", "Updates left with toast.placeholder: the row was gone when re-read", s.toast_unresolved),
+        (
+            "cdc_toast_unresolved",
+            "Updates left with toast.placeholder: the row was gone when re-read",
+            s.toast_unresolved,
+        ),
         ("cdc_toast_fill_queries", "Queries that re-read unchanged TOASTed values", s.toast_fill_queries),
         ("cdc_toast_fill_seconds", "Time spent in those queries", s.toast_fill_seconds),
     ):
@@ -204,9 +208,7 @@ class _StatsCollector(Collector):
         yield events
         yield CounterMetricFamily("cdc_delivery_errors", "Records Kafka did not accept", value=s.delivery_errors)
         yield CounterMetricFamily("cdc_dead_letters", "Records sent to the dead-letter topic", value=s.dead_letters)
-        outbox = CounterMetricFamily(
-            "cdc_outbox_events", "Outbox events published", labels=["aggregate_type", "route"]
-        )
+        outbox = CounterMetricFamily("cdc_outbox_events", "Outbox events published", labels=["aggregate_type", "route"])
         for (aggregate_type, route), n in sorted(s.outbox_events.items()):
             outbox.add_metric([aggregate_type, route], n)
         yield outbox
@@ -218,13 +220,17 @@ class _StatsCollector(Collector):
         yield outbox_dead
         yield from _toast_metrics(s)
         skipped = CounterMetricFamily(
-            "cdc_uncaptured_changes", "Changes of tables in the publication but not in the configuration", labels=["table"]
+            "cdc_uncaptured_changes",
+            "Changes of tables in the publication but not in the configuration",
+            labels=["table"],
         )
         for table, n in sorted(s.uncaptured.items()):
             skipped.add_metric([table], n)
         yield skipped
         left_out = CounterMetricFamily(
-            "cdc_messages_left_out", "Logical messages not published (messages.include/exclude, own prefixes)", labels=["prefix"]
+            "cdc_messages_left_out",
+            "Logical messages not published (messages.include/exclude, own prefixes)",
+            labels=["prefix"],
         )
         for prefix, n in sorted(s.messages_left_out.items()):
             left_out.add_metric([prefix], n)
@@ -239,10 +245,14 @@ class _StatsCollector(Collector):
             snap.add_metric([table], n)
         yield snap
         ready = GaugeMetricFamily(
-            "cdc_slot_failover_ready", "1 when the standby holds a synchronized, persistent copy of the slot", labels=["host"]
+            "cdc_slot_failover_ready",
+            "1 when the standby holds a synchronized, persistent copy of the slot",
+            labels=["host"],
         )
         behind = GaugeMetricFamily(
-            "cdc_slot_standby_behind_bytes", "How far the standby's copy of the slot is behind the primary's", labels=["host"]
+            "cdc_slot_standby_behind_bytes",
+            "How far the standby's copy of the slot is behind the primary's",
+            labels=["host"],
         )
         for standby in s.standbys():
             if standby.role != "primary":
@@ -261,7 +271,9 @@ class _StatsCollector(Collector):
             "cdc_source_lag_ms", "Commit-to-processing time of the last transaction", value=s.source_lag_ms()
         )
         yield GaugeMetricFamily(
-            "cdc_source_lag_seconds", "Commit-to-processing time of the last transaction", value=s.source_lag_ms() / 1000
+            "cdc_source_lag_seconds",
+            "Commit-to-processing time of the last transaction",
+            value=s.source_lag_ms() / 1000,
         )
         yield from self._slot(s)
         yield GaugeMetricFamily("cdc_streaming", "1 while the replication stream runs", value=1 if s.streaming else 0)
@@ -282,11 +294,14 @@ class _StatsCollector(Collector):
             )
         yield GaugeMetricFamily("cdc_queue_limit_bytes", "limits.max_inflight_bytes", value=s.queue_limit_bytes)
         yield CounterMetricFamily(
-            "cdc_backpressure_seconds", "Time the main loop stopped reading WAL because the queue was full",
+            "cdc_backpressure_seconds",
+            "Time the main loop stopped reading WAL because the queue was full",
             value=s.backpressure_s,
         )
         yield HistogramMetricFamily(
-            "cdc_transaction_events", "Events per source transaction", buckets=s.transaction_events.buckets(),
+            "cdc_transaction_events",
+            "Events per source transaction",
+            buckets=s.transaction_events.buckets(),
             sum_value=s.transaction_events.sum,
         )
         phases = GaugeMetricFamily("cdc_startup_phase_seconds", "How long each start-up phase took", labels=["phase"])
@@ -303,7 +318,9 @@ class _StatsCollector(Collector):
         running = GaugeMetricFamily("cdc_snapshot_running", "1 while a snapshot runs", labels=["kind"])
         chunks = GaugeMetricFamily("cdc_snapshot_table_chunks", "Chunks a snapshot finished", labels=["kind", "table"])
         planned = GaugeMetricFamily(
-            "cdc_snapshot_table_chunks_planned", "Chunks a snapshot planned (0 when not chunked)", labels=["kind", "table"]
+            "cdc_snapshot_table_chunks_planned",
+            "Chunks a snapshot planned (0 when not chunked)",
+            labels=["kind", "table"],
         )
         for p in s.snapshot_progress():
             for t in p.tables:
@@ -332,7 +349,9 @@ class _StatsCollector(Collector):
             )
         if reading.wal_status is not None:
             status = GaugeMetricFamily(
-                "cdc_slot_wal_status", "1 for the slot's wal_status (reserved, extended, unreserved, lost)", labels=["status"]
+                "cdc_slot_wal_status",
+                "1 for the slot's wal_status (reserved, extended, unreserved, lost)",
+                labels=["status"],
             )
             for name in WAL_STATUSES:
                 status.add_metric([name], 1 if reading.wal_status == name else 0)
@@ -340,7 +359,7 @@ class _StatsCollector(Collector):
 
     @staticmethod
     def _producer(p: ProducerStats) -> Iterator[Any]:
-        with p._lock:  # noqa: SLF001 - the collector reads what on_stats writes
+        with p._lock:
             totals = dict(p.totals)
             rtt = dict(p.rtt)
             up = dict(p.up)
@@ -358,27 +377,35 @@ class _StatsCollector(Collector):
                 if f == fld:
                     family.add_metric([broker], n)
             yield family
-        yield CounterMetricFamily("cdc_kafka_batches", "Message batches (MessageSets) the producers sent", value=batches)
+        yield CounterMetricFamily(
+            "cdc_kafka_batches", "Message batches (MessageSets) the producers sent", value=batches
+        )
         yield CounterMetricFamily("cdc_kafka_batch_bytes", "Bytes of the batches the producers sent", value=batch_bytes)
         round_trip = GaugeMetricFamily(
-            "cdc_kafka_broker_rtt_seconds", "Broker round-trip time in the last statistics window", labels=["broker", "quantile"]
+            "cdc_kafka_broker_rtt_seconds",
+            "Broker round-trip time in the last statistics window",
+            labels=["broker", "quantile"],
         )
         for broker, (p50, p99) in sorted(rtt.items()):
             round_trip.add_metric([broker, "0.5"], p50)
             round_trip.add_metric([broker, "0.99"], p99)
         yield round_trip
         broker_up = GaugeMetricFamily(
-            "cdc_kafka_broker_up", "1 when the producer's connection to the broker was up at its last report", labels=["broker"]
+            "cdc_kafka_broker_up",
+            "1 when the producer's connection to the broker was up at its last report",
+            labels=["broker"],
         )
         for broker, is_up in sorted(up.items()):
             broker_up.add_metric([broker], 1 if is_up else 0)
         yield broker_up
         yield GaugeMetricFamily(
-            "cdc_kafka_producer_queue_messages", "Messages in librdkafka's queue, not yet acknowledged",
+            "cdc_kafka_producer_queue_messages",
+            "Messages in librdkafka's queue, not yet acknowledged",
             value=sum(m for m, _ in queue),
         )
         yield GaugeMetricFamily(
-            "cdc_kafka_producer_queue_bytes", "Bytes in librdkafka's queue, not yet acknowledged",
+            "cdc_kafka_producer_queue_bytes",
+            "Bytes in librdkafka's queue, not yet acknowledged",
             value=sum(b for _, b in queue),
         )
 
@@ -394,7 +421,7 @@ class HttpEndpoint:
         registry = self.registry
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 if self.path == "/metrics":
                     self._reply(200, generate_latest(registry), "text/plain; version=0.0.4")
                 elif self.path == "/healthz":
@@ -403,7 +430,10 @@ class HttpEndpoint:
                     self._reply(503 if stalled else 200, body)
                 elif self.path == "/readyz":
                     ready = stats.streaming and not stats.starting
-                    self._reply(200 if ready else 503, b"ready\n" if ready else b"starting\n" if stats.starting else b"not ready\n")
+                    self._reply(
+                        200 if ready else 503,
+                        b"ready\n" if ready else b"starting\n" if stats.starting else b"not ready\n",
+                    )
                 else:
                     self._reply(404, b"not found\n")
 
@@ -414,7 +444,7 @@ class HttpEndpoint:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         try:

@@ -118,9 +118,14 @@ def _walk(
         for child_name, child in section_model.model_fields.items():
             child_key = child.alias or child_name
             yield from _walk(
-                child, child_name, f"{child_prefix}.{child_key}", (*attributes, child_name), None, delimiter,
+                child,
+                child_name,
+                f"{child_prefix}.{child_key}",
+                (*attributes, child_name),
+                None,
+                delimiter,
                 list_env=child_list_env,
-            )  # fmt: skip
+            )
         return
     for child_name, child in section_model.model_fields.items():
         child_key = child.alias or child_name
@@ -128,9 +133,14 @@ def _walk(
         if env is not None and delimiter is not None:
             child_env = f"{env}{delimiter}{child_key.upper()}"
         yield from _walk(
-            child, child_name, f"{path}.{child_key}", (*attributes, child_name), child_env, delimiter,
+            child,
+            child_name,
+            f"{path}.{child_key}",
+            (*attributes, child_name),
+            child_env,
+            delimiter,
             list_env=list_env,
-        )  # fmt: skip
+        )
 
 
 def _section_model(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
@@ -329,7 +339,9 @@ def render_reference(model: type[BaseModel] = Config) -> str:
     for entry in entries:
         if entry.section:
             children = [e for e in entries if _is_child(e, entry)]
-            out.append(_table(f"`{entry.path}[]`" if entry.type.startswith("list") else f"`{entry.path}`", entry, children))
+            out.append(
+                _table(f"`{entry.path}[]`" if entry.type.startswith("list") else f"`{entry.path}`", entry, children)
+            )
     return "\n".join(out).rstrip("\n") + "\n"
 
 

@@ -50,7 +50,18 @@ BEGINNING: Final = (0, 0)
 _NUMERIC: Final = frozenset({"numeric", "_numeric"})
 _LENGTH_TYPES: Final = frozenset({"varchar", "bpchar", "bit", "varbit", "_varchar", "_bpchar", "_bit", "_varbit"})
 _TIME_TYPES: Final = frozenset(
-    {"time", "timetz", "timestamp", "timestamptz", "interval", "_time", "_timetz", "_timestamp", "_timestamptz", "_interval"}
+    {
+        "time",
+        "timetz",
+        "timestamp",
+        "timestamptz",
+        "interval",
+        "_time",
+        "_timetz",
+        "_timestamp",
+        "_timestamptz",
+        "_interval",
+    }
 )
 
 Position = tuple[int, int]
@@ -91,7 +102,16 @@ class ColumnType:
         elif name in _TIME_TYPES and mod >= 0:
             precision = mod & 0xFFFF if name in ("interval", "_interval") else mod
         return cls(
-            column.name, name, column.type.schema, column.type.oid, mod, precision, scale, length, column.key, column.nullable
+            column.name,
+            name,
+            column.type.schema,
+            column.type.oid,
+            mod,
+            precision,
+            scale,
+            length,
+            column.key,
+            column.nullable,
         )
 
     @property
@@ -111,7 +131,9 @@ class SchemaVersion:
 
     @classmethod
     def of(cls, table: TableSchema, position: Position, after_lsn: int | None = None) -> SchemaVersion:
-        return cls(table.qualified, position, tuple(ColumnType.of(c) for c in table.columns), table.relation_id, after_lsn)
+        return cls(
+            table.qualified, position, tuple(ColumnType.of(c) for c in table.columns), table.relation_id, after_lsn
+        )
 
     @property
     def shape(self) -> tuple[tuple[str, int, int], ...]:
@@ -260,7 +282,9 @@ class History:
         """The version of ``table`` with the greatest position strictly before ``position``."""
         return self._last(table, bisect.bisect_left, position)
 
-    def _last(self, table: str, cut: Callable[[list[Position], Position], int], position: Position) -> SchemaVersion | None:
+    def _last(
+        self, table: str, cut: Callable[[list[Position], Position], int], position: Position
+    ) -> SchemaVersion | None:
         at = cut(self._positions.get(table, []), position)
         return self._versions[table][at - 1] if at else None
 

@@ -141,7 +141,9 @@ def select_tables(entries: Sequence[TableConfig], candidates: Iterable[tuple[str
         raise SelectionError("cannot expand the table patterns:\n  " + "\n  ".join(problems))
     tables = [*named]
     for qualified, entry in chosen.items():
-        tables.append(entry.model_copy(update={"name": qualified, "pattern": None, "regex": None, "allow_empty": False}))
+        tables.append(
+            entry.model_copy(update={"name": qualified, "pattern": None, "regex": None, "allow_empty": False})
+        )
     if not tables:
         raise SelectionError(
             "tables: no table to capture: every pattern matched nothing and no table is named. "

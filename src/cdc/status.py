@@ -18,7 +18,9 @@ from cdc.sink.kafka import connection_settings, librdkafka_logger
 def collect(config: Config) -> dict[str, Any]:
     """Everything ``cdc status`` prints; holds no secret (the DSN never carries the password)."""
     out: dict[str, Any] = {"slot": config.source.slot, "publication": config.source.publication}
-    with psycopg.connect(config.source.conninfo(application_name="cdc-status"), autocommit=True, connect_timeout=10) as conn:
+    with psycopg.connect(
+        config.source.conninfo(application_name="cdc-status"), autocommit=True, connect_timeout=10
+    ) as conn:
         row = conn.execute(
             """
             SELECT active, active_pid, confirmed_flush_lsn::text, restart_lsn::text, wal_status,
@@ -61,7 +63,11 @@ def collect(config: Config) -> dict[str, Any]:
                 "estimated_rows": est[0] if est else None,
             }
     consumer = Consumer(
-        {"bootstrap.servers": config.kafka.bootstrap_servers, "group.id": "cdc-status", **connection_settings(config.kafka.producer)},
+        {
+            "bootstrap.servers": config.kafka.bootstrap_servers,
+            "group.id": "cdc-status",
+            **connection_settings(config.kafka.producer),
+        },
         logger=librdkafka_logger(),
     )
     try:
@@ -91,9 +97,7 @@ def render(status: dict[str, Any]) -> str:
     if not status.get("slot_exists"):
         lines.append("  slot: missing (created at the first `cdc run`)")
     else:
-        lines.append(
-            f"  active: {status['active']} (pid {status['active_pid']})  wal_status: {status['wal_status']}"
-        )
+        lines.append(f"  active: {status['active']} (pid {status['active_pid']})  wal_status: {status['wal_status']}")
         lines.append(f"  confirmed: {status['confirmed_flush_lsn']}  lag: {status['lag_bytes']} bytes")
         lines.append(f"  retained WAL: {status['retained_wal_bytes']} bytes (restart_lsn {status['restart_lsn']})")
         safe = status.get("safe_wal_size_bytes")
@@ -105,10 +109,15 @@ def render(status: dict[str, Any]) -> str:
     for h in status.get("hosts", []):
         where = f"{h['host']}:{h['port']}"
         if h["role"] == "standby":
-            state = "ready for failover" if h["ready"] else (
-                "NOT ready: its copy of the slot is temporary (not caught up yet)" if h["synced"] and h["temporary"]
-                else "NOT ready: no synchronized copy of the slot (see docs/operations.md, 'Beside a primary with standbys')"
-            )  # fmt: skip
+            state = (
+                "ready for failover"
+                if h["ready"]
+                else (
+                    "NOT ready: its copy of the slot is temporary (not caught up yet)"
+                    if h["synced"] and h["temporary"]
+                    else "NOT ready: no synchronized copy of the slot (see docs/operations.md, 'Beside a primary with standbys')"
+                )
+            )
             behind = "" if h["behind_bytes"] is None else f", {h['behind_bytes']} bytes behind"
             lines.append(f"  standby {where}: {state}{behind}")
         elif h["role"] == "primary":

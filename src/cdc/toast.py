@@ -29,4 +29,3 @@ class ToastConfig(BaseModel):
     fill_batch: int = Field(
         default=1000, ge=1, le=10_000, description="fill: most events held before their values are read (one query)"
     )
-

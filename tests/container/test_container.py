@@ -73,8 +73,16 @@ def image() -> str:
 class Container:
     """One `podman run -d` of the image; removed by cleanup()."""
 
-    def __init__(self, image: str, name: str, config: Path, *, env: dict[str, str] | None = None,
-                 mounts: list[str] | None = None, read_only: bool = True) -> None:
+    def __init__(
+        self,
+        image: str,
+        name: str,
+        config: Path,
+        *,
+        env: dict[str, str] | None = None,
+        mounts: list[str] | None = None,
+        read_only: bool = True,
+    ) -> None:
         self.image, self.name, self.config = image, name, config
         self.env = env or {}
         self.mounts = mounts or []
@@ -89,8 +97,9 @@ class Container:
         for key in self.env:  # the value comes from podman's environment, never from its command line
             args += ["--env", key]
         args += [self.image, "--log-format", "json", "run", "--config", "/etc/cdc/cdc.yaml"]
-        proc = subprocess.run([*PODMAN, *args], capture_output=True, text=True, timeout=120,
-                              env={**os.environ, **self.env})
+        proc = subprocess.run(
+            [*PODMAN, *args], capture_output=True, text=True, timeout=120, env={**os.environ, **self.env}
+        )
         assert proc.returncode == 0, proc.stderr
         return self
 
@@ -147,8 +156,16 @@ def containers(test_id: str) -> Iterator[Any]:
         c.cleanup()
 
 
-def _config(tmp_path: Path, services: Any, dsn: str, slot: str, publication: str, prefix: str,
-            name: str = "cdc.yaml", **extra: Any) -> Path:
+def _config(
+    tmp_path: Path,
+    services: Any,
+    dsn: str,
+    slot: str,
+    publication: str,
+    prefix: str,
+    name: str = "cdc.yaml",
+    **extra: Any,
+) -> Path:
     path = write_config(
         tmp_path / name,
         source={"dsn": dsn, "slot": slot, "publication": publication, **extra.pop("source", {})},
@@ -316,8 +333,15 @@ def test_the_password_from_an_env_var_or_a_mounted_file_connects(
         secret.write_text(SECRET + "\n")
         secret.chmod(0o400)
         os.chown(secret, 10001, 10001)  # the image's user, and only it, reads the mounted secret
-        cfg = _config(tmp_path, services, app, slot_name, publication_name, topic_prefix,
-                      source={"password_file": "/run/secrets/pgpass"})
+        cfg = _config(
+            tmp_path,
+            services,
+            app,
+            slot_name,
+            publication_name,
+            topic_prefix,
+            source={"password_file": "/run/secrets/pgpass"},
+        )
         c = containers(image, cfg, mounts=[f"{secret}:/run/secrets/pgpass:ro"])
     c.start()
     try:
@@ -332,8 +356,10 @@ def test_the_password_from_an_env_var_or_a_mounted_file_connects(
     finally:
         c.cleanup()
         with psycopg.connect(su, autocommit=True) as conn:
-            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
-                         (slot_name,))
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                (slot_name,),
+            )
             conn.execute(f'DROP PUBLICATION IF EXISTS "{publication_name}"')
 
 
@@ -361,8 +387,14 @@ SPARK_IMAGE = os.environ.get("CDC_TEST_SPARK_IMAGE", "localhost/cdc-spark:local"
 @pytest.fixture(scope="session")
 def spark_image(image: str) -> str:
     """The Spark jobs' image, built by scripts/spark-image.sh (after the daemon's: same base, same checks)."""
-    build = subprocess.run(["bash", "scripts/spark-image.sh"], cwd=REPO, capture_output=True, text=True, timeout=1800,
-                           env={**os.environ, "IMAGE": SPARK_IMAGE})  # fmt: skip
+    build = subprocess.run(
+        ["bash", "scripts/spark-image.sh"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env={**os.environ, "IMAGE": SPARK_IMAGE},
+    )
     if build.returncode != 0:
         pytest.fail(f"make spark-image failed:\n{build.stderr[-6000:]}")
     return SPARK_IMAGE
@@ -389,13 +421,41 @@ def test_the_spark_image_rebuilds_the_warehouse_from_what_the_daemon_container_w
     warehouse.mkdir()
     os.chown(warehouse, 10001, 10001)  # the Spark image's user writes the Delta tables
     mounts = ["-v", f"{cfg}:/etc/cdc/cdc.yaml:ro", "-v", f"{warehouse}:/data/warehouse"]
-    rebuild = _podman("run", "--rm", *RUN_FLAGS, *mounts, spark_image, "--master", "local[1]",
-                      "/opt/cdc/spark/warehouse.py", "--config", "/etc/cdc/cdc.yaml", "--warehouse", "/data/warehouse",
-                      check=False, timeout=600)
+    rebuild = _podman(
+        "run",
+        "--rm",
+        *RUN_FLAGS,
+        *mounts,
+        spark_image,
+        "--master",
+        "local[1]",
+        "/opt/cdc/spark/warehouse.py",
+        "--config",
+        "/etc/cdc/cdc.yaml",
+        "--warehouse",
+        "/data/warehouse",
+        check=False,
+        timeout=600,
+    )
     assert rebuild.returncode == 0, rebuild.stdout[-4000:] + rebuild.stderr[-4000:]
     # The project's own check, in the same image: the warehouse equals the database, row for row.
-    verify = _podman("run", "--rm", *RUN_FLAGS, *mounts, "--entrypoint", "python3", spark_image,
-                     "-m", "cdc_views", "verify", "--config", "/etc/cdc/cdc.yaml", "--warehouse", "/data/warehouse",
-                     check=False, timeout=600)
+    verify = _podman(
+        "run",
+        "--rm",
+        *RUN_FLAGS,
+        *mounts,
+        "--entrypoint",
+        "python3",
+        spark_image,
+        "-m",
+        "cdc_views",
+        "verify",
+        "--config",
+        "/etc/cdc/cdc.yaml",
+        "--warehouse",
+        "/data/warehouse",
+        check=False,
+        timeout=600,
+    )
     assert verify.returncode == 0, verify.stdout[-4000:] + verify.stderr[-4000:]
     assert (warehouse / "tables" / "public.items" / "_delta_log").is_dir()

@@ -55,10 +55,12 @@ print(len(rows), rows[0]["email"] if rows else "-")
 """
 
 
-def _run(args: list[str], *, env: dict[str, str] | None = None, timeout: float = 120,
-         stdin: str | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env,
-                          input=stdin, check=False)  # fmt: skip
+def _run(
+    args: list[str], *, env: dict[str, str] | None = None, timeout: float = 120, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env, input=stdin, check=False
+    )
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,19 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
         if shutil.which("podman") is None:
             pytest.skip(f"podman could not be installed: {built.stderr[-2000:]}")
         pytest.fail(f"scripts/quickstart.sh images failed:\n{built.stderr[-4000:]}")
-    probe = _run([*PODMAN, "run", "--rm", "--network", "none", "--entrypoint", "postgres",
-                   "localhost/cdc-postgres:local", "--version"])
+    probe = _run(
+        [
+            *PODMAN,
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--entrypoint",
+            "postgres",
+            "localhost/cdc-postgres:local",
+            "--version",
+        ]
+    )
     if probe.returncode != 0:
         pytest.skip(f"podman cannot run a container here: {probe.stderr.strip()[-1000:]}")
 
@@ -101,8 +114,14 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
             volume["hostPath"]["path"] = str(REPO / volume["hostPath"]["path"])
     copy = tmp_path_factory.mktemp("quickstart") / "pod.yaml"
     copy.write_text(yaml.safe_dump(manifest))
-    env = {**os.environ, "MANIFEST": str(copy), "POD": pod, "POSTGRES_PASSWORD": secrets.token_hex(12),
-           "CDC_DB_PASSWORD": secrets.token_hex(12), "REGISTRY_DB_PASSWORD": secrets.token_hex(12)}  # fmt: skip
+    env = {
+        **os.environ,
+        "MANIFEST": str(copy),
+        "POD": pod,
+        "POSTGRES_PASSWORD": secrets.token_hex(12),
+        "CDC_DB_PASSWORD": secrets.token_hex(12),
+        "REGISTRY_DB_PASSWORD": secrets.token_hex(12),
+    }
     started = time.monotonic()
     played = _run(["bash", "scripts/quickstart.sh", "play"], env=env, timeout=300)
     try:
@@ -126,16 +145,32 @@ def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pod]:
 
 def _insert_customer(pod: Pod) -> str:
     email = f"{secrets.token_hex(6)}@quickstart.test"
-    insert = _run([*PODMAN, "exec", f"{pod.name}-postgres", "psql", "-v", "ON_ERROR_STOP=1", "-U", "postgres",
-                   "-d", "shop", "-qc",
-                   f"SET ROLE shop_owner; INSERT INTO customers (name, email) VALUES ('Quick Start', '{email}')"])  # fmt: skip
+    insert = _run(
+        [
+            *PODMAN,
+            "exec",
+            f"{pod.name}-postgres",
+            "psql",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-U",
+            "postgres",
+            "-d",
+            "shop",
+            "-qc",
+            f"SET ROLE shop_owner; INSERT INTO customers (name, email) VALUES ('Quick Start', '{email}')",
+        ]
+    )
     assert insert.returncode == 0, insert.stderr
     return email
 
 
 def _event(pod: Pod, email: str) -> dict[str, object]:
-    got = _run([*PODMAN, "exec", "-i", f"{pod.name}-connector", "python3", "-", "shop.public.customers", email],
-               stdin=CONSUME, timeout=150)  # fmt: skip
+    got = _run(
+        [*PODMAN, "exec", "-i", f"{pod.name}-connector", "python3", "-", "shop.public.customers", email],
+        stdin=CONSUME,
+        timeout=150,
+    )
     assert got.returncode == 0, f"no event for {email} in shop.public.customers: {got.stderr[-2000:]}"
     event: dict[str, object] = json.loads(got.stdout.strip().splitlines()[-1])
     return event
@@ -160,7 +195,10 @@ def test_the_spark_job_in_the_pod_rebuilds_the_warehouse_with_the_last_insert(qu
     print(f"quickstart: spark rebuild (with the Spark image's build if missing) {time.monotonic() - started:.1f} s")
     # The customer inserted last is in the warehouse's Delta table, read in the same image. (The jobs'
     # verify in the Spark image runs in test_container.py; here one Spark start less keeps the suite short.)
-    read = _run(["bash", "scripts/quickstart.sh", "spark", "-c", READ_CUSTOMER, email],
-                env={**quickstart.env, "ENTRYPOINT": "python3"}, timeout=600)  # fmt: skip
+    read = _run(
+        ["bash", "scripts/quickstart.sh", "spark", "-c", READ_CUSTOMER, email],
+        env={**quickstart.env, "ENTRYPOINT": "python3"},
+        timeout=600,
+    )
     assert read.returncode == 0, read.stdout[-4000:] + read.stderr[-4000:]
     assert read.stdout.strip().splitlines()[-1] == f"1 {email}"

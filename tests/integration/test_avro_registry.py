@@ -23,9 +23,9 @@ from cdc.lsn import Lsn
 from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.record import Record
 from cdc.sink.registry import IncompatibleSchemaError, RegistryClient
-from tests.support.registry import Consumer
 from cdc.values import Infinity, Interval, Point
 from tests.support.connector import Connector, write_config
+from tests.support.registry import Consumer
 
 pytestmark = pytest.mark.integration
 
@@ -104,7 +104,9 @@ RICH_ROW: dict[str, Any] = {
 }
 
 
-def change(table: TableSchema, op: Op, before: dict[str, Any] | None, after: dict[str, Any] | None, lsn: int) -> ChangeEvent:
+def change(
+    table: TableSchema, op: Op, before: dict[str, Any] | None, after: dict[str, Any] | None, lsn: int
+) -> ChangeEvent:
     return ChangeEvent(op, table, before, after, Lsn(lsn), Lsn(lsn), 700 + lsn, 1, COMMIT_US)
 
 
@@ -137,9 +139,15 @@ def test_schemas_register_evolve_as_versions_and_every_record_decodes_through_th
     decoded = [(r.topic, consumer.decode(r.key), consumer.decode(r.value)) for r in records]
     ops = [(topic_, value["op"] if value else None) for topic_, _, value in decoded]
     assert ops == [
-        (topic, "c"), (topic, "u"), (topic, "d"), (topic, None), (topic, "c"), (topic, "t"), (topic, "t"),
+        (topic, "c"),
+        (topic, "u"),
+        (topic, "d"),
+        (topic, None),
+        (topic, "c"),
+        (topic, "t"),
+        (topic, "t"),
         (f"{topic_prefix}.message", "m"),
-    ]  # fmt: skip
+    ]
     _, key, created = decoded[0]
     assert key == {"id": 1}
     after = created["after"]
@@ -182,14 +190,22 @@ def test_an_incompatible_change_is_refused_with_the_subject_the_table_and_what_c
     message = str(error)
     assert error.subject == f"{topic}-value" and error.compatibility == "BACKWARD"
     assert "Value.age changed type from null|string to null|int" in error.changes
-    for part in (f"subject '{topic}-value'", "(table public.people)", "version 1", "compatibility BACKWARD",
-                 "Registry says:", "Fix:", f"/config/{topic}-value"):  # fmt: skip
+    for part in (
+        f"subject '{topic}-value'",
+        "(table public.people)",
+        "version 1",
+        "compatibility BACKWARD",
+        "Registry says:",
+        "Fix:",
+        f"/config/{topic}-value",
+    ):
         assert part in message, part
     assert registry.versions(f"{topic}-value") == [1]  # nothing was registered
 
     # int -> bigint is a promotion Avro reads: compatible, a new version
-    widened = TableSchema("public", "people", (Column("id", INT4, key=True, nullable=False), Column("age", TEXT),
-                                               Column("height", INT8)))  # fmt: skip
+    widened = TableSchema(
+        "public", "people", (Column("id", INT4, key=True, nullable=False), Column("age", TEXT), Column("height", INT8))
+    )
     s.records(change(widened, Op.CREATE, None, {"id": 3, "age": "40", "height": 180}, 22))
     assert registry.versions(f"{topic}-value") == [1, 2]
 
@@ -197,11 +213,18 @@ def test_an_incompatible_change_is_refused_with_the_subject_the_table_and_what_c
 def test_a_key_change_is_refused_on_the_key_subject(registry: RegistryClient, topic_prefix: str) -> None:
     topic = f"{topic_prefix}.public.pairs"
     registry.set_compatibility("BACKWARD", f"{topic}-key")
-    pairs = TableSchema("public", "pairs", (Column("a", INT4, key=True, nullable=False), Column("b", INT4, nullable=False)))
+    pairs = TableSchema(
+        "public", "pairs", (Column("a", INT4, key=True, nullable=False), Column("b", INT4, nullable=False))
+    )
     s = serializer(topic_prefix, registry)
     s.records(change(pairs, Op.CREATE, None, {"a": 1, "b": 2}, 30))
-    rekeyed = TableSchema("public", "pairs", (Column("a", INT4, key=True, nullable=False), Column("b", INT4, key=True, nullable=False)))
-    with pytest.raises(IncompatibleSchemaError, match=rf"subject '{topic}-key' \(table public.pairs\).*Key.b was added \(int, without a default\)"):
+    rekeyed = TableSchema(
+        "public", "pairs", (Column("a", INT4, key=True, nullable=False), Column("b", INT4, key=True, nullable=False))
+    )
+    with pytest.raises(
+        IncompatibleSchemaError,
+        match=rf"subject '{topic}-key' \(table public.pairs\).*Key.b was added \(int, without a default\)",
+    ):
         s.records(change(rekeyed, Op.CREATE, None, {"a": 1, "b": 2}, 31))
 
 

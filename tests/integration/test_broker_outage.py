@@ -48,7 +48,13 @@ def test_a_broker_outage_of_a_minute_loses_nothing_and_memory_stays_flat(
 
 
 def _outage(
-    tmp_path: Path, broker_dir: Path, bootstrap: str, pg_dsn: str, slot_name: str, publication_name: str, topic_prefix: str
+    tmp_path: Path,
+    broker_dir: Path,
+    bootstrap: str,
+    pg_dsn: str,
+    slot_name: str,
+    publication_name: str,
+    topic_prefix: str,
 ) -> None:
     consume_all = reader_of(bootstrap)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -116,7 +122,9 @@ def _outage(
             assert daemon.proc.poll() is None, f"the daemon exited catching up:\n{daemon.output()}"
             time.sleep(0.5)
         else:
-            raise AssertionError(f"the slot did not confirm {end} within 120 s of the broker's return:\n{daemon.output()}")
+            raise AssertionError(
+                f"the slot did not confirm {end} within 120 s of the broker's return:\n{daemon.output()}"
+            )
         count = conn.execute("SELECT count(*) FROM events").fetchone()[0]
     assert daemon.stop() == 0, daemon.output()
 
@@ -126,7 +134,9 @@ def _outage(
     assert keys == expected
     assert rows_during_outage > 0
     growth_mib = (max(samples) - baseline) / 1024
-    print(f"rss baseline={baseline / 1024:.1f}MiB max={max(samples) / 1024:.1f}MiB growth={growth_mib:.1f}MiB rows={count}")
+    print(
+        f"rss baseline={baseline / 1024:.1f}MiB max={max(samples) / 1024:.1f}MiB growth={growth_mib:.1f}MiB rows={count}"
+    )
     # The workload kept writing ~1 MB/s for a minute: holding it would add tens of MiB.
     assert growth_mib < 16, f"memory grew by {growth_mib:.1f} MiB during the outage"
     events = [e.get("event") for e in daemon.log_events()]

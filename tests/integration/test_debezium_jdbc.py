@@ -204,7 +204,9 @@ def _where(table: str, i: int) -> tuple[sql.Composable, list[Any]]:
 def _update(conn: psycopg.Connection[Any], table: str, i: int, values: dict[str, Any]) -> None:
     cond, params = _where(table, i)
     sets = sql.SQL(", ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in values)
-    conn.execute(sql.SQL("UPDATE {} SET {} WHERE {}").format(sql.Identifier(table), sets, cond), [*values.values(), *params])
+    conn.execute(
+        sql.SQL("UPDATE {} SET {} WHERE {}").format(sql.Identifier(table), sets, cond), [*values.values(), *params]
+    )
 
 
 def _delete(conn: psycopg.Connection[Any], table: str, i: int) -> None:
@@ -270,7 +272,9 @@ def _rows(dsn: str, table: str, columns: list[str], *, source: bool = False) -> 
         if exists is None or exists[0] is None:
             return {}
         select = [
-            sql.SQL(RETYPED[c][1] + " AS {}").format(sql.Identifier(c)) if source and c in RETYPED else sql.Identifier(c)
+            sql.SQL(RETYPED[c][1] + " AS {}").format(sql.Identifier(c))
+            if source and c in RETYPED
+            else sql.Identifier(c)
             for c in columns
         ]
         query = sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(select), sql.Identifier(table))
@@ -309,7 +313,9 @@ def _differences(src_dsn: str, dst_dsn: str, table: str) -> list[str]:
     dst = _rows(dst_dsn, table, columns)
     problems = []
     if set(src) != set(dst):
-        problems.append(f"{table}: keys only in source {sorted(set(src) - set(dst))}, only in destination {sorted(set(dst) - set(src))}")
+        problems.append(
+            f"{table}: keys only in source {sorted(set(src) - set(dst))}, only in destination {sorted(set(dst) - set(src))}"
+        )
     for key in sorted(set(src) & set(dst)):
         for column in columns:
             if not _same(column, src[key][column], dst[key][column]):
@@ -371,7 +377,9 @@ def _differences_without_truncate(src_dsn: str, dst_dsn: str) -> list[str]:
         return [*problems, "items: no destination table"]
     src, dst = _rows(src_dsn, "items", columns, source=True), _rows(dst_dsn, "items", columns)
     if set(dst) != set(src) | ITEMS_BEFORE_TRUNCATE:
-        problems.append(f"items without truncates: keys {sorted(dst)}, expected {sorted(set(src) | ITEMS_BEFORE_TRUNCATE)}")
+        problems.append(
+            f"items without truncates: keys {sorted(dst)}, expected {sorted(set(src) | ITEMS_BEFORE_TRUNCATE)}"
+        )
     for key in set(src) & set(dst):
         problems += [f"items {key} {c}" for c in columns if not _same(c, src[key][c], dst[key][c])]
     return problems
@@ -419,9 +427,17 @@ def _side_config(prefix: str, out: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("identity", ["DEFAULT", "FULL"])
 def test_debeziums_jdbc_sink_rebuilds_every_table_from_the_topics(
-    identity, tmp_path, services, pg_dsn, destination, untruncated, slot_name, publication_name, topic_prefix,
+    identity,
+    tmp_path,
+    services,
+    pg_dsn,
+    destination,
+    untruncated,
+    slot_name,
+    publication_name,
+    topic_prefix,
     connect_worker,
-):  # fmt: skip
+):
     """Truncates enabled: every destination table equals its source. Under DEFAULT also a second sink with
     truncates off, which skips the markers and goes on: items keeps the rows the TRUNCATE removed."""
     started = time.monotonic()
@@ -448,7 +464,9 @@ def test_debeziums_jdbc_sink_rebuilds_every_table_from_the_topics(
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             _stream_changes(conn)
         user = psycopg.conninfo.conninfo_to_dict(services.postgres_dsn).get("user", "postgres")
-        connect_worker.add_connector(sink, _sink_config(topic_prefix, _jdbc_url(services.postgres_dsn, destination), str(user)))
+        connect_worker.add_connector(
+            sink, _sink_config(topic_prefix, _jdbc_url(services.postgres_dsn, destination), str(user))
+        )
         connect_worker.add_connector(side, _side_config(topic_prefix, side_out))
         if plain in connectors:
             url = _jdbc_url(services.postgres_dsn, untruncated)
@@ -474,12 +492,14 @@ def test_debeziums_jdbc_sink_rebuilds_every_table_from_the_topics(
         assert not problems, "\n".join(problems[:40])
         # Every side-topic kind went through JsonConverter: heartbeats, BEGIN/END, the logical message.
         text = side_out.read_text()
-        assert "ts_ms" in text and "status=BEGIN" in text and "status=END" in text and "prefix=compat" in text, text[-3000:]
+        assert "ts_ms" in text and "status=BEGIN" in text and "status=END" in text and "prefix=compat" in text, text[
+            -3000:
+        ]
     finally:
         for name in connectors:
             try:
                 connect_worker.delete_connector(name)
-            except Exception:  # noqa: BLE001 - cleanup only; the assertion above tells what went wrong
+            except Exception:
                 pass
         assert daemon.stop() == 0
     if identity == "DEFAULT":
@@ -489,6 +509,8 @@ def test_debeziums_jdbc_sink_rebuilds_every_table_from_the_topics(
         rows = len(_rows(pg_dsn, table, columns))
         if plain in connectors:
             print(f"compat {identity} truncates off {table}: destination={len(_rows(plain_dsn, table, columns))}")
-        print(f"compat {identity} {table}: rows source={rows} destination={len(_rows(dst_dsn, table, columns))} "
-              f"columns={len(columns)} lossy={[c for c in columns if c in LOSSY]} "
-              f"retyped={[c for c in columns if c in RETYPED]} seconds={time.monotonic() - started:.1f}")  # fmt: skip
+        print(
+            f"compat {identity} {table}: rows source={rows} destination={len(_rows(dst_dsn, table, columns))} "
+            f"columns={len(columns)} lossy={[c for c in columns if c in LOSSY]} "
+            f"retyped={[c for c in columns if c in RETYPED]} seconds={time.monotonic() - started:.1f}"
+        )

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from cdc.decoder.errors import ChangeError
-from cdc.event import ChangeEvent, Op, TruncateEvent
+from cdc.event import Op, TruncateEvent
 from cdc.values import UNCHANGED_TOAST
 from tests.support.decoder_harness import DecoderSession, changes, mark, transactions
 

@@ -61,9 +61,14 @@ def wait_until(check: Any, timeout: float, what: str, connector: Connector | Non
         if result:
             return result
         if connector is not None and connector.proc is not None and connector.proc.poll() is not None:
-            raise AssertionError(f"the daemon exited with {connector.proc.returncode} waiting for {what}:\n{connector.output()}")
+            raise AssertionError(
+                f"the daemon exited with {connector.proc.returncode} waiting for {what}:\n{connector.output()}"
+            )
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}" + (f":\n{connector.output()[-5000:]}" if connector else ""))
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {what}"
+                + (f":\n{connector.output()[-5000:]}" if connector else "")
+            )
         time.sleep(0.3)
 
 
@@ -80,7 +85,13 @@ def topic_state_equals_table(consume_all: Any, topic: str, dsn: str, query: str)
 
 
 def test_alter_table_during_a_workload_reaches_the_topic_through_the_daemon_with_no_event_lost(
-    tmp_path: Path, services: Any, pg_dsn: str, slot_name: str, publication_name: str, topic_prefix: str, consume_all: Any
+    tmp_path: Path,
+    services: Any,
+    pg_dsn: str,
+    slot_name: str,
+    publication_name: str,
+    topic_prefix: str,
+    consume_all: Any,
 ) -> None:
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, a int, b text)")
@@ -318,8 +329,10 @@ def test_a_slot_invalidated_by_max_slot_wal_keep_size_while_streaming_is_slot_go
         with psycopg.connect(admin_dsn, autocommit=True) as conn:
             conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
             conn.execute("SELECT pg_reload_conf()")
-            conn.execute("SELECT pg_drop_replication_slot('starved') WHERE EXISTS "
-                         "(SELECT 1 FROM pg_replication_slots WHERE slot_name = 'starved' AND NOT active)")
+            conn.execute(
+                "SELECT pg_drop_replication_slot('starved') WHERE EXISTS "
+                "(SELECT 1 FROM pg_replication_slots WHERE slot_name = 'starved' AND NOT active)"
+            )
             conn.execute(f"DROP DATABASE IF EXISTS {dbname} WITH (FORCE)")
 
 
@@ -421,7 +434,9 @@ def test_a_large_transaction_passes_through_the_daemon_in_bounded_memory(
         code = daemon.stop()
     assert code == 0, daemon.output()
     grown_mib = (peak_kib - idle_kib) / 1024
-    print(f"streaming={streaming}: idle peak {idle_kib / 1024:.0f} MiB, peak {peak_kib / 1024:.0f} MiB, grew {grown_mib:.0f} MiB")
+    print(
+        f"streaming={streaming}: idle peak {idle_kib / 1024:.0f} MiB, peak {peak_kib / 1024:.0f} MiB, grew {grown_mib:.0f} MiB"
+    )
     streamed = [e for e in daemon.log_events() if e.get("event") == "streamed_transaction_committed"]
     assert bool(streamed) == streaming, daemon.output()[-3000:]
     assert grown_mib < 100, f"the daemon grew by {grown_mib:.0f} MiB for one {ROWS}-row transaction"

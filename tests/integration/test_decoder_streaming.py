@@ -38,7 +38,9 @@ def db(pg_dsn: str) -> str:
     return pg_dsn
 
 
-def session(db: str, slot: str, publication: str, tmp_path: Path, *, streaming: bool, create_slot: bool = True) -> DecoderSession:
+def session(
+    db: str, slot: str, publication: str, tmp_path: Path, *, streaming: bool, create_slot: bool = True
+) -> DecoderSession:
     return DecoderSession(
         db,
         slot=slot,
@@ -104,7 +106,7 @@ def test_a_streamed_workload_decodes_to_exactly_the_events_of_the_same_workload_
     big = next(g for g in groups if len(g) > 1000)
     inserted = [e.key()["id"] for e in changes(big, "bulk") if e.op is Op.CREATE]
     assert inserted == [*range(1, 3001), *range(20001, 22001), *range(30001, 32001)]
-    assert [getattr(e, "ordinal") for e in big[1:-1]] == list(range(1, len(big) - 1))
+    assert [e.ordinal for e in big[1:-1]] == list(range(1, len(big) - 1))
     commit = big[-1]
     assert isinstance(commit, TxCommit) and commit.event_count == len(big) - 2
     # Commit order: the two small transactions committed before the big one did.
@@ -171,7 +173,13 @@ def test_ddl_committed_while_a_streamed_transaction_waits_is_seen_by_the_transac
                 "INSERT INTO accounts SELECT g, repeat('x', 100), 0 FROM generate_series(1, 3000) g",
                 "ROLLBACK TO SAVEPOINT s",
             )
-            run(n, "BEGIN", "ALTER TABLE accounts ADD COLUMN extra int", "INSERT INTO accounts VALUES (-2, 'n', 0, 2)", "COMMIT")
+            run(
+                n,
+                "BEGIN",
+                "ALTER TABLE accounts ADD COLUMN extra int",
+                "INSERT INTO accounts VALUES (-2, 'n', 0, 2)",
+                "COMMIT",
+            )
             run(s, "INSERT INTO bulk SELECT g, repeat('y', 100) FROM generate_series(1, 3000) g", "COMMIT")
             run(n, "INSERT INTO accounts VALUES (-3, 'n2', 0, 3)")
             mark(n, "end")
@@ -232,7 +240,9 @@ def test_a_streamed_transaction_that_rolls_back_emits_nothing_and_leaves_no_file
 ) -> None:
     with session(db, slot_name, publication_name, tmp_path, streaming=True) as reader:
         with psycopg.connect(db, autocommit=True) as conn:
-            run(conn, "BEGIN", "INSERT INTO bulk SELECT g, repeat('r', 100) FROM generate_series(1, 5000) g", "ROLLBACK")
+            run(
+                conn, "BEGIN", "INSERT INTO bulk SELECT g, repeat('r', 100) FROM generate_series(1, 5000) g", "ROLLBACK"
+            )
             run(conn, "INSERT INTO bulk VALUES (1, 'after')")
             version = conn.info.server_version
             mark(conn, "end")
@@ -246,7 +256,9 @@ def test_a_streamed_transaction_that_rolls_back_emits_nothing_and_leaves_no_file
     assert list((tmp_path / f"spool-{slot_name}").glob("*.spool")) == []
 
 
-def test_protocol_and_streaming_follow_the_server_version(db: str, slot_name: str, publication_name: str, tmp_path: Path) -> None:
+def test_protocol_and_streaming_follow_the_server_version(
+    db: str, slot_name: str, publication_name: str, tmp_path: Path
+) -> None:
     with session(db, slot_name, publication_name, tmp_path, streaming=True) as reader:
         with psycopg.connect(db, autocommit=True) as conn:
             version = conn.info.server_version

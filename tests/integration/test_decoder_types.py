@@ -7,7 +7,6 @@ zones are checked against PostgreSQL itself rather than against our own arithmet
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
@@ -17,14 +16,11 @@ from cdc.event import TypeKind
 from cdc.values import Interval
 from tests.support.decoder_harness import DecoderSession, changes, mark
 from tests.support.type_cases import (
-    Sql,
-    days,
-    micros,
     CASES,
     UNKNOWN_AS_TEXT,
-    same,
-    resolve,
     hstore_available,
+    resolve,
+    same,
     server_cases,
     server_setup,
 )

@@ -47,9 +47,7 @@ class Workload(threading.Thread):
                         for _ in range(rng.randint(1, 5)):
                             conn.execute("INSERT INTO items VALUES (%s, 1, 'x')", (next_id,))
                             next_id += 1
-                        conn.execute(
-                            "UPDATE items SET version = version + 1 WHERE id = %s", (rng.randint(1, next_id),)
-                        )
+                        conn.execute("UPDATE items SET version = version + 1 WHERE id = %s", (rng.randint(1, next_id),))
                         if rng.random() < 0.2:
                             conn.execute("DELETE FROM items WHERE id = %s", (rng.randint(1, next_id),))
                         if rng.random() < 0.05:
@@ -148,14 +146,18 @@ def test_sigkill_at_random_moments_of_a_workload(
 
     assert all(any(n == "cdc.lsn" for n, _ in m.headers() or []) is headers for m in messages)
     identities = Counter(identity(messages))
-    print(f"mode={mode} position_headers={headers} records={len(messages)} resent={sum(n - 1 for n in identities.values())}")
+    print(
+        f"mode={mode} position_headers={headers} records={len(messages)} resent={sum(n - 1 for n in identities.values())}"
+    )
     if mode == "exactly_once":
         # Every change once: no (LSN, key, tombstone?) identity twice among committed records.
         duplicates = {k: n for k, n in identities.items() if n > 1}
         assert not duplicates, f"{len(duplicates)} changes seen more than once, e.g. {next(iter(duplicates))}"
         # And the daemon did skip already-committed transactions after some restart.
         skipped = [
-            e for i in range(KILLS) for e in Connector(cfg, tmp_path / f"run{i}.log").log_events()
+            e
+            for i in range(KILLS)
+            for e in Connector(cfg, tmp_path / f"run{i}.log").log_events()
             if e.get("event") == "exactly_once_resume" and e.get("commit_lsn") != "0/0"
         ]
         assert skipped, "no restart resumed from a committed position"
@@ -189,19 +191,27 @@ def test_exactly_once_splits_a_source_transaction_over_the_kafka_timeout_and_res
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, version int NOT NULL, pad text)")
     # streamed: the server streams a transaction once it holds logical_decoding_work_mem of changes
-    dsn = psycopg.conninfo.make_conninfo(pg_dsn, options="-c logical_decoding_work_mem=64kB") if BIG_STREAMING else pg_dsn
+    dsn = (
+        psycopg.conninfo.make_conninfo(pg_dsn, options="-c logical_decoding_work_mem=64kB") if BIG_STREAMING else pg_dsn
+    )
     cfg = write_config(
         tmp_path / "cdc.yaml",
         source={"dsn": dsn, "slot": slot_name, "publication": publication_name},
         tables=["public.items"],
-        kafka={"bootstrap_servers": services.kafka_bootstrap, "partitions": 3,
-               "producer": {"transaction.timeout.ms": BIG_TIMEOUT_MS}},
+        kafka={
+            "bootstrap_servers": services.kafka_bootstrap,
+            "partitions": 3,
+            "producer": {"transaction.timeout.ms": BIG_TIMEOUT_MS},
+        },
         topic_prefix=topic_prefix,
-        delivery={"mode": "exactly_once", "offsets_topic": f"{topic_prefix}.__offsets",
-                  "split_records": BIG_SPLIT_RECORDS},
+        delivery={
+            "mode": "exactly_once",
+            "offsets_topic": f"{topic_prefix}.__offsets",
+            "split_records": BIG_SPLIT_RECORDS,
+        },
         decoder={"streaming": BIG_STREAMING},
         status_interval_s=1.0,
-    )  # fmt: skip
+    )
     first = Connector(cfg, tmp_path / "first.log").start()
     first.wait_streaming(pg_dsn, slot_name)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -229,11 +239,15 @@ def test_exactly_once_splits_a_source_transaction_over_the_kafka_timeout_and_res
         assert final.stop() == 0, final.output()[-4000:]
     splits += sum(e.get("event") == "kafka_transaction_split" for e in final.log_events())
     resumed_inside = [
-        e for i in range(KILLS - 1) for e in Connector(cfg, tmp_path / f"run{i}.log").log_events()
+        e
+        for i in range(KILLS - 1)
+        for e in Connector(cfg, tmp_path / f"run{i}.log").log_events()
         if e.get("event") == "exactly_once_resume_inside"
-    ] + [e for e in final.log_events() if e.get("event") == "exactly_once_resume_inside"]  # fmt: skip
+    ] + [e for e in final.log_events() if e.get("event") == "exactly_once_resume_inside"]
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = %s", (slot_name,)).fetchone()
+        row = conn.execute(
+            "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = %s", (slot_name,)
+        ).fetchone()
     streamed = int(row[0]) if row and row[0] is not None else 0
     print(f"splits={splits} resumed_inside={len(resumed_inside)} transactions streamed by the server={streamed}")
     assert streamed > 0 or not BIG_STREAMING, "the server streamed nothing: the streaming path was not tested"

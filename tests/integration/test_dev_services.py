@@ -59,8 +59,9 @@ def test_a_topic_can_be_created_produced_to_and_read_back(
     services: dev.Endpoints, kafka_admin: AdminClient, topic_prefix: str, consume_all: Any
 ) -> None:
     topic = f"{topic_prefix}.smoke"
-    futures = kafka_admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1,
-                                                  config={"cleanup.policy": "compact"})])  # fmt: skip
+    futures = kafka_admin.create_topics(
+        [NewTopic(topic, num_partitions=2, replication_factor=1, config={"cleanup.policy": "compact"})]
+    )
     futures[topic].result(timeout=30)
     producer = Producer({"bootstrap.servers": services.kafka_bootstrap, "enable.idempotence": True, "acks": "all"})
     for i in range(10):
@@ -77,8 +78,12 @@ def test_a_topic_can_be_created_produced_to_and_read_back(
 def test_schema_registry_round_trip(services: dev.Endpoints, test_id: str) -> None:
     if services.schema_registry_url is None:
         pytest.skip("no schema registry in this session")
-    schema = {"type": "record", "name": "Row", "namespace": "cdc.test",
-              "fields": [{"name": "id", "type": "int"}, {"name": "v", "type": ["null", "string"], "default": None}]}  # fmt: skip
+    schema = {
+        "type": "record",
+        "name": "Row",
+        "namespace": "cdc.test",
+        "fields": [{"name": "id", "type": "int"}, {"name": "v", "type": ["null", "string"], "default": None}],
+    }
     subject = f"{test_id}-value"
     base = services.schema_registry_url
     registered = _http_json("POST", f"{base}/subjects/{subject}/versions", {"schema": json.dumps(schema)})
@@ -94,7 +99,8 @@ def test_schema_registry_round_trip(services: dev.Endpoints, test_id: str) -> No
 
 def _http_json(method: str, url: str, body: Any = None) -> Any:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,  # noqa: S310 - 127.0.0.1
-                                 headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})  # fmt: skip
-    with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/vnd.schemaregistry.v1+json"}
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())

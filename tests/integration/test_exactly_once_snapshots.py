@@ -140,11 +140,26 @@ def _check_once(consume_all: Any, topic: str, dsn: str, expected_rows: int, what
 
 
 def test_an_initial_snapshot_and_its_resumed_jobs_killed_20_times_deliver_each_row_once(
-    tmp_path: Path, services: Any, pg_dsn: str, slot_name: str, publication_name: str, topic_prefix: str, consume_all: Any
+    tmp_path: Path,
+    services: Any,
+    pg_dsn: str,
+    slot_name: str,
+    publication_name: str,
+    topic_prefix: str,
+    consume_all: Any,
 ) -> None:
     _fill(pg_dsn, ROWS)
-    cfg = _config(tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix,
-                  workers=2, chunk_rows=1_000, incremental_chunk_rows=CHUNK)  # fmt: skip
+    cfg = _config(
+        tmp_path,
+        services,
+        pg_dsn,
+        slot_name,
+        publication_name,
+        topic_prefix,
+        workers=2,
+        chunk_rows=1_000,
+        incremental_chunk_rows=CHUNK,
+    )
     store = KafkaStore(services.kafka_bootstrap, f"{topic_prefix}.__cdc_snapshot", slot_name)
     rng = random.Random(19)
 
@@ -158,8 +173,13 @@ def test_an_initial_snapshot_and_its_resumed_jobs_killed_20_times_deliver_each_r
             raise AssertionError(f"the first daemon exited early:\n{first.output()[-4000:]}")
         return store.load()
 
-    seen = freeze_when(proc.pid, progress, lambda s: sum(k.startswith("chunk/") for k in s) >= 3, 120,
-                       "some chunks of the initial snapshot")  # fmt: skip
+    seen = freeze_when(
+        proc.pid,
+        progress,
+        lambda s: sum(k.startswith("chunk/") for k in s) >= 3,
+        120,
+        "some chunks of the initial snapshot",
+    )
     first.stop(signal.SIGKILL)
     assert seen["initial"]["status"] == "copying", seen["initial"]
     assert sum(k.startswith("chunk/") for k in seen) < seen["plan/public.items"]["chunk_count"]
@@ -173,19 +193,38 @@ def test_an_initial_snapshot_and_its_resumed_jobs_killed_20_times_deliver_each_r
 
 
 def test_a_snapshot_requested_by_signal_killed_20_times_delivers_each_row_once(
-    tmp_path: Path, services: Any, pg_dsn: str, slot_name: str, publication_name: str, topic_prefix: str, consume_all: Any
+    tmp_path: Path,
+    services: Any,
+    pg_dsn: str,
+    slot_name: str,
+    publication_name: str,
+    topic_prefix: str,
+    consume_all: Any,
 ) -> None:
     _fill(pg_dsn, ROWS)
-    cfg = _config(tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix,
-                  mode="no_data", signal_table="public.cdc_signal", signal_poll_s=0.3,
-                  incremental_chunk_rows=CHUNK)  # fmt: skip
+    cfg = _config(
+        tmp_path,
+        services,
+        pg_dsn,
+        slot_name,
+        publication_name,
+        topic_prefix,
+        mode="no_data",
+        signal_table="public.cdc_signal",
+        signal_poll_s=0.3,
+        incremental_chunk_rows=CHUNK,
+    )
     store = KafkaStore(services.kafka_bootstrap, f"{topic_prefix}.__cdc_snapshot", slot_name)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE public.cdc_signal (id text PRIMARY KEY, type text NOT NULL, data text)")
     first = Connector(cfg, tmp_path / "first.log").start()
     first.wait_streaming(pg_dsn, slot_name)
-    asked = subprocess.run([sys.executable, "-m", "cdc.cli", "snapshot", "--config", str(cfg), "public.items"],
-                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    asked = subprocess.run(
+        [sys.executable, "-m", "cdc.cli", "snapshot", "--config", str(cfg), "public.items"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert asked.returncode == 0, asked.stdout + asked.stderr
     deadline = time.monotonic() + 60
     while not any(k.startswith("job/") for k in store.load()):
@@ -215,22 +254,42 @@ def _workers_of(pid: int) -> list[int]:
 
 
 def test_snapshot_workers_killed_mid_copy_leave_no_duplicate_and_no_open_transaction(
-    tmp_path: Path, services: Any, pg_dsn: str, slot_name: str, publication_name: str, topic_prefix: str, consume_all: Any
+    tmp_path: Path,
+    services: Any,
+    pg_dsn: str,
+    slot_name: str,
+    publication_name: str,
+    topic_prefix: str,
+    consume_all: Any,
 ) -> None:
     """Two of three workers SIGKILLed while the daemon copies: their chunks go to the last worker once
     their transactional ids are fenced (an open transaction would hold read_committed consumers up to
     transaction.timeout.ms, 15 minutes), and each row is in the topic once."""
     _fill(pg_dsn, ROWS // 2)
-    cfg = _config(tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix,
-                  workers=3, chunk_rows=500, server_json=False)  # fmt: skip
+    cfg = _config(
+        tmp_path,
+        services,
+        pg_dsn,
+        slot_name,
+        publication_name,
+        topic_prefix,
+        workers=3,
+        chunk_rows=500,
+        server_json=False,
+    )
     store = KafkaStore(services.kafka_bootstrap, f"{topic_prefix}.__cdc_snapshot", slot_name)
     daemon = Connector(cfg, tmp_path / "daemon.log").start()
     assert daemon.proc is not None
     pid = daemon.proc.pid
     try:
         for at_least in (4, 12):
-            freeze_when(pid, store.load, lambda s, n=at_least: sum(k.startswith("chunk/") for k in s) >= n, 120,
-                        f"{at_least} chunks copied")  # fmt: skip
+            freeze_when(
+                pid,
+                store.load,
+                lambda s, n=at_least: sum(k.startswith("chunk/") for k in s) >= n,
+                120,
+                f"{at_least} chunks copied",
+            )
             workers = _workers_of(pid)
             assert len(workers) >= 2, workers
             os.kill(workers[0], signal.SIGKILL)

@@ -66,7 +66,7 @@ def pair(tmp_path: Path) -> Iterator[Pair]:
             for state in (standby_state, primary_state):
                 try:
                     dev_postgres.down(state, log)
-                except Exception as exc:  # noqa: BLE001 - a killed primary may be half gone; report, go on
+                except Exception as exc:
                     log.warning("tests.failover.down_failed", state=str(state), error=str(exc))
 
 
@@ -135,15 +135,21 @@ def test_the_daemon_resumes_on_the_promoted_standby_with_its_own_slot(
         writer.start()
         standby_port = str(psycopg.conninfo.conninfo_to_dict(pair.standby_dsn)["port"])
         deadline = time.monotonic() + 90
-        while not [  # the daemon reads the standby's copy of the slot: synchronized and persistent
-            e for e in daemon.log_events()
-            if e.get("event") == "failover_readiness" and e.get("port") == standby_port and e.get("ready")
-        ]:  # fmt: skip
+        while (
+            not [  # the daemon reads the standby's copy of the slot: synchronized and persistent
+                e
+                for e in daemon.log_events()
+                if e.get("event") == "failover_readiness" and e.get("port") == standby_port and e.get("ready")
+            ]
+        ):
             assert time.monotonic() < deadline, f"the standby never held a synchronized copy:\n{daemon.output()}"
             time.sleep(0.5)
         assert standby_slot(pair.standby_dsn, slot_name) == (True, False)
         status = subprocess.run(
-            [sys.executable, "-m", "cdc.cli", "status", "--config", str(config)], capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "cdc.cli", "status", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert status.returncode == 0, status.stderr
         assert f"standby 127.0.0.1:{standby_port}: ready for failover" in status.stdout, status.stdout

@@ -69,7 +69,9 @@ def test_the_slot_the_daemon_creates_on_18_is_a_failover_slot(
 def test_an_ordinary_slot_stays_one_when_asked_and_becomes_a_failover_slot_at_the_next_start(
     tmp_path, services, items, slot_name, publication_name, topic_prefix, consume_all
 ):
-    off = config(tmp_path, items, slot_name, publication_name, topic_prefix, services.kafka_bootstrap, slot_failover=False)
+    off = config(
+        tmp_path, items, slot_name, publication_name, topic_prefix, services.kafka_bootstrap, slot_failover=False
+    )
     daemon = Connector(off, tmp_path / "cdc.log").start()
     daemon.wait_streaming(items, slot_name)
     assert slot_failover(items, slot_name) is False
@@ -99,7 +101,9 @@ def test_slot_failover_on_postgres_15_is_refused_before_anything_is_created(
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         assert conn.info.server_version < 170000
         conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
-    path = config(tmp_path, pg_dsn, slot_name, publication_name, topic_prefix, services.kafka_bootstrap, slot_failover=True)
+    path = config(
+        tmp_path, pg_dsn, slot_name, publication_name, topic_prefix, services.kafka_bootstrap, slot_failover=True
+    )
     code, out = run_once(tmp_path, path)
     assert code == 1
     assert "source.slot_failover is true, but the server is PostgreSQL 15" in out

@@ -26,7 +26,9 @@ def owner(dsn: str, *statements: str) -> None:
             conn.execute(statement)
 
 
-def start(tmp_path: Path, services: Any, dsn: str, slot: str, publication: str, prefix: str, tables: list[Any], **more: Any) -> Connector:
+def start(
+    tmp_path: Path, services: Any, dsn: str, slot: str, publication: str, prefix: str, tables: list[Any], **more: Any
+) -> Connector:
     config = write_config(
         tmp_path / "cdc.yaml",
         source={"dsn": dsn, "slot": slot, "publication": publication},
@@ -59,7 +61,9 @@ def test_a_table_added_to_the_publication_that_a_pattern_matches_is_adopted_with
     owner(pg_dsn, "CREATE TABLE promo_codes (id int PRIMARY KEY, code text)", "INSERT INTO promo_codes VALUES (1, 'A')")
     role_dsn = least_role(["public.promo_codes"])
     owner(pg_dsn, f"CREATE PUBLICATION {publication_name} FOR TABLE promo_codes")
-    daemon = start(tmp_path, services, role_dsn, slot_name, publication_name, topic_prefix, [{"pattern": "public.promo_*"}])
+    daemon = start(
+        tmp_path, services, role_dsn, slot_name, publication_name, topic_prefix, [{"pattern": "public.promo_*"}]
+    )
     try:
         daemon.wait_streaming(pg_dsn, slot_name)
         # The steps: the owner adds a table, grants it, inserts before anyone sends SIGHUP.
@@ -71,7 +75,11 @@ def test_a_table_added_to_the_publication_that_a_pattern_matches_is_adopted_with
             "INSERT INTO promo_banners VALUES (1, 'first'), (2, 'second')",
         )
         wait_for("adoption", lambda: [e for e in events(daemon, "reload_tables") if e["reason"] == "adopt"], daemon)
-        owner(pg_dsn, "INSERT INTO promo_banners VALUES (3, 'streamed')", "UPDATE promo_banners SET title = 'one' WHERE id = 1")
+        owner(
+            pg_dsn,
+            "INSERT INTO promo_banners VALUES (3, 'streamed')",
+            "UPDATE promo_banners SET title = 'one' WHERE id = 1",
+        )
         topic = f"{topic_prefix}.public.promo_banners"
         # Not a record count: how many records the three rows take depends on timing. Rows 1 and 2 were
         # written before the adoption, so the new table's snapshot carries them, except that a row
@@ -89,13 +97,23 @@ def test_a_table_added_to_the_publication_that_a_pattern_matches_is_adopted_with
 def test_a_table_no_configured_entry_matches_is_skipped_counted_and_reported_once(
     tmp_path, services, pg_dsn, least_role, slot_name, publication_name, topic_prefix, consume_all
 ):
-    owner(pg_dsn, "CREATE TABLE items (id int PRIMARY KEY, name text)", "CREATE TABLE audit (id int PRIMARY KEY, what text)")
+    owner(
+        pg_dsn,
+        "CREATE TABLE items (id int PRIMARY KEY, name text)",
+        "CREATE TABLE audit (id int PRIMARY KEY, what text)",
+    )
     role_dsn = least_role(["public.items"])
     owner(pg_dsn, f"CREATE PUBLICATION {publication_name} FOR TABLE items")
     daemon = start(
-        tmp_path, services, role_dsn, slot_name, publication_name, topic_prefix, ["public.items"],
+        tmp_path,
+        services,
+        role_dsn,
+        slot_name,
+        publication_name,
+        topic_prefix,
+        ["public.items"],
         http={"port": 0, "host": "127.0.0.1"},
-    )  # fmt: skip
+    )
     try:
         daemon.wait_streaming(pg_dsn, slot_name)
         owner(
@@ -110,7 +128,11 @@ def test_a_table_no_configured_entry_matches_is_skipped_counted_and_reported_onc
         topic = f"{topic_prefix}.public.items"
         wait_for("the captured rows", lambda: _count(consume_all, topic) >= 2, daemon)
         port = http_port(daemon)
-        wait_for("the metric", lambda: metric(get(port, "/metrics")[1], "cdc_uncaptured_changes_total", table="public.audit") == 3, daemon)
+        wait_for(
+            "the metric",
+            lambda: metric(get(port, "/metrics")[1], "cdc_uncaptured_changes_total", table="public.audit") == 3,
+            daemon,
+        )
         [reported] = events(daemon, "table_uncaptured")
         assert reported["table"] == "public.audit"
         assert f"ALTER PUBLICATION {publication_name} DROP TABLE public.audit" in reported["fix"]
@@ -122,7 +144,11 @@ def test_a_table_no_configured_entry_matches_is_skipped_counted_and_reported_onc
 def test_a_captured_table_dropped_and_created_again_is_truncated_and_snapshotted(
     tmp_path, services, pg_dsn, least_role, slot_name, publication_name, topic_prefix, consume_all
 ):
-    owner(pg_dsn, "CREATE TABLE items (id int PRIMARY KEY, name text)", "INSERT INTO items SELECT i, 'old ' || i FROM generate_series(1, 5) i")
+    owner(
+        pg_dsn,
+        "CREATE TABLE items (id int PRIMARY KEY, name text)",
+        "INSERT INTO items SELECT i, 'old ' || i FROM generate_series(1, 5) i",
+    )
     role_dsn = least_role(["public.items"])
     owner(pg_dsn, f"CREATE PUBLICATION {publication_name} FOR TABLE items")
     daemon = start(tmp_path, services, role_dsn, slot_name, publication_name, topic_prefix, ["public.items"])
@@ -160,9 +186,15 @@ def test_an_attached_partition_is_snapshotted_and_a_detached_one_reported(
     role_dsn = least_role(["public.events"])
     owner(pg_dsn, f"CREATE PUBLICATION {publication_name} FOR TABLE events WITH (publish_via_partition_root = true)")
     daemon = start(
-        tmp_path, services, role_dsn, slot_name, publication_name, topic_prefix, ["public.events"],
+        tmp_path,
+        services,
+        role_dsn,
+        slot_name,
+        publication_name,
+        topic_prefix,
+        ["public.events"],
         table_rescan_interval_s=1,
-    )  # fmt: skip
+    )
     topic = f"{topic_prefix}.public.events"
     query = "SELECT id, (day - date '1970-01-01') AS day, what FROM events"
     try:
@@ -193,4 +225,6 @@ def _replays_to(consume_all: Any, topic: str, dsn: str) -> bool:
 
 
 def _count(consume_all: Any, topic: str) -> int:
-    return len([m for m in consume_all([topic], timeout=30) if m.value() is not None and json.loads(m.value())["after"]])
+    return len(
+        [m for m in consume_all([topic], timeout=30) if m.value() is not None and json.loads(m.value())["after"]]
+    )

@@ -16,7 +16,9 @@ TOPICS = 60  # before the leader wait, about 1 topic in 50 lost its first record
 RECORDS = 40
 
 
-def test_a_created_topic_is_led_before_ensure_topics_returns_and_every_record_produced_at_once_arrives(services, topic_prefix, consume_all):
+def test_a_created_topic_is_led_before_ensure_topics_returns_and_every_record_produced_at_once_arrives(
+    services, topic_prefix, consume_all
+):
     admin = admin_client(services.kafka_bootstrap, {})
     producer = Producer(producer_config(services.kafka_bootstrap, {}, 1_000_000))
     failures: list[str] = []

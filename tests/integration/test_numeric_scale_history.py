@@ -17,7 +17,6 @@ import subprocess
 import sys
 import time
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -125,8 +124,10 @@ def test_each_record_reads_exactly_with_the_scale_in_force_after_three_kinds_of_
         owner(pg_dsn, "ALTER TABLE ledger ALTER COLUMN amount TYPE numeric(16,5)")
         done = subprocess.run(
             [sys.executable, "-m", "cdc.cli", "snapshot", "--config", str(config), TABLE],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stdout + done.stderr
         wait_for(
             "the snapshot job's end",

@@ -25,7 +25,14 @@ SECRET = "Sw0rdf1sh-n3ver-in-logs"
 
 
 def make_config(
-    tmp_path: Path, services: Any, dsn: str, slot: str, publication: str, prefix: str, tables: list[Any], name: str = "cdc.yaml"
+    tmp_path: Path,
+    services: Any,
+    dsn: str,
+    slot: str,
+    publication: str,
+    prefix: str,
+    tables: list[Any],
+    name: str = "cdc.yaml",
 ) -> Path:
     return write_config(
         tmp_path / name,
@@ -60,9 +67,12 @@ def test_a_second_instance_on_the_same_slot_fails_fast_with_a_clear_message(
         assert f"another cdc instance is already running for slot {slot_name}" in second.output()
         assert elapsed < 30
         with psycopg.connect(shop, autocommit=True) as conn:  # the first one's lock session, which the fix names
-            pids = [r[0] for r in conn.execute(
-                "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (f"cdc-lock-{slot_name}",)
-            )]  # fmt: skip
+            pids = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = %s", (f"cdc-lock-{slot_name}",)
+                )
+            ]
         assert any(f"SELECT pg_terminate_backend({pid});" in second.output() for pid in pids), second.output()
     finally:
         assert first.stop() == 0
@@ -71,7 +81,9 @@ def test_a_second_instance_on_the_same_slot_fails_fast_with_a_clear_message(
 def test_health_readiness_and_metrics_move_with_a_workload(
     tmp_path, services, shop, slot_name, publication_name, topic_prefix
 ):
-    cfg = make_config(tmp_path, services, shop, slot_name, publication_name, topic_prefix, ["public.customers", "public.orders"])
+    cfg = make_config(
+        tmp_path, services, shop, slot_name, publication_name, topic_prefix, ["public.customers", "public.orders"]
+    )
     c = Connector(cfg, tmp_path / "cdc.log").start()
     try:
         port = http_port(c)
@@ -122,14 +134,18 @@ def test_sighup_adds_a_table_without_a_restart(
     c = Connector(cfg, tmp_path / "cdc.log").start()
     try:
         c.wait_streaming(shop, slot_name)
-        make_config(tmp_path, services, shop, slot_name, publication_name, topic_prefix, ["public.customers", "public.orders"])
+        make_config(
+            tmp_path, services, shop, slot_name, publication_name, topic_prefix, ["public.customers", "public.orders"]
+        )
         assert c.proc is not None
         pid = c.proc.pid
         c.proc.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not any(e.get("event") == "reload_tables" for e in c.log_events()):
             time.sleep(0.2)
-        assert any(e.get("event") == "reload_tables" and e["added"] == ["public.orders"] for e in c.log_events()), c.output()
+        assert any(e.get("event") == "reload_tables" and e["added"] == ["public.orders"] for e in c.log_events()), (
+            c.output()
+        )
         with psycopg.connect(shop, autocommit=True) as conn:
             conn.execute("INSERT INTO orders VALUES (1, 42)")
         topic = f"{topic_prefix}.public.orders"
@@ -144,7 +160,9 @@ def test_sighup_adds_a_table_without_a_restart(
         assert c.stop() == 0
 
 
-def test_secrets_never_appear_in_logs_errors_or_status(tmp_path, services, shop, slot_name, publication_name, topic_prefix):
+def test_secrets_never_appear_in_logs_errors_or_status(
+    tmp_path, services, shop, slot_name, publication_name, topic_prefix
+):
     # The dev server trusts local connections, so any password is accepted: what matters is where it shows up.
     env = {"CDC_SOURCE__PASSWORD": SECRET}
     cfg = make_config(tmp_path, services, shop, slot_name, publication_name, topic_prefix, ["public.customers"])
@@ -159,14 +177,25 @@ def test_secrets_never_appear_in_logs_errors_or_status(tmp_path, services, shop,
     outputs = [c.output()]
     # A failing start (unknown table), a reachable-but-wrong port, and the status command.
     bad = make_config(
-        tmp_path, services, shop, slot_name + "x", publication_name + "x", topic_prefix, ["public.nope"], name="bad.yaml"
+        tmp_path,
+        services,
+        shop,
+        slot_name + "x",
+        publication_name + "x",
+        topic_prefix,
+        ["public.nope"],
+        name="bad.yaml",
     )
     failing = Connector(bad, tmp_path / "bad.log", env=env).start()
     assert failing.wait_exit(60) == 1
     outputs.append(failing.output())
     wrong_port = write_config(
         tmp_path / "wrong.yaml",
-        source={"dsn": psycopg.conninfo.make_conninfo(shop, port="1"), "slot": slot_name, "publication": publication_name},
+        source={
+            "dsn": psycopg.conninfo.make_conninfo(shop, port="1"),
+            "slot": slot_name,
+            "publication": publication_name,
+        },
         tables=["public.customers"],
         kafka={"bootstrap_servers": services.kafka_bootstrap},
         topic_prefix=topic_prefix,
@@ -238,7 +267,9 @@ def test_during_start_up_checks_healthz_says_starting_and_readyz_is_not_ready(
 
 
 def test_status_names_a_missing_table_and_exits_1(tmp_path, services, shop, slot_name, publication_name, topic_prefix):
-    cfg = make_config(tmp_path, services, shop, slot_name, publication_name, topic_prefix, ["public.customers", "public.gone"])
+    cfg = make_config(
+        tmp_path, services, shop, slot_name, publication_name, topic_prefix, ["public.customers", "public.gone"]
+    )
     status = subprocess.run(
         [sys.executable, "-m", "cdc.cli", "status", "--config", str(cfg)], capture_output=True, text=True, timeout=60
     )
@@ -247,7 +278,9 @@ def test_status_names_a_missing_table_and_exits_1(tmp_path, services, shop, slot
     assert "None" not in status.stdout
 
 
-def test_a_reload_that_needs_a_restart_names_the_keys(tmp_path, services, shop, slot_name, publication_name, topic_prefix):
+def test_a_reload_that_needs_a_restart_names_the_keys(
+    tmp_path, services, shop, slot_name, publication_name, topic_prefix
+):
     cfg = make_config(tmp_path, services, shop, slot_name, publication_name, topic_prefix, ["public.customers"])
     c = Connector(cfg, tmp_path / "cdc.log").start()
     try:

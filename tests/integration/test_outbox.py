@@ -117,13 +117,23 @@ def test_both_routes_atomic_with_the_transaction_in_commit_order_per_aggregate(
         # transaction (the outbox stays empty) and the event still appears.
         with psycopg.connect(dsn) as conn:
             conn.execute("INSERT INTO orders VALUES (1, 9.90)")
-            first = publish(conn, "order", "1", "OrderPlaced", {"order": 1, "total": "9.90"}, headers={"tenant": "acme"})
+            first = publish(
+                conn, "order", "1", "OrderPlaced", {"order": 1, "total": "9.90"}, headers={"tenant": "acme"}
+            )
             conn.execute("DELETE FROM outbox WHERE id = %s", (first,))
         # Table-less route.
         with psycopg.connect(dsn) as conn:
             conn.execute("INSERT INTO orders VALUES (2, 5.00)")
-            second = publish(conn, "order", "2", "OrderPlaced", {"order": 2}, via="message", prefix=PREFIX,
-                             headers={"tenant": "beta"})  # fmt: skip
+            second = publish(
+                conn,
+                "order",
+                "2",
+                "OrderPlaced",
+                {"order": 2},
+                via="message",
+                prefix=PREFIX,
+                headers={"tenant": "beta"},
+            )
         # Rolled back on both routes: nothing may appear.
         with psycopg.connect(dsn) as conn:
             publish(conn, "order", "3", "OrderPlaced", {"order": 3})
@@ -148,7 +158,7 @@ def test_both_routes_atomic_with_the_transaction_in_commit_order_per_aggregate(
                                 "UPDATE counters SET n = n + 1 WHERE aggregate = %s RETURNING n", (a,)
                             ).fetchone()[0]  # type: ignore[index]
                             publish(conn, "counter", a, "Bumped", {"n": n, "writer": w}, via=via, prefix=PREFIX)
-            except BaseException as e:  # noqa: BLE001 - reported below
+            except BaseException as e:
                 errors.append(e)
 
         threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
@@ -201,10 +211,15 @@ def test_malformed_events_go_to_the_dead_letter_topic_and_the_stream_goes_on(
     dsn = schema(pg_dsn, payload="text")
     dlq = f"{topic_prefix}.dlq"
     cfg = make_config(
-        tmp_path, services, dsn, slot_name, publication_name, topic_prefix,
+        tmp_path,
+        services,
+        dsn,
+        slot_name,
+        publication_name,
+        topic_prefix,
         outbox={"on_error": "dead_letter", "aggregate_types": ["order"]},
         limits={"dead_letter_topic": dlq},
-    )  # fmt: skip
+    )
     c = Connector(cfg, tmp_path / "l").start()
     try:
         c.wait_streaming(dsn, slot_name)
@@ -229,9 +244,12 @@ def test_malformed_events_go_to_the_dead_letter_topic_and_the_stream_goes_on(
         assert c.stop() == 0
     reasons = [json.loads(m.value())["reason"] for m in dead]
     assert reasons == [
-        "missing_aggregate_id", "payload_not_json", "aggregate_type_not_allowed", "not_transactional",
         "missing_aggregate_id",
-    ]  # fmt: skip
+        "payload_not_json",
+        "aggregate_type_not_allowed",
+        "not_transactional",
+        "missing_aggregate_id",
+    ]
     bodies = [json.loads(m.value()) for m in dead]
     assert bodies[1]["row"]["payload"] == "{not json" and bodies[1]["from"] == "public.outbox"
     assert bodies[3]["message"]["prefix"] == PREFIX and "aggregate_id" in bodies[3]["message"]["content"]
@@ -263,7 +281,9 @@ def test_by_default_a_poison_row_is_set_aside_under_the_prefix_and_capture_goes_
         with psycopg.connect(dsn, autocommit=True) as conn:
             with conn.transaction():
                 conn.execute("INSERT INTO orders VALUES (1, 9.90)")
-                conn.execute("INSERT INTO outbox VALUES (gen_random_uuid(), 'order', '', 'T', '{}')")  # poison: empty id
+                conn.execute(
+                    "INSERT INTO outbox VALUES (gen_random_uuid(), 'order', '', 'T', '{}')"
+                )  # poison: empty id
                 conn.execute("INSERT INTO outbox VALUES (gen_random_uuid(), 'order', '1', 'Placed', '{\"n\": 1}')")
             conn.execute("INSERT INTO orders VALUES (2, 1.00)")
         dead = read_until(consume_all, [f"{topic_prefix}.outbox.dead_letter"], 1)
@@ -335,18 +355,28 @@ def test_a_missing_outbox_table_or_column_is_a_clear_start_up_error(
         conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
         conn.execute("CREATE TABLE events (id uuid PRIMARY KEY, aggregatetype text, aggregateid text, body jsonb)")
     cfg = make_config(
-        tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix,
+        tmp_path,
+        services,
+        pg_dsn,
+        slot_name,
+        publication_name,
+        topic_prefix,
         outbox={"tables": ["public.nowhere", "public.events"]},
-    )  # fmt: skip
+    )
     c = Connector(cfg, tmp_path / "l").start()
     assert c.wait_exit(60) == 1
     out = c.output()
     assert "table public.nowhere does not exist in database" in out and "remove it from 'outbox.tables'" in out
 
     cfg = make_config(
-        tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix,
+        tmp_path,
+        services,
+        pg_dsn,
+        slot_name,
+        publication_name,
+        topic_prefix,
         outbox={"tables": [{"name": "public.events", "extra": [{"column": "tenant", "placement": "header"}]}]},
-    )  # fmt: skip
+    )
     c = Connector(cfg, tmp_path / "l2").start()
     assert c.wait_exit(60) == 1
     out = c.output()
@@ -362,18 +392,30 @@ def test_exactly_once_outbox_events_are_seen_once_by_read_committed_consumers(
 ):
     dsn = schema(pg_dsn)
     cfg = make_config(
-        tmp_path, services, dsn, slot_name, publication_name, topic_prefix,
+        tmp_path,
+        services,
+        dsn,
+        slot_name,
+        publication_name,
+        topic_prefix,
         delivery={"mode": "exactly_once", "commit_interval_ms": 50},
         outbox={"tables": [{"name": "public.outbox", "produce_change_topic": True}]},
-    )  # fmt: skip
+    )
     c = Connector(cfg, tmp_path / "l").start()
     try:
         c.wait_streaming(dsn, slot_name)
         with psycopg.connect(dsn) as conn:
             for i in range(5):
                 conn.execute("INSERT INTO orders VALUES (%s, 1)", (i,))
-                publish(conn, "order", str(i), "OrderPlaced", {"order": i}, via="table" if i % 2 else "message",
-                        prefix=PREFIX)  # fmt: skip
+                publish(
+                    conn,
+                    "order",
+                    str(i),
+                    "OrderPlaced",
+                    {"order": i},
+                    via="table" if i % 2 else "message",
+                    prefix=PREFIX,
+                )
                 conn.commit()
             publish(conn, "order", "99", "OrderPlaced", {"order": 99})
             conn.rollback()
@@ -402,10 +444,16 @@ def test_avro_outbox_events_decode_through_the_registry_with_the_payload_as_json
         pytest.skip("no schema registry in this environment (cdc.dev could not fetch Apicurio, or docker mode)")
     dsn = schema(pg_dsn)
     cfg = make_config(
-        tmp_path, services, dsn, slot_name, publication_name, topic_prefix,
-        format="avro", schema_registry={"url": services.schema_registry_url},
+        tmp_path,
+        services,
+        dsn,
+        slot_name,
+        publication_name,
+        topic_prefix,
+        format="avro",
+        schema_registry={"url": services.schema_registry_url},
         outbox={"tables": [{"name": "public.outbox", "extra": [{"column": "tenant", "placement": "envelope"}]}]},
-    )  # fmt: skip
+    )
     c = Connector(cfg, tmp_path / "l").start()
     try:
         c.wait_streaming(dsn, slot_name)
@@ -421,8 +469,25 @@ def test_avro_outbox_events_decode_through_the_registry_with_the_payload_as_json
     assert f"{topic_prefix}.outbox.order-value" in registry.subjects()
     registry.delete_subject(f"{topic_prefix}.outbox.order-value", permanent=True)  # the registry outlives the test
     assert decoded == [
-        (b"1", {"id": first, "type": "OrderPlaced", "aggregate_type": "order", "aggregate_id": "1",
-                "payload": '{"total": 1}', "tenant": "acme"}),
-        (b"2", {"id": second, "type": "OrderPlaced", "aggregate_type": "order", "aggregate_id": "2",
-                "payload": '{"total":2}'}),
-    ]  # fmt: skip
+        (
+            b"1",
+            {
+                "id": first,
+                "type": "OrderPlaced",
+                "aggregate_type": "order",
+                "aggregate_id": "1",
+                "payload": '{"total": 1}',
+                "tenant": "acme",
+            },
+        ),
+        (
+            b"2",
+            {
+                "id": second,
+                "type": "OrderPlaced",
+                "aggregate_type": "order",
+                "aggregate_id": "2",
+                "payload": '{"total":2}',
+            },
+        ),
+    ]

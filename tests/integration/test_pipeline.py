@@ -22,7 +22,9 @@ CREATE TABLE orders (id bigint PRIMARY KEY, customer_id int NOT NULL, note text)
 """
 
 
-def config_for(tmp_path: Path, services: Any, pg_dsn: str, slot: str, publication: str, prefix: str, **extra: Any) -> Path:
+def config_for(
+    tmp_path: Path, services: Any, pg_dsn: str, slot: str, publication: str, prefix: str, **extra: Any
+) -> Path:
     kafka = {"bootstrap_servers": services.kafka_bootstrap}
     kafka.update(extra.pop("kafka", {}))
     return write_config(
@@ -104,7 +106,9 @@ def test_insert_update_delete_become_envelopes_keyed_by_primary_key_with_a_tombs
     assert create["source"]["lsn"] < update["source"]["lsn"] < delete["source"]["lsn"]
     # kafka.position_headers is off by default: the envelope alone says where each record sits
     assert all(not m.headers() for m in msgs)
-    assert record_position(msgs[0].headers(), msgs[0].value()) == RecordPosition(src["lsn"], int(json.loads(src["sequence"])[0]), src["txId"])
+    assert record_position(msgs[0].headers(), msgs[0].value()) == RecordPosition(
+        src["lsn"], int(json.loads(src["sequence"])[0]), src["txId"]
+    )
 
     assert [m.key() for m in orders] == [b'{"id":7}']
     assert json.loads(orders[0].value())["after"] == {"id": 7, "customer_id": 1, "note": "hello"}
@@ -152,9 +156,7 @@ def test_sigkill_between_changes_and_a_restart_lose_no_change(
         try:
             final.wait_streaming(shop, slot_name)
             write(conn, range(301, 321))
-            rows = {
-                r[0]: r for r in conn.execute("SELECT id, name, email, balance FROM customers").fetchall()
-            }
+            rows = {r[0]: r for r in conn.execute("SELECT id, name, email, balance FROM customers").fetchall()}
             expected = {json.dumps({"id": i}, separators=(",", ":")).encode(): r for i, r in rows.items()}
             msgs = wait_for(consume_all, [topic], lambda m: set(replay(m)) == set(expected), timeout=90)
         finally:

@@ -116,24 +116,29 @@ def primary_and_standby(tmp_path: Path) -> Iterator[tuple[str, str]]:
     a primary with standbys"); the primary keeps at most 32 MB of WAL for a slot."""
     primary, standby = tmp_path / "primary", tmp_path / "standby"
     settings = {
-        "max_slot_wal_keep_size": "'32MB'", "max_wal_size": "'64MB'", "wal_sender_timeout": "'10s'",
+        "max_slot_wal_keep_size": "'32MB'",
+        "max_wal_size": "'64MB'",
+        "wal_sender_timeout": "'10s'",
         "synchronized_standby_slots": f"'{PHYSICAL_SLOT}'",
-    }  # fmt: skip
+    }
     with pg_version("18"):
         try:
             primary_dsn = dev_postgres.up(primary, log, settings)
             with psycopg.connect(primary_dsn, autocommit=True) as conn:
                 conn.execute("SELECT pg_create_physical_replication_slot(%s)", (PHYSICAL_SLOT,))
             standby_dsn = dev_postgres.standby_of(
-                primary, standby, log, physical_slot=PHYSICAL_SLOT,
+                primary,
+                standby,
+                log,
+                physical_slot=PHYSICAL_SLOT,
                 settings={"hot_standby_feedback": "on", "sync_replication_slots": "on"},
-            )  # fmt: skip
+            )
             yield primary_dsn, standby_dsn
         finally:
             for state in (standby, primary):
                 try:
                     dev_postgres.down(state, log)
-                except Exception as exc:  # noqa: BLE001 - report, stop the other
+                except Exception as exc:
                     log.warning("tests.observability.down_failed", state=str(state), error=str(exc))
 
 
@@ -169,17 +174,29 @@ def _wait_for_alert(prom: Any, name: str, states: tuple[str, ...], timeout: floa
         time.sleep(0.5)
     probes = {
         q: [(r["metric"], r["value"][1]) for r in prom.query(q)]
-        for q in ("cdc_inflight_records", "cdc_kafka_broker_up", "changes(cdc_confirmed_lsn[5m])", "cdc_streaming",
-                  "cdc_slot_wal_status == 1", "cdc_slot_safe_wal_size_bytes", "cdc_queue_bytes", "up")
-    }  # fmt: skip
+        for q in (
+            "cdc_inflight_records",
+            "cdc_kafka_broker_up",
+            "changes(cdc_confirmed_lsn[5m])",
+            "cdc_streaming",
+            "cdc_slot_wal_status == 1",
+            "cdc_slot_safe_wal_size_bytes",
+            "cdc_queue_bytes",
+            "up",
+        )
+    }
     raise AssertionError(f"{name} not {states} within {timeout}s; alerts: {[a['labels'] for a in seen]}; {probes}")
 
 
 @pytest.mark.timeout(400)
 def test_every_panel_and_rule_has_data_and_the_delivery_and_invalidation_alerts_go_off(
-    tmp_path: Path, primary_and_standby: tuple[str, str], own_broker: tuple[Path, str], slot_name: str,
-    publication_name: str, topic_prefix: str,
-) -> None:  # fmt: skip
+    tmp_path: Path,
+    primary_and_standby: tuple[str, str],
+    own_broker: tuple[Path, str],
+    slot_name: str,
+    publication_name: str,
+    topic_prefix: str,
+) -> None:
     primary_dsn, standby_dsn = primary_and_standby
     broker_state, bootstrap = own_broker
     with psycopg.connect(primary_dsn, autocommit=True) as conn:
@@ -189,8 +206,12 @@ def test_every_panel_and_rule_has_data_and_the_delivery_and_invalidation_alerts_
         conn.execute("ANALYZE items")  # pg_class.reltuples: the snapshot's estimate
     config = write_config(
         tmp_path / "cdc.yaml",
-        source={"dsn": _multi_host(primary_dsn, standby_dsn), "slot": slot_name, "publication": publication_name,
-                "failover_check_s": 1},
+        source={
+            "dsn": _multi_host(primary_dsn, standby_dsn),
+            "slot": slot_name,
+            "publication": publication_name,
+            "failover_check_s": 1,
+        },
         tables=["public.items"],
         kafka={"bootstrap_servers": bootstrap, "producer": {"statistics.interval.ms": 1000}},
         topic_prefix=topic_prefix,
@@ -198,7 +219,7 @@ def test_every_panel_and_rule_has_data_and_the_delivery_and_invalidation_alerts_
         limits={"max_inflight_bytes": 1024 * 1024},
         status_interval_s=1.0,
         shutdown_timeout_s=2,
-    )  # fmt: skip
+    )
     daemon = Connector(config, tmp_path / "cdc.log").start()
     stop = threading.Event()
     writer: threading.Thread | None = None
@@ -228,9 +249,10 @@ def test_every_panel_and_rule_has_data_and_the_delivery_and_invalidation_alerts_
             deadline = time.monotonic() + 90
             while True:
                 missing = [
-                    (kind, title, expr) for kind, title, expr in queries
+                    (kind, title, expr)
+                    for kind, title, expr in queries
                     if not prom.query(expr) and not any(name in expr for name in NO_DATA_HERE)
-                ]  # fmt: skip
+                ]
                 if not missing or time.monotonic() > deadline:
                     break
                 time.sleep(2)
@@ -266,11 +288,14 @@ def test_every_panel_and_rule_has_data_and_the_delivery_and_invalidation_alerts_
             # The first command the alert names says the same.
             status = subprocess.run(
                 [sys.executable, "-m", "cdc.cli", "status", "--config", str(config)],
-                capture_output=True, text=True, timeout=60, check=False,
-            )  # fmt: skip
-            assert f"wal_status: {invalidated['labels']['status']}" in status.stdout or "wal_status: lost" in status.stdout, (
-                status.stdout + status.stderr
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
             )
+            assert (
+                f"wal_status: {invalidated['labels']['status']}" in status.stdout or "wal_status: lost" in status.stdout
+            ), status.stdout + status.stderr
             assert "safe_wal_size:" in status.stdout, status.stdout
     finally:
         stop.set()

@@ -27,7 +27,9 @@ def afters(consume_all: Any, topic: str) -> dict[int, dict[str, Any]]:
     return out
 
 
-def wait_rows(consume_all: Any, topic: str, n: int, daemon: Connector, timeout: float = 60) -> dict[int, dict[str, Any]]:
+def wait_rows(
+    consume_all: Any, topic: str, n: int, daemon: Connector, timeout: float = 60
+) -> dict[int, dict[str, Any]]:
     deadline = time.monotonic() + timeout
     while True:
         rows = afters(consume_all, topic)

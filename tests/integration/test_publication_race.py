@@ -71,9 +71,7 @@ def test_a_table_added_while_a_transaction_writes_it_keeps_all_its_later_changes
             wait_until(lambda: not pipeline.snapshots.reader.busy, 60, "the snapshot of t", running.check)
             # The changes the bug left out: everything after the writer's transaction.
             with psycopg.connect(pg_dsn, autocommit=True) as conn:
-                conn.execute(
-                    "INSERT INTO t SELECT i, 'new', i, true, NULL FROM generate_series(1001, 1100) i"
-                )
+                conn.execute("INSERT INTO t SELECT i, 'new', i, true, NULL FROM generate_series(1001, 1100) i")
                 conn.execute("UPDATE t SET v = 'after' WHERE id <= 50")
                 conn.execute("DELETE FROM t WHERE id BETWEEN 900 AND 920")
             end = current_lsn(pg_dsn)
@@ -82,6 +80,7 @@ def test_a_table_added_while_a_transaction_writes_it_keeps_all_its_later_changes
         writer.close()
     (job,) = pipeline.snapshots.state.jobs()
     assert job.table == "public.t" and job.status == "done"
-    rows = assert_topic_equals_table(consume_all, f"{topic_prefix}.public.t", pg_dsn, "SELECT id, v, n, flag, note FROM t")
+    rows = assert_topic_equals_table(
+        consume_all, f"{topic_prefix}.public.t", pg_dsn, "SELECT id, v, n, flag, note FROM t"
+    )
     assert rows == 1_079
-

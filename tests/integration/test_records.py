@@ -104,7 +104,14 @@ def test_column_lists_and_masks_shape_what_is_published(
         slot_name,
         publication_name,
         topic_prefix,
-        tables=[{"name": "public.people", "exclude_columns": ["notes"], "mask": {"ssn": "fixed", "email": "hash"}, "partitions": 2}],
+        tables=[
+            {
+                "name": "public.people",
+                "exclude_columns": ["notes"],
+                "mask": {"ssn": "fixed", "email": "hash"},
+                "partitions": 2,
+            }
+        ],
         masking={"fixed_value": "###"},
     )
     c = Connector(cfg, tmp_path / "l", env={"CDC_MASKING__SALT": "pepper"}).start()
@@ -129,7 +136,12 @@ def test_per_table_partitions_are_used_when_creating_the_topic(
     tmp_path, services, people, slot_name, publication_name, topic_prefix, kafka_admin
 ):
     cfg = config(
-        tmp_path, services, people, slot_name, publication_name, topic_prefix,
+        tmp_path,
+        services,
+        people,
+        slot_name,
+        publication_name,
+        topic_prefix,
         tables=[{"name": "public.people", "partitions": 4}],
     )
     c = Connector(cfg, tmp_path / "l").start()
@@ -155,7 +167,9 @@ def test_an_existing_topic_with_the_wrong_cleanup_policy_stops_start_up(
 def test_an_oversized_record_stops_the_pipeline_naming_table_and_key_and_confirms_nothing_past_it(
     tmp_path, services, people, slot_name, publication_name, topic_prefix, consume_all
 ):
-    cfg = config(tmp_path, services, people, slot_name, publication_name, topic_prefix, limits={"max_record_bytes": 4096})
+    cfg = config(
+        tmp_path, services, people, slot_name, publication_name, topic_prefix, limits={"max_record_bytes": 4096}
+    )
     c = Connector(cfg, tmp_path / "l").start()
     c.wait_streaming(people, slot_name)
     with psycopg.connect(people, autocommit=True) as conn:
@@ -181,7 +195,12 @@ def test_an_oversized_record_goes_to_the_dead_letter_topic_when_configured(
 ):
     dlq = f"{topic_prefix}.dlq"
     cfg = config(
-        tmp_path, services, people, slot_name, publication_name, topic_prefix,
+        tmp_path,
+        services,
+        people,
+        slot_name,
+        publication_name,
+        topic_prefix,
         limits={"max_record_bytes": 4096, "dead_letter_topic": dlq},
     )
     c = Connector(cfg, tmp_path / "l").start()
@@ -205,8 +224,14 @@ def test_transaction_metadata_and_heartbeats_follow_debezium_shapes(
     tmp_path, services, people, slot_name, publication_name, topic_prefix, consume_all, kafka_admin
 ):
     cfg = config(
-        tmp_path, services, people, slot_name, publication_name, topic_prefix,
-        transaction_metadata=True, heartbeat={"interval_ms": 200},
+        tmp_path,
+        services,
+        people,
+        slot_name,
+        publication_name,
+        topic_prefix,
+        transaction_metadata=True,
+        heartbeat={"interval_ms": 200},
     )
     c = Connector(cfg, tmp_path / "l").start()
     try:
@@ -279,7 +304,9 @@ def test_logical_messages_transactional_or_not_reach_the_message_topic(
         assert c.stop() == 0
     import base64
 
-    contents = {json.loads(m.key())["prefix"]: base64.b64decode(json.loads(m.value())["message"]["content"]) for m in msgs}
+    contents = {
+        json.loads(m.key())["prefix"]: base64.b64decode(json.loads(m.value())["message"]["content"]) for m in msgs
+    }
     assert contents == {"app.tx": b"inside", "app.now": b"outside"}
     assert all(json.loads(m.value())["op"] == "m" for m in msgs)
 
@@ -289,11 +316,16 @@ def test_logical_messages_are_published_only_for_the_prefixes_configured_and_nev
     tmp_path, services, people, slot_name, publication_name, topic_prefix, consume_all, lists
 ):
     cfg = config(
-        tmp_path, services, people, slot_name, publication_name, topic_prefix,
+        tmp_path,
+        services,
+        people,
+        slot_name,
+        publication_name,
+        topic_prefix,
         messages=lists,
         heartbeat={"interval_ms": 200, "action_query": "SELECT pg_logical_emit_message(false, 'hb', now()::text)"},
         http={"port": 0, "host": "127.0.0.1"},
-    )  # fmt: skip
+    )
     c = Connector(cfg, tmp_path / "l").start()
     try:
         c.wait_streaming(people, slot_name)
@@ -320,13 +352,22 @@ def test_with_transaction_metadata_every_change_event_carries_debeziums_transact
 ):
     with psycopg.connect(people, autocommit=True) as conn:
         conn.execute("CREATE TABLE pets (id int PRIMARY KEY, name text)")
-    extra: dict[str, Any] = {"format": "avro", "schema_registry": {"url": services.schema_registry_url}} if fmt == "avro" else {}
+    extra: dict[str, Any] = (
+        {"format": "avro", "schema_registry": {"url": services.schema_registry_url}} if fmt == "avro" else {}
+    )
     if fmt == "json_schemas":
         extra["json"] = {"schemas_enable": True}
     cfg = config(
-        tmp_path, services, people, slot_name, publication_name, topic_prefix,
-        tables=["public.people", "public.pets"], transaction_metadata=True, **extra,
-    )  # fmt: skip
+        tmp_path,
+        services,
+        people,
+        slot_name,
+        publication_name,
+        topic_prefix,
+        tables=["public.people", "public.pets"],
+        transaction_metadata=True,
+        **extra,
+    )
     c = Connector(cfg, tmp_path / "l").start()
     try:
         c.wait_streaming(people, slot_name)
@@ -344,9 +385,11 @@ def test_with_transaction_metadata_every_change_event_carries_debeziums_transact
         consumer = Consumer(services.schema_registry_url)
         decode = consumer.decode
     else:
+
         def decode(data: bytes) -> Any:
             value = json.loads(data)
             return value["payload"] if fmt == "json_schemas" else value
+
     begin = decode(tx[0].value())
     blocks = [decode(m.value())["transaction"] for m in people_msgs] + [decode(pets_msgs[0].value())["transaction"]]
     assert blocks == [
@@ -398,6 +441,10 @@ def test_every_record_lands_on_the_partition_a_java_producer_picks_for_its_key(
     ops = Counter(json.loads(m.value())["op"] if m.value() else None for m in msgs)
     assert ops == {"r": 150, "c": 150, "u": 30, "d": 12, None: 12}
     assert {bool(m.headers()) for m in msgs if m.value()} == {position_headers}
-    misplaced = [(m.key(), m.partition(), java_partition(m.key(), 5)) for m in msgs if m.partition() != java_partition(m.key(), 5)]
+    misplaced = [
+        (m.key(), m.partition(), java_partition(m.key(), 5))
+        for m in msgs
+        if m.partition() != java_partition(m.key(), 5)
+    ]
     assert misplaced == []
     assert len({m.partition() for m in msgs}) == 5  # the keys spread: the check above is not one partition's

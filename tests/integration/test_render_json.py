@@ -21,9 +21,9 @@ import pytest
 from cdc.catalog import TableInfo
 from cdc.decoder.changes import ChangeDecoder
 from cdc.event import ChangeEvent, PgType
+from cdc.lsn import Lsn
 from cdc.render.codec import TableRenderer
 from cdc.render.rows import RenderedRow
-from cdc.lsn import Lsn
 from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.record import Record
@@ -37,22 +37,68 @@ NOW_NS = 1_700_000_000_123_456_789
 
 # Columns of the directly rendered types, each with edge values; row k takes value k % len of each.
 EDGES: list[tuple[str, str, list[str]]] = [
-    ("t", "text", [
-        "'plain'", "''", "E'quote \" backslash \\\\ newline \\n tab \\t cr \\r'", "'é ü 😀 中'",
-        "E'\\x01\\x1f control'", "'\\N'", "'%s %b %% %d'", "repeat('long ', 200)", "NULL", "'del \x7f'",
-    ]),
-    ("n", "numeric(12, 2)", [
-        "0", "-0.5", "1.25", "9999999999.99", "-9999999999.99", "1.27", "1.28", "-1.28", "-1.29", "0.01",
-        "-0.01", "NULL", "327.67", "327.68",
-    ]),
-    ("n0", "numeric(18, 0)", ["0", "127", "128", "-128", "-129", "999999999999999999", "-999999999999999999", "255", "256"]),
-    ("ts", "timestamptz", [
-        "'2024-01-31 12:34:56.123456+00'", "'2024-01-31 12:34:56+00'", "'2024-01-31 12:34:56.5+02'",
-        "'1969-12-31 23:59:59.999999+00'", "'0001-01-01 00:00:00+00'", "'9999-12-31 23:59:59.999999+00'",
-        "'2000-02-29 00:00:00.000001+00'", "NULL", "'2024-06-01 00:00:00.12+05:30'",
-    ]),
+    (
+        "t",
+        "text",
+        [
+            "'plain'",
+            "''",
+            "E'quote \" backslash \\\\ newline \\n tab \\t cr \\r'",
+            "'é ü 😀 中'",
+            "E'\\x01\\x1f control'",
+            "'\\N'",
+            "'%s %b %% %d'",
+            "repeat('long ', 200)",
+            "NULL",
+            "'del \x7f'",
+        ],
+    ),
+    (
+        "n",
+        "numeric(12, 2)",
+        [
+            "0",
+            "-0.5",
+            "1.25",
+            "9999999999.99",
+            "-9999999999.99",
+            "1.27",
+            "1.28",
+            "-1.28",
+            "-1.29",
+            "0.01",
+            "-0.01",
+            "NULL",
+            "327.67",
+            "327.68",
+        ],
+    ),
+    (
+        "n0",
+        "numeric(18, 0)",
+        ["0", "127", "128", "-128", "-129", "999999999999999999", "-999999999999999999", "255", "256"],
+    ),
+    (
+        "ts",
+        "timestamptz",
+        [
+            "'2024-01-31 12:34:56.123456+00'",
+            "'2024-01-31 12:34:56+00'",
+            "'2024-01-31 12:34:56.5+02'",
+            "'1969-12-31 23:59:59.999999+00'",
+            "'0001-01-01 00:00:00+00'",
+            "'9999-12-31 23:59:59.999999+00'",
+            "'2000-02-29 00:00:00.000001+00'",
+            "NULL",
+            "'2024-06-01 00:00:00.12+05:30'",
+        ],
+    ),
     ("ts0", "timestamptz(0)", ["'2024-01-31 12:34:56.7+00'", "'1970-01-01 00:00:00+00'", "NULL"]),
-    ("ts3", "timestamptz(3)", ["'2024-01-31 12:34:56.1234+00'", "'2024-01-31 12:34:56+00'", "'2024-01-31 12:34:56.1+00'"]),
+    (
+        "ts3",
+        "timestamptz(3)",
+        ["'2024-01-31 12:34:56.1234+00'", "'2024-01-31 12:34:56+00'", "'2024-01-31 12:34:56.1+00'"],
+    ),
     ("u", "uuid", ["'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'", "'A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A12'", "NULL"]),
     ("b", "bool", ["true", "false", "NULL"]),
     ("j", "jsonb", ["""'{"a": "x\\"y", "b": [1, 2.50, null]}'""", "'\"é\"'", "'[]'", "NULL"]),
@@ -101,9 +147,14 @@ class Registry:
 def make_serializer(fmt: str, overrides: dict[str, Any]) -> EventSerializer[Any]:
     if fmt == "avro":
         return AvroSerializer(
-            AvroSettings(topic_prefix="render", database="db", **overrides), lambda topic: 2, Registry(), clock_ns=lambda: NOW_NS
+            AvroSettings(topic_prefix="render", database="db", **overrides),
+            lambda topic: 2,
+            Registry(),
+            clock_ns=lambda: NOW_NS,
         )
-    return JsonSerializer(JsonSettings(topic_prefix="render", database="db", **overrides), lambda topic: 2, clock_ns=lambda: NOW_NS)
+    return JsonSerializer(
+        JsonSettings(topic_prefix="render", database="db", **overrides), lambda topic: 2, clock_ns=lambda: NOW_NS
+    )
 
 
 def records_of(
@@ -169,7 +220,9 @@ def test_rendered_rows_make_the_typed_rows_records_byte_for_byte(
             conn.execute("ALTER TABLE edges REPLICA IDENTITY FULL")
             conn.execute("UPDATE edges SET t = 'full' WHERE id IN (7, 8, 1000)")  # whole old rows 'O'
             conn.execute("DELETE FROM edges WHERE id IN (9, 1001)")
-            conn.execute("INSERT INTO keyed VALUES ('a\"b', -1.5, '2024-01-31 12:00:00.25+00', 1), ('é', 0, '1999-12-31 23:59:59+00', NULL)")
+            conn.execute(
+                "INSERT INTO keyed VALUES ('a\"b', -1.5, '2024-01-31 12:00:00.25+00', 1), ('é', 0, '1999-12-31 23:59:59+00', NULL)"
+            )
             conn.execute("UPDATE keyed SET k2 = k2 + 1")  # key changes: delete, tombstone, create with key headers
             conn.execute("DELETE FROM keyed")
             mark(conn, "end")
@@ -188,9 +241,7 @@ def test_rendered_rows_make_the_typed_rows_records_byte_for_byte(
         for event in fast_events:
             by_table.setdefault(event.table.name, []).append(rendered(event))
         assert all(by_table["keyed"]), (fmt, overrides)
-        edge_ids = [
-            (e.after if e.after is not None else e.before) for e in typed_events if e.table.name == "edges"
-        ]
+        edge_ids = [(e.after if e.after is not None else e.before) for e in typed_events if e.table.name == "edges"]
         # NaN is uncovered only where it is rendered directly (precise); elsewhere its typed value is written.
         nan_rendered = overrides.get("decimal_handling", "precise") != "precise"
         expected = [

@@ -35,8 +35,10 @@ def config(tmp_path: Path, name: str, services: Any, dsn: str, slot: str, public
 def snapshot(cfg: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "cdc.cli", "snapshot", "--config", str(cfg), "public.items"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def events(c: Connector, name: str) -> list[dict[str, Any]]:
@@ -89,7 +91,9 @@ def test_a_signal_for_one_connector_is_left_alone_by_another_and_old_signals_by_
     tmp_path, services, items, least_role, slot_name, publication_name, topic_prefix
 ):
     with psycopg.connect(items, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {SIGNALS} (id varchar(64) PRIMARY KEY, type varchar(32) NOT NULL, data varchar(2048))")
+        conn.execute(
+            f"CREATE TABLE {SIGNALS} (id varchar(64) PRIMARY KEY, type varchar(32) NOT NULL, data varchar(2048))"
+        )
     role_dsn = least_role(["public.items", SIGNALS])
     with psycopg.connect(items, autocommit=True) as conn:
         conn.execute(f"GRANT INSERT ON {SIGNALS} TO {least_role.role}")

@@ -29,12 +29,17 @@ def test_the_slot_the_daemon_creates_is_a_failover_slot_from_17_on(
         daemon.wait_streaming(pg_dsn, slot_name)
         created = [e for e in daemon.log_events() if e.get("event") == "slot_created"]
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            columns = {r[0] for r in conn.execute(
-                "SELECT attname FROM pg_attribute WHERE attrelid = 'pg_replication_slots'::regclass AND attnum > 0")}
+            columns = {
+                r[0]
+                for r in conn.execute(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = 'pg_replication_slots'::regclass AND attnum > 0"
+                )
+            }
             failover = (
                 conn.execute("SELECT failover FROM pg_replication_slots WHERE slot_name = %s", (slot_name,)).fetchone()
-                if "failover" in columns else None
-            )  # fmt: skip
+                if "failover" in columns
+                else None
+            )
     finally:
         assert daemon.stop() == 0
     assert len(created) == 1

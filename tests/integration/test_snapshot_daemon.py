@@ -27,7 +27,13 @@ pytestmark = pytest.mark.integration
 
 
 def test_the_daemon_killed_during_its_initial_snapshot_resumes_and_snapshots_again_on_request(
-    tmp_path: Path, services: Any, pg_dsn: str, slot_name: str, publication_name: str, topic_prefix: str, consume_all: Any
+    tmp_path: Path,
+    services: Any,
+    pg_dsn: str,
+    slot_name: str,
+    publication_name: str,
+    topic_prefix: str,
+    consume_all: Any,
 ) -> None:
     fill(pg_dsn, 40_000)
     config = write_config(
@@ -48,22 +54,39 @@ def test_the_daemon_killed_during_its_initial_snapshot_resumes_and_snapshots_aga
         first = Connector(config, tmp_path / "first.log").start()
         assert first.proc is not None
         # frozen at the reading that shows four chunks: the state asserted on is the one it was killed in
-        state = freeze_when(first.proc.pid, store.load, lambda s: sum(k.startswith("chunk/") for k in s) >= 4, 120,
-                            "chunks of the first snapshot")  # fmt: skip
+        state = freeze_when(
+            first.proc.pid,
+            store.load,
+            lambda s: sum(k.startswith("chunk/") for k in s) >= 4,
+            120,
+            "chunks of the first snapshot",
+        )
         assert state["initial"]["status"] == "copying"
         first.stop(signal.SIGKILL)
 
         second = Connector(config, tmp_path / "second.log").start()
         second.wait_streaming(pg_dsn, slot_name)
-        wait_until(lambda: store.load().get(f"job/resume-{_oid(pg_dsn)}", {}).get("status") == "done", 120,
-                   "the interrupted chunks, read while streaming")  # fmt: skip
+        wait_until(
+            lambda: store.load().get(f"job/resume-{_oid(pg_dsn)}", {}).get("status") == "done",
+            120,
+            "the interrupted chunks, read while streaming",
+        )
         cli = subprocess.run(
             [sys.executable, "-m", "cdc.cli", "snapshot", "--config", str(config), "public.t"],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert cli.returncode == 0, cli.stderr
-        wait_until(lambda: any(v.get("reason") == "signal" and v.get("status") == "done"
-                               for k, v in store.load().items() if k.startswith("job/")), 120, "the requested snapshot")  # fmt: skip
+        wait_until(
+            lambda: any(
+                v.get("reason") == "signal" and v.get("status") == "done"
+                for k, v in store.load().items()
+                if k.startswith("job/")
+            ),
+            120,
+            "the requested snapshot",
+        )
         workload.stop()
         end = current_lsn(pg_dsn)
         wait_until(lambda: slot_confirmed_past(pg_dsn, slot_name, end), 60, "the stream to catch up")

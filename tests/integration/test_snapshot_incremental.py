@@ -52,10 +52,16 @@ def test_a_snapshot_requested_by_a_signal_while_streaming_replays_to_exactly_the
 ) -> None:
     fill(pg_dsn, 20_000, keyless_rows=500)
     config = make_config(
-        services, pg_dsn, slot_name, publication_name, topic_prefix,
+        services,
+        pg_dsn,
+        slot_name,
+        publication_name,
+        topic_prefix,
         ["public.t", {"name": "public.events", "key": ["code"]}],
-    )  # fmt: skip
-    settings = SnapshotConfig(mode=SnapshotMode.NO_DATA, incremental_chunk_rows=1_000, signal_poll_s=0.3, progress_bar=False)
+    )
+    settings = SnapshotConfig(
+        mode=SnapshotMode.NO_DATA, incremental_chunk_rows=1_000, signal_poll_s=0.3, progress_bar=False
+    )
     pipeline = SnapshotPipeline(config, settings)
     workload = Workload(pg_dsn, 20_000, seed=11)
     try:

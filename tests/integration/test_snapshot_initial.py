@@ -48,8 +48,11 @@ def test_an_initial_snapshot_under_a_concurrent_workload_replays_to_exactly_the_
 
     result = pipeline.snapshots.initial_result if pipeline.snapshots else None
     assert result is not None and result.complete
-    reads = [m.key() for m in consume_all([f"{topic_prefix}.public.t"], timeout=60.0)
-             if m.value() is not None and json.loads(m.value())["op"] == "r"]  # fmt: skip
+    reads = [
+        m.key()
+        for m in consume_all([f"{topic_prefix}.public.t"], timeout=60.0)
+        if m.value() is not None and json.loads(m.value())["op"] == "r"
+    ]
     assert len(reads) == len(set(reads)) >= 29_000  # every row of the snapshot once, none twice
     rows = assert_topic_equals_table(
         consume_all, f"{topic_prefix}.public.t", pg_dsn, "SELECT id, v, n, flag, note FROM t"

@@ -58,7 +58,13 @@ def snapshot_connections(dsn: str) -> int:
 
 
 def test_an_initial_snapshot_killed_halfway_resumes_while_streaming_and_replays_to_exactly_the_table(
-    tmp_path: Path, services: Any, pg_dsn: str, slot_name: str, publication_name: str, topic_prefix: str, consume_all: Any
+    tmp_path: Path,
+    services: Any,
+    pg_dsn: str,
+    slot_name: str,
+    publication_name: str,
+    topic_prefix: str,
+    consume_all: Any,
 ) -> None:
     fill(pg_dsn, 100_000)
     config = make_config(services, pg_dsn, slot_name, publication_name, topic_prefix, ["public.t"])
@@ -70,11 +76,18 @@ def test_an_initial_snapshot_killed_halfway_resumes_while_streaming_and_replays_
     workload = Workload(pg_dsn, 100_000, seed=3).start()
     log = open(tmp_path / "first.log", "wb")
     first = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from tests.support.snapshots import main; "
-         "sys.exit(main(sys.argv[1:]))", str(config_path), str(snapshot_path)],
-        cwd=REPO_ROOT, env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)])},
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import sys; from tests.support.snapshots import main; sys.exit(main(sys.argv[1:]))",
+            str(config_path),
+            str(snapshot_path),
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), str(REPO_ROOT)])},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
 
         def progress() -> dict[str, Any]:
@@ -83,8 +96,13 @@ def test_an_initial_snapshot_killed_halfway_resumes_while_streaming_and_replays_
             return store.load()
 
         # frozen at the reading that shows six chunks: the state asserted on is the one it was killed in
-        state = freeze_when(first.pid, progress, lambda s: sum(k.startswith("chunk/") for k in s) >= 6, 120,
-                            "some chunks of the first snapshot")  # fmt: skip
+        state = freeze_when(
+            first.pid,
+            progress,
+            lambda s: sum(k.startswith("chunk/") for k in s) >= 6,
+            120,
+            "some chunks of the first snapshot",
+        )
         first.send_signal(signal.SIGKILL)
         first.wait(30)
     finally:
@@ -114,9 +132,14 @@ def test_an_initial_snapshot_killed_halfway_resumes_while_streaming_and_replays_
 
 
 def test_an_exported_snapshot_that_can_no_longer_be_imported_is_a_clear_error_and_the_next_start_copies_while_streaming(
-    monkeypatch: pytest.MonkeyPatch, services: Any, pg_dsn: str, slot_name: str, publication_name: str,
-    topic_prefix: str, consume_all: Any,
-) -> None:  # fmt: skip
+    monkeypatch: pytest.MonkeyPatch,
+    services: Any,
+    pg_dsn: str,
+    slot_name: str,
+    publication_name: str,
+    topic_prefix: str,
+    consume_all: Any,
+) -> None:
     fill(pg_dsn, 5_000)
     config = make_config(services, pg_dsn, slot_name, publication_name, topic_prefix, ["public.t"])
     settings = SnapshotConfig(workers=1, incremental_chunk_rows=1_000, progress_bar=False)
@@ -146,9 +169,14 @@ def test_an_exported_snapshot_that_can_no_longer_be_imported_is_a_clear_error_an
 
 
 def test_a_table_dropped_during_the_initial_snapshot_is_reported_and_the_next_start_names_it(
-    monkeypatch: pytest.MonkeyPatch, services: Any, pg_dsn: str, slot_name: str, publication_name: str,
-    topic_prefix: str, consume_all: Any,
-) -> None:  # fmt: skip
+    monkeypatch: pytest.MonkeyPatch,
+    services: Any,
+    pg_dsn: str,
+    slot_name: str,
+    publication_name: str,
+    topic_prefix: str,
+    consume_all: Any,
+) -> None:
     fill(pg_dsn, 40_000)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE b (id int PRIMARY KEY, v text)")

@@ -48,31 +48,78 @@ VALUES = {
     "i4": ["-2147483648", "2147483647"],
     "o": ["0", "4294967295"],
     "flag": ["true", "false"],
-    "t": ["''", "'plain'", "E'quote \" back \\\\ slash'", "E'tab\\there'", "E'line\\nfeed\\rreturn'",
-          "E'ctl \\x01\\x1f \\x7f'", "'unicode é ü 日本 🎉'", "E'\\\\N'", "'\\'"],
+    "t": [
+        "''",
+        "'plain'",
+        "E'quote \" back \\\\ slash'",
+        "E'tab\\there'",
+        "E'line\\nfeed\\rreturn'",
+        "E'ctl \\x01\\x1f \\x7f'",
+        "'unicode é ü 日本 🎉'",
+        "E'\\\\N'",
+        "'\\'",
+    ],
     "vc": ["'x'", "E'a\\\\b'"],
     "bp": ["'ab'", "'abcde'"],
     "nm": ["'some_name'"],
-    "js": ["'{\"a\": [1, \"x\\\\ty\"], \"b\": null}'", "'\"s\"'", "'[ 1 , 2 ]'"],
+    "js": ['\'{"a": [1, "x\\\\ty"], "b": null}\'', "'\"s\"'", "'[ 1 , 2 ]'"],
     "jb": [r"""'{"k": "v\"w", "n": 1.50, "t": "a\tb"}'""", "'null'", "'[]'"],
     "u": ["'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'", "'00000000-0000-0000-0000-000000000000'"],
     "b": ["''", "E'\\\\x00ff5c0a'", "decode(repeat('ab', 100), 'hex')"],
     "n0": ["0", "-1", "999999999999999999", "-999999999999999999", "127", "128", "-128", "-129", "32767", "32768"],
-    "n2": ["0", "0.01", "-0.01", "1.27", "1.28", "-1.28", "-1.29", "327.67", "327.68", "-327.68", "-327.69",
-           "83886.07", "83886.08", "9999999999.99", "-9999999999.99", "21474836.47", "21474836.48"],
+    "n2": [
+        "0",
+        "0.01",
+        "-0.01",
+        "1.27",
+        "1.28",
+        "-1.28",
+        "-1.29",
+        "327.67",
+        "327.68",
+        "-327.68",
+        "-327.69",
+        "83886.07",
+        "83886.08",
+        "9999999999.99",
+        "-9999999999.99",
+        "21474836.47",
+        "21474836.48",
+    ],
     "n6": ["0.000001", "-0.000001", "999999999999.999999", "-999999999999.999999", "12.5"],
-    "ts": ["'2024-05-01 12:34:56.789+02'", "'1970-01-01 00:00:00+00'", "'1969-12-31 23:59:59.999999+00'",
-           "'0001-01-01 00:00:00+00'", "'9999-12-31 23:59:59.999999+00'", "'infinity'", "'-infinity'",
-           "'0044-03-15 12:00:00+00 BC'", "'12000-01-01 00:00:00+00'"],
+    "ts": [
+        "'2024-05-01 12:34:56.789+02'",
+        "'1970-01-01 00:00:00+00'",
+        "'1969-12-31 23:59:59.999999+00'",
+        "'0001-01-01 00:00:00+00'",
+        "'9999-12-31 23:59:59.999999+00'",
+        "'infinity'",
+        "'-infinity'",
+        "'0044-03-15 12:00:00+00 BC'",
+        "'12000-01-01 00:00:00+00'",
+    ],
     "ts3": ["'2024-05-01 12:34:56.7+00'", "'2024-05-01 12:34:56+00'", "'1900-02-03 04:05:06.123+00'"],
     "ts0": ["'2024-05-01 12:34:56+00'", "'1999-12-31 23:59:59+00'"],
-    "tsn": ["'2024-05-01 12:34:56.789012'", "'1969-12-31 23:59:59.5'", "'0001-01-01 00:00:00'", "'infinity'",
-            "'0100-01-01 00:00:00 BC'"],
+    "tsn": [
+        "'2024-05-01 12:34:56.789012'",
+        "'1969-12-31 23:59:59.5'",
+        "'0001-01-01 00:00:00'",
+        "'infinity'",
+        "'0100-01-01 00:00:00 BC'",
+    ],
     "tsn3": ["'1969-12-31 23:59:59.999'", "'2024-05-01 00:00:00.001'", "'-infinity'"],
-    "d": ["'1970-01-01'", "'1969-12-31'", "'2024-02-29'", "'0001-01-01'", "'infinity'", "'-infinity'",
-          "'0300-01-01 BC'", "'5874897-12-31'"],
+    "d": [
+        "'1970-01-01'",
+        "'1969-12-31'",
+        "'2024-02-29'",
+        "'0001-01-01'",
+        "'infinity'",
+        "'-infinity'",
+        "'0300-01-01 BC'",
+        "'5874897-12-31'",
+    ],
     "e": ["'sad'", "'with \"quote\"'"],
-}  # fmt: skip
+}
 
 
 def _fill(dsn: str) -> int:
@@ -86,9 +133,11 @@ def _fill(dsn: str) -> int:
                 conn.execute(f"INSERT INTO typed (id, {column}) VALUES ({row_id}, {value})")  # test data, literal
         row_id += 1
         conn.execute(f"INSERT INTO typed (id) VALUES ({row_id})")
-        conn.execute("INSERT INTO typed SELECT g, 1, 2, 3, true, 't' || g, 'v', 'c', 'n', '{}', '{}', "
-                     "gen_random_uuid(), '\\x01', g, g / 100.0, g / 1e6, now(), now(), now(), "
-                     "localtimestamp, localtimestamp, current_date, 'happy' FROM generate_series(1000, 1999) g")  # fmt: skip
+        conn.execute(
+            "INSERT INTO typed SELECT g, 1, 2, 3, true, 't' || g, 'v', 'c', 'n', '{}', '{}', "
+            "gen_random_uuid(), '\\x01', g, g / 100.0, g / 1e6, now(), now(), now(), "
+            "localtimestamp, localtimestamp, current_date, 'happy' FROM generate_series(1000, 1999) g"
+        )
     return row_id + 1000
 
 
@@ -110,7 +159,9 @@ def test_server_built_json_is_byte_for_byte_the_serializers(pg_dsn: str, schemas
 
         expected: dict[bytes, bytes] = {}
         for line in _copy_lines(conn, chunk_select(table, whole)):
-            event = change_event(Op.READ, table.schema, None, parse(line), point, point, xid, 1, commit_ts, True, frozenset())
+            event = change_event(
+                Op.READ, table.schema, None, parse(line), point, point, xid, 1, commit_ts, True, frozenset()
+            )
             (record,) = serializer.records(event)
             expected[record.key] = record.value
 
@@ -121,7 +172,9 @@ def test_server_built_json_is_byte_for_byte_the_serializers(pg_dsn: str, schemas
             if key == b"\\N":
                 uncovered += 1
                 row = parse(rest.partition(b"\t")[2])
-                event = change_event(Op.READ, table.schema, None, row, point, point, xid, 1, commit_ts, True, frozenset())
+                event = change_event(
+                    Op.READ, table.schema, None, row, point, point, xid, 1, commit_ts, True, frozenset()
+                )
                 (record,) = serializer.records(event)
                 assert expected[record.key] == record.value
                 continue
@@ -129,12 +182,26 @@ def test_server_built_json_is_byte_for_byte_the_serializers(pg_dsn: str, schemas
             after = rest[: rest.index(b"\t")].replace(b"\\\\", b"\\")
             key = parts.key_head + key.replace(b"\\\\", b"\\") + parts.key_end
             assert key in expected, f"key {key!r} is not a key the serializer writes"
-            assert parts.value_head + after + tail == expected[key], json.loads(expected[key])["payload" if schemas_enable else "after"]
+            assert parts.value_head + after + tail == expected[key], json.loads(expected[key])[
+                "payload" if schemas_enable else "after"
+            ]
         # A NaN cannot be written under decimal_handling='precise': the SQL leaves the row to the ordinary
         # path, whose error names the column and the fix.
         conn.execute("UPDATE typed SET n2 = 'NaN' WHERE id = 1")
         (line,) = [x for x in _copy_lines(conn, query.copy(whole)) if x.startswith(b"\\N\t\\N\t1\t")]
-        event = change_event(Op.READ, table.schema, None, parse(line.split(b"\t", 2)[2]), point, point, xid, 1, commit_ts, True, frozenset())
+        event = change_event(
+            Op.READ,
+            table.schema,
+            None,
+            parse(line.split(b"\t", 2)[2]),
+            point,
+            point,
+            xid,
+            1,
+            commit_ts,
+            True,
+            frozenset(),
+        )
         with pytest.raises(SerializationError, match="column 'n2' .* NaN .* decimal_handling"):
             serializer.records(event)
     assert covered + uncovered == len(expected) == rows
@@ -165,15 +232,22 @@ def test_the_snapshot_writes_the_same_records_with_and_without_server_json(
         topic = f"{prefix}.public.typed"
         partitions = ensure_topics(admin_client(services.kafka_bootstrap, {}), [TopicSpec(topic, 3, 1)])
         output = JsonKafkaOutput(
-            JsonSettings(topic_prefix=prefix, database="db"), partitions,
-            producer_config(services.kafka_bootstrap, {}, 1_000_000), 1_000_000, render_rows=render_rows,
+            JsonSettings(topic_prefix=prefix, database="db"),
+            partitions,
+            producer_config(services.kafka_bootstrap, {}, 1_000_000),
+            1_000_000,
+            render_rows=render_rows,
             position_headers=position_headers,
-        )  # fmt: skip
+        )
         snapshot = InitialSnapshot(
-            conninfo=pg_dsn, slot=f"srvjson_{n}_{topic_prefix[-8:]}", tables=tables, output=output,
-            state=SnapshotState(MemoryStore()), progress=ProgressTracker("initial", log_interval_s=30),
+            conninfo=pg_dsn,
+            slot=f"srvjson_{n}_{topic_prefix[-8:]}",
+            tables=tables,
+            output=output,
+            state=SnapshotState(MemoryStore()),
+            progress=ProgressTracker("initial", log_interval_s=30),
             settings=SnapshotConfig(workers=2, chunk_rows=300, progress_bar=False, server_json=server_json),
-        )  # fmt: skip
+        )
         result = snapshot.run()
         assert result.rows == rows
         assert result.server_json_rows == (rows if server_json else 0)
@@ -189,7 +263,9 @@ def test_the_snapshot_writes_the_same_records_with_and_without_server_json(
             records[m.key()] = (value, sorted(m.headers() or []))
         seen.append(records)
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'srvjson%'")
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'srvjson%'"
+            )
     ordinary, rendered, server = seen
     assert len(ordinary) == len(rendered) == len(server) == rows
     assert ordinary.keys() == rendered.keys() == server.keys()

@@ -28,11 +28,15 @@ def test_initial_only_copies_every_table_without_a_slot_and_stops(
 ) -> None:
     fill(pg_dsn, 5_000)
     config = make_config(services, pg_dsn, slot_name, publication_name, topic_prefix, ["public.t"])
-    pipeline = SnapshotPipeline(config, SnapshotConfig(mode=SnapshotMode.INITIAL_ONLY, chunk_rows=1_000, progress_bar=False))
+    pipeline = SnapshotPipeline(
+        config, SnapshotConfig(mode=SnapshotMode.INITIAL_ONLY, chunk_rows=1_000, progress_bar=False)
+    )
     pipeline.run()  # returns once the copy is in Kafka
     assert pipeline.plan is not None and not pipeline.plan.stream
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot_name,)).fetchone() == (0,)
+        assert conn.execute(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot_name,)
+        ).fetchone() == (0,)
     assert_topic_equals_table(consume_all, f"{topic_prefix}.public.t", pg_dsn, QUERY)
 
 

@@ -22,19 +22,17 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from cdc import dev
 from cdc.schema_history import ColumnType, SchemaVersion
 from cdc.schema_history import topic_for as schema_history_topic
+from cdc_views import declared, jobs
+from cdc_views.reader import KafkaSource, TopicNotFound, UndecodableRecords
+from cdc_views.tables import Encoding
+from cdc_views.verify import verify
 from tests.support.spark import (
     SHOP_DECLARED,
     CapturedDatabase,
     assert_shop_matches,
     delta_versions,
     shop_captured,
-    spark,  # noqa: F401 - the session-wide SparkSession fixture
 )
-
-from cdc_views import declared, jobs  # noqa: E402 - tests.support.spark put spark/ on sys.path
-from cdc_views.reader import KafkaSource, TopicNotFound, UndecodableRecords  # noqa: E402
-from cdc_views.tables import Encoding  # noqa: E402
-from cdc_views.verify import verify  # noqa: E402
 
 pytestmark = [
     pytest.mark.integration,
@@ -67,7 +65,9 @@ def search(warehouse: Path, query: str) -> list[dict[str, Any]]:
     return declared.search(declared.index_path(warehouse, "shop_search"), query)
 
 
-def test_batch_rebuild_matches_the_database_and_a_second_run_changes_nothing(spark: Any, shop: CapturedDatabase, tmp_path: Path) -> None:
+def test_batch_rebuild_matches_the_database_and_a_second_run_changes_nothing(
+    spark: Any, shop: CapturedDatabase, tmp_path: Path
+) -> None:
     cfg = shop.job(tmp_path / "warehouse", declared=SHOP_DECLARED)
 
     summary = jobs.rebuild(spark, cfg)
@@ -125,8 +125,10 @@ def test_records_that_do_not_decode_fail_the_job_unless_told_to_skip(
     # balance is numeric(12,2) from position 150:0 on; the record at LSN 100 has no version in force
     balance = ColumnType("balance", "numeric", "pg_catalog", 1700, ((12 << 16) | 2) + 4, 12, 2)
     version = SchemaVersion("public.customers", (150, 0), (balance,))
-    good = b'{"before":null,"after":{"id":%d,"name":"n%d","email":null,"created_at":"2024-05-01T12:00:00.000001Z",' \
-           b'"born":19000,"balance":"AQI=","tier":null},"source":{"lsn":%d},"op":"c"}'  # fmt: skip
+    good = (
+        b'{"before":null,"after":{"id":%d,"name":"n%d","email":null,"created_at":"2024-05-01T12:00:00.000001Z",'
+        b'"born":19000,"balance":"AQI=","tier":null},"source":{"lsn":%d},"op":"c"}'
+    )
     producer = Producer({"bootstrap.servers": services.kafka_bootstrap})
     try:
         producer.produce(history, key=version.key(), value=version.value())
@@ -144,8 +146,13 @@ def test_records_that_do_not_decode_fail_the_job_unless_told_to_skip(
         assert [(b.partition, b.offset) for b in failure.value.examples] == [(0, 0), (0, 1), (0, 2)]
         assert "not a Debezium envelope" in str(failure.value) and "'balance'" in str(failure.value)
         unknown = failure.value.examples[0].reason
-        assert unknown.startswith(f"column 'balance': no version of public.customers in the schema history topic {history} ")
-        assert "(commit LSN 100, LSN 100)" in unknown and "Fix: run a connector that publishes the schema history" in unknown
+        assert unknown.startswith(
+            f"column 'balance': no version of public.customers in the schema history topic {history} "
+        )
+        assert (
+            "(commit LSN 100, LSN 100)" in unknown
+            and "Fix: run a connector that publishes the schema history" in unknown
+        )
 
         skipping = jobs.JobConfig(cfg.source, prefix, shapes, cfg.warehouse, Encoding(), "skip")
         summary = jobs.rebuild(spark, skipping, ["warehouse"])

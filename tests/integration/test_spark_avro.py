@@ -22,6 +22,10 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from cdc import dev
 from cdc.sink.registry import RegistryClient, RegistrySettings
+from cdc_views import declared, jobs
+from cdc_views.reader import KafkaSource, RegistryUnavailable, UndecodableRecords
+from cdc_views.tables import Encoding
+from cdc_views.verify import verify
 from tests.support.connector import write_config
 from tests.support.spark import (
     SHOP_DECLARED,
@@ -30,13 +34,7 @@ from tests.support.spark import (
     assert_shop_matches,
     delta_versions,
     shop_captured,
-    spark,  # noqa: F401 - the session-wide SparkSession fixture
 )
-
-from cdc_views import declared, jobs  # noqa: E402 - test_spark put spark/ on sys.path
-from cdc_views.reader import KafkaSource, RegistryUnavailable, UndecodableRecords  # noqa: E402
-from cdc_views.tables import Encoding  # noqa: E402
-from cdc_views.verify import verify  # noqa: E402
 
 pytestmark = [
     pytest.mark.integration,
@@ -80,11 +78,17 @@ def test_batch_rebuild_from_avro_topics_matches_the_database_and_a_second_run_ch
     spark: Any, avro_shop: CapturedDatabase, registry_url: str, tmp_path: Path
 ) -> None:
     registry = RegistryClient(registry_url)
-    assert len(registry.versions(f"{avro_shop.topic_prefix}.public.customers-value")) == 2  # before and after ADD COLUMN
-    cfg = avro_shop.job(tmp_path / "warehouse", encoding=AVRO, registry=RegistrySettings(url=registry_url), declared=SHOP_DECLARED)
+    assert (
+        len(registry.versions(f"{avro_shop.topic_prefix}.public.customers-value")) == 2
+    )  # before and after ADD COLUMN
+    cfg = avro_shop.job(
+        tmp_path / "warehouse", encoding=AVRO, registry=RegistrySettings(url=registry_url), declared=SHOP_DECLARED
+    )
 
     summary = jobs.rebuild(spark, cfg)
-    report = verify(avro_shop.dsn, cfg.warehouse, cfg.tables, spark=spark, encoding=AVRO, declared_section=SHOP_DECLARED)
+    report = verify(
+        avro_shop.dsn, cfg.warehouse, cfg.tables, spark=spark, encoding=AVRO, declared_section=SHOP_DECLARED
+    )
 
     assert_shop_matches(report)
     assert summary["index shop_search"] > 0
@@ -96,7 +100,10 @@ def test_batch_rebuild_from_avro_topics_matches_the_database_and_a_second_run_ch
     # (source.lsn, source.sequence); test_spark_positions holds the JSON envelope to the headers' values.
     for table in SHOP_TABLES:
         rows = spark.read.format("delta").load(str(cfg.warehouse / "tables" / table))
-        assert rows.count() > 0 and rows.where("_cdc_lsn IS NULL OR _cdc_commit_lsn IS NULL OR _cdc_commit_lsn < _cdc_lsn").isEmpty(), table
+        assert (
+            rows.count() > 0
+            and rows.where("_cdc_lsn IS NULL OR _cdc_commit_lsn IS NULL OR _cdc_commit_lsn < _cdc_lsn").isEmpty()
+        ), table
 
     before = delta_versions(cfg.warehouse)
     again = jobs.rebuild(spark, cfg)
@@ -106,18 +113,41 @@ def test_batch_rebuild_from_avro_topics_matches_the_database_and_a_second_run_ch
 
 KEY_SCHEMA = {"type": "record", "name": "Key", "namespace": "t", "fields": [{"name": "id", "type": "int"}]}
 VALUE_SCHEMA = {
-    "type": "record", "name": "Envelope", "namespace": "t",
+    "type": "record",
+    "name": "Envelope",
+    "namespace": "t",
     "fields": [
-        {"name": "before", "type": ["null", {"type": "record", "name": "Value", "fields": [
-            {"name": "id", "type": "int"}, {"name": "name", "type": ["null", "string"], "default": None}]}],
-         "default": None},
+        {
+            "name": "before",
+            "type": [
+                "null",
+                {
+                    "type": "record",
+                    "name": "Value",
+                    "fields": [
+                        {"name": "id", "type": "int"},
+                        {"name": "name", "type": ["null", "string"], "default": None},
+                    ],
+                },
+            ],
+            "default": None,
+        },
         {"name": "after", "type": ["null", "Value"], "default": None},
-        {"name": "source", "type": {"type": "record", "name": "Source", "namespace": "io.debezium.connector.postgresql",
-                                    "fields": [{"name": "lsn", "type": ["null", "long"], "default": None},
-                                               {"name": "ts_ms", "type": "long"}]}},
+        {
+            "name": "source",
+            "type": {
+                "type": "record",
+                "name": "Source",
+                "namespace": "io.debezium.connector.postgresql",
+                "fields": [
+                    {"name": "lsn", "type": ["null", "long"], "default": None},
+                    {"name": "ts_ms", "type": "long"},
+                ],
+            },
+        },
         {"name": "op", "type": "string"},
     ],
-}  # fmt: skip
+}
 
 
 def _framed(schema_id: int, schema: Any, datum: Any) -> bytes:
@@ -145,19 +175,23 @@ def test_avro_records_that_do_not_decode_are_reported_and_fail_the_job_unless_to
     unknown_id = max(key_id, value_id) + 100_000
     producer = Producer({"bootstrap.servers": services.kafka_bootstrap})
     try:
-        for i, value in enumerate([
-            row(1),
-            b'{"op":"c"}',  # offset 1: JSON, not the wire format
-            b"\x00" + unknown_id.to_bytes(4, "big") + row(3)[5:],  # offset 2: an id the registry does not have
-            b"\x00" + value_id.to_bytes(4, "big") + b"\xff\xff\xff",  # offset 3: a body that does not decode
-            row(5),
-        ], 1):  # fmt: skip
+        for i, value in enumerate(
+            [
+                row(1),
+                b'{"op":"c"}',  # offset 1: JSON, not the wire format
+                b"\x00" + unknown_id.to_bytes(4, "big") + row(3)[5:],  # offset 2: an id the registry does not have
+                b"\x00" + value_id.to_bytes(4, "big") + b"\xff\xff\xff",  # offset 3: a body that does not decode
+                row(5),
+            ],
+            1,
+        ):
             producer.produce(topic, key=_framed(key_id, KEY_SCHEMA, {"id": i}), value=value)
         producer.flush(30)
         shapes = {"public.customers": avro_shop.shapes()["public.customers"]}
         settings = RegistrySettings(url=registry_url)
-        cfg = jobs.JobConfig(KafkaSource(services.kafka_bootstrap), prefix, shapes, tmp_path / "warehouse", AVRO,
-                             registry=settings)  # fmt: skip
+        cfg = jobs.JobConfig(
+            KafkaSource(services.kafka_bootstrap), prefix, shapes, tmp_path / "warehouse", AVRO, registry=settings
+        )
 
         with pytest.raises(UndecodableRecords) as failure:
             jobs.rebuild(spark, cfg, ["warehouse"])
@@ -178,7 +212,9 @@ def test_avro_records_that_do_not_decode_are_reported_and_fail_the_job_unless_to
         _delete_subjects(registry_url, prefix)
 
 
-def test_a_registry_that_does_not_answer_is_one_clear_error(spark: Any, avro_shop: CapturedDatabase, tmp_path: Path) -> None:
+def test_a_registry_that_does_not_answer_is_one_clear_error(
+    spark: Any, avro_shop: CapturedDatabase, tmp_path: Path
+) -> None:
     url = "http://127.0.0.1:9/apis/ccompat/v7"  # the discard port: nothing listens
     cfg = avro_shop.job(tmp_path / "warehouse", encoding=AVRO, registry=RegistrySettings(url=url, retry_timeout_s=0.5))
 
@@ -188,7 +224,7 @@ def test_a_registry_that_does_not_answer_is_one_clear_error(spark: Any, avro_sho
 
 
 def test_the_command_line_takes_format_and_registry_from_the_connector_config(tmp_path: Path) -> None:
-    from cdc_views.cli import _config_defaults, _settings, build_parser  # noqa: PLC0415
+    from cdc_views.cli import _config_defaults, _settings, build_parser
 
     config = write_config(
         tmp_path / "cdc.yaml",
@@ -205,11 +241,31 @@ def test_the_command_line_takes_format_and_registry_from_the_connector_config(tm
     assert settings["registry"].url == "http://registry:8080/apis/ccompat/v7"
     assert settings["decimal_handling"] == "string"
     assert settings["tables"] == ["public.customers"]
-    args = build_parser().parse_args(["rebuild", "--config", str(config), "--warehouse", "wh",
-                                      "--registry", "http://other:8081"])  # fmt: skip
+    args = build_parser().parse_args(
+        ["rebuild", "--config", str(config), "--warehouse", "wh", "--registry", "http://other:8081"]
+    )
     assert _settings(args)["registry"].url == "http://other:8081"
-    no_registry = build_parser().parse_args(["rebuild", "--config", str(config), "--warehouse", "wh", "--format", "avro"])
+    no_registry = build_parser().parse_args(
+        ["rebuild", "--config", str(config), "--warehouse", "wh", "--format", "avro"]
+    )
     assert _settings(no_registry)["format"] == "avro"
     with pytest.raises(SystemExit, match="missing --registry"):
-        _settings(build_parser().parse_args(["rebuild", "--dsn", "host=db", "--tables", "public.t", "--bootstrap", "k:1",
-                                             "--topic-prefix", "p", "--format", "avro", "--warehouse", "wh"]))  # fmt: skip
+        _settings(
+            build_parser().parse_args(
+                [
+                    "rebuild",
+                    "--dsn",
+                    "host=db",
+                    "--tables",
+                    "public.t",
+                    "--bootstrap",
+                    "k:1",
+                    "--topic-prefix",
+                    "p",
+                    "--format",
+                    "avro",
+                    "--warehouse",
+                    "wh",
+                ]
+            )
+        )

@@ -58,16 +58,43 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int
     url = f"spark://127.0.0.1:{port}"
     with open(logs / "master.log", "wb") as out:  # the child keeps its own copy of the descriptor
         master = subprocess.Popen(
-            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-             "--webui-port", str(ui)],
-            env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(ui),
+            ],
+            env=_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     with open(logs / "worker.log", "wb") as out:
         worker = subprocess.Popen(
-            [spark_class, "org.apache.spark.deploy.worker.Worker", url, "--host", "127.0.0.1", "--cores", "1",
-             "--memory", "1g", "--webui-port", str(worker_ui), "--work-dir", str(logs / "work")],
-            env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [
+                spark_class,
+                "org.apache.spark.deploy.worker.Worker",
+                url,
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                "1",
+                "--memory",
+                "1g",
+                "--webui-port",
+                str(worker_ui),
+                "--work-dir",
+                str(logs / "work"),
+            ],
+            env=_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -101,39 +128,54 @@ def library(services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory) -
     view = {
         "name": "author_stats",
         "sql": "SELECT a.id AS author_id, a.name, count(b.isbn) AS books, sum(b.price) AS value "
-               "FROM public_authors a LEFT JOIN public_books b ON b.author_id = a.id GROUP BY a.id, a.name",
+        "FROM public_authors a LEFT JOIN public_books b ON b.author_id = a.id GROUP BY a.id, a.name",
         "key": ["author_id"],
-    }  # fmt: skip
+    }
     name = f"cluster_{secrets.token_hex(3)}"
     work = tmp_path_factory.mktemp("cluster-lib")
     with captured_database(
         services, work, name, setup, ["public.authors", "public.books"], spark={"views": [view]}
     ) as db:
-        db.run([
-            "INSERT INTO authors SELECT i, 'Author ' || i FROM generate_series(1, 20) i",
-            "INSERT INTO books SELECT 'isbn-' || i, 1 + i % 20, 'Book ' || i, i * 2.5 FROM generate_series(1, 100) i",
-            "DELETE FROM books WHERE isbn = 'isbn-3'",
-        ])  # fmt: skip
+        db.run(
+            [
+                "INSERT INTO authors SELECT i, 'Author ' || i FROM generate_series(1, 20) i",
+                "INSERT INTO books SELECT 'isbn-' || i, 1 + i % 20, 'Book ' || i, i * 2.5 FROM generate_series(1, 100) i",
+                "DELETE FROM books WHERE isbn = 'isbn-3'",
+            ]
+        )
         assert db.config is not None
         yield db.config, name
 
 
 def submit(master: str, job: str, *args: str) -> subprocess.CompletedProcess[str]:
     jars = subprocess.run(
-        [PYTHON, str(REPO / "spark" / "cdc_views" / "jars.py"), "submit-args"], capture_output=True, text=True, check=True
+        [PYTHON, str(REPO / "spark" / "cdc_views" / "jars.py"), "submit-args"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.split()
-    cmd = [str(SPARK_HOME / "bin" / "spark-submit"), "--master", master, "--conf", "spark.executor.memory=768m", *jars,
-           str(REPO / "spark" / job), *args]  # fmt: skip
+    cmd = [
+        str(SPARK_HOME / "bin" / "spark-submit"),
+        "--master",
+        master,
+        "--conf",
+        "spark.executor.memory=768m",
+        *jars,
+        str(REPO / "spark" / job),
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env())
 
 
-def test_rebuild_and_verify_run_on_a_standalone_cluster(cluster: tuple[str, int], library: tuple[Path, str], tmp_path: Path) -> None:
+def test_rebuild_and_verify_run_on_a_standalone_cluster(
+    cluster: tuple[str, int], library: tuple[Path, str], tmp_path: Path
+) -> None:
     master, ui = cluster
     config, _ = library
     warehouse = tmp_path / "wh"
     rebuilt = submit(master, "rebuild.py", "--config", str(config), "--warehouse", str(warehouse))
     assert rebuilt.returncode == 0, rebuilt.stdout[-3000:] + rebuilt.stderr[-6000:]
-    summary: dict[str, Any] = json.JSONDecoder().raw_decode(rebuilt.stdout[rebuilt.stdout.index("{\n"):])[0]
+    summary: dict[str, Any] = json.JSONDecoder().raw_decode(rebuilt.stdout[rebuilt.stdout.index("{\n") :])[0]
     assert summary["view author_stats"] == 20
     verified = submit(master, "verify.py", "--config", str(config), "--warehouse", str(warehouse))
     assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-6000:]

@@ -16,16 +16,14 @@ import pytest
 
 from cdc import dev
 from cdc.declared import DeclarationError, DeclaredIndex, DeclaredView, SparkSection
+from cdc_views import declared, jobs
+from cdc_views.reader import KafkaSource
+from cdc_views.tables import Encoding
+from cdc_views.verify import verify
 from tests.support.spark import (
     CapturedDatabase,
     captured_database,
-    spark,  # noqa: F401 - the session-wide SparkSession fixture
 )
-
-from cdc_views import declared, jobs  # noqa: E402 - tests.support.spark put spark/ on sys.path
-from cdc_views.reader import KafkaSource  # noqa: E402
-from cdc_views.tables import Encoding  # noqa: E402
-from cdc_views.verify import verify  # noqa: E402
 
 pytestmark = [
     pytest.mark.integration,
@@ -92,9 +90,12 @@ class Library(CapturedDatabase):
     """The library's database: its jobs read the connector's format and the declared section."""
 
     def job(self, warehouse: Path, **overrides: Any) -> jobs.JobConfig:
-        extra: dict[str, Any] = {"encoding": Encoding(format="avro" if self.registry_url else "json"), "declared": SECTION}
+        extra: dict[str, Any] = {
+            "encoding": Encoding(format="avro" if self.registry_url else "json"),
+            "declared": SECTION,
+        }
         if self.registry_url:
-            from cdc.sink.registry import RegistrySettings  # noqa: PLC0415
+            from cdc.sink.registry import RegistrySettings
 
             extra["registry"] = RegistrySettings(url=self.registry_url)
         extra.update(overrides)
@@ -102,7 +103,9 @@ class Library(CapturedDatabase):
 
 
 @pytest.fixture(scope="module", params=["json", "avro"])
-def library(request: pytest.FixtureRequest, services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Library]:
+def library(
+    request: pytest.FixtureRequest, services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Library]:
     fmt = request.param
     extra: dict[str, Any] = {}
     if fmt == "avro":
@@ -116,7 +119,9 @@ def library(request: pytest.FixtureRequest, services: dev.Endpoints, tmp_path_fa
 
 
 def _verified(spark: Any, library: Library, cfg: jobs.JobConfig) -> None:
-    report = verify(library.dsn, cfg.warehouse, cfg.tables, spark=spark, encoding=cfg.encoding, declared_section=SECTION)
+    report = verify(
+        library.dsn, cfg.warehouse, cfg.tables, spark=spark, encoding=cfg.encoding, declared_section=SECTION
+    )
     assert report.ok, report.render()
     names = [c.name for c in report.checks]
     assert names == [f"table {t}" for t in TABLES] + ["view author_stats", "view loans_by_book", "index books"]
@@ -132,9 +137,9 @@ def test_declared_views_and_index_rebuilt_from_offset_0_then_kept_by_the_continu
         _verified(spark, library, rebuilt)
         hits = declared.search(declared.index_path(rebuilt.warehouse, "books"), "Interpretation")
         assert [h["id"] for h in hits] == ["isbn-7"]
-        assert {h["id"] for h in declared.search(declared.index_path(rebuilt.warehouse, "books"), "format:ebook", limit=100)} == {
-            f"isbn-{i}" for i in range(3, 41, 3)
-        }
+        assert {
+            h["id"] for h in declared.search(declared.index_path(rebuilt.warehouse, "books"), "format:ebook", limit=100)
+        } == {f"isbn-{i}" for i in range(3, 41, 3)}
 
     streamed = library.job(tmp_path / "streamed")
     jobs.start_continuous(spark, streamed, available_now=True).awaitTermination(300)
@@ -158,7 +163,9 @@ def test_a_bad_declaration_stops_the_job_before_it_reads_anything_naming_the_vie
         ]
     )
     cfg = library.job(tmp_path / "wh", declared=bad)
-    cfg = jobs.JobConfig(KafkaSource(library.bootstrap), "no_such_prefix", cfg.tables, cfg.warehouse, cfg.encoding, declared=bad)
+    cfg = jobs.JobConfig(
+        KafkaSource(library.bootstrap), "no_such_prefix", cfg.tables, cfg.warehouse, cfg.encoding, declared=bad
+    )
     with pytest.raises(DeclarationError) as refused:  # no topic exists under this prefix: nothing was read
         jobs.rebuild(spark, cfg)
     message = str(refused.value)
@@ -183,7 +190,9 @@ class Recorder:
         out: dict[str, str] = {}
         for event, fields in self.events:
             if event in ("view_written", "index_written", "declared_unchanged"):
-                what = fields.get("declared") or (f"view {fields['view']}" if "view" in fields else f"index {fields['index']}")
+                what = fields.get("declared") or (
+                    f"view {fields['view']}" if "view" in fields else f"index {fields['index']}"
+                )
                 out[what] = fields["mode"]
         return out
 
@@ -194,7 +203,9 @@ class Recorder:
 def test_the_continuous_job_refreshes_by_keys_where_the_key_lineage_allows_and_whole_otherwise(
     spark: Any, library: Library, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    library.run(["INSERT INTO loans VALUES ('isbn-3', 5, 9), ('isbn-2', 5, 9), ('isbn-4', 5, 9) ON CONFLICT DO NOTHING"])
+    library.run(
+        ["INSERT INTO loans VALUES ('isbn-3', 5, 9), ('isbn-2', 5, 9), ('isbn-4', 5, 9) ON CONFLICT DO NOTHING"]
+    )
     streamed = library.job(tmp_path / "streamed")
     first = Recorder()
     monkeypatch.setattr(jobs, "log", first)
@@ -206,27 +217,35 @@ def test_the_continuous_job_refreshes_by_keys_where_the_key_lineage_allows_and_w
 
     loans_only = Recorder()  # a batch that changes loans alone: loans_by_book by keys, the others untouched
     monkeypatch.setattr(jobs, "log", loans_only)
-    library.run([
-        "INSERT INTO loans VALUES ('isbn-5', 7, 2) ON CONFLICT DO NOTHING",
-        "UPDATE loans SET days = days + 100 WHERE member = 1",
-        "DELETE FROM loans WHERE isbn = 'isbn-3' AND member = 5",
-        "UPDATE loans SET member = 6 WHERE isbn = 'isbn-2' AND member = 5",  # a key change
-    ])  # fmt: skip
+    library.run(
+        [
+            "INSERT INTO loans VALUES ('isbn-5', 7, 2) ON CONFLICT DO NOTHING",
+            "UPDATE loans SET days = days + 100 WHERE member = 1",
+            "DELETE FROM loans WHERE isbn = 'isbn-3' AND member = 5",
+            "UPDATE loans SET member = 6 WHERE isbn = 'isbn-2' AND member = 5",  # a key change
+        ]
+    )
     query = jobs.start_continuous(spark, streamed, available_now=True)
     query.awaitTermination(300)
     assert query.exception() is None
-    assert loans_only.modes() == {"view author_stats": "unchanged", "view loans_by_book": "keys", "index books": "unchanged"}
+    assert loans_only.modes() == {
+        "view author_stats": "unchanged",
+        "view loans_by_book": "keys",
+        "index books": "unchanged",
+    }
     keyed = next(f for e, f in loans_only.events if e == "view_written" and f["view"] == "loans_by_book")
     assert keyed["keys"] >= 4 and "public.loans" in keyed["reason"]  # (isbn-3, 5) and (isbn-2, 5) gone, ...
     _verified(spark, library, streamed)
 
     books_only = Recorder()  # books alone: the index by keys; loans_by_book and author_stats read books whole
     monkeypatch.setattr(jobs, "log", books_only)
-    library.run([
-        "UPDATE books SET title = 'The Art of Computer Programming' WHERE isbn = 'isbn-5'",
-        "INSERT INTO books VALUES ('isbn-77', 1, 'Concrete Mathematics', 40.00, '{math}', 'paper')",
-        "DELETE FROM books WHERE isbn = 'isbn-8'",
-    ])  # fmt: skip
+    library.run(
+        [
+            "UPDATE books SET title = 'The Art of Computer Programming' WHERE isbn = 'isbn-5'",
+            "INSERT INTO books VALUES ('isbn-77', 1, 'Concrete Mathematics', 40.00, '{math}', 'paper')",
+            "DELETE FROM books WHERE isbn = 'isbn-8'",
+        ]
+    )
     query = jobs.start_continuous(spark, streamed, available_now=True)
     query.awaitTermination(300)
     assert query.exception() is None
@@ -245,7 +264,11 @@ def test_the_continuous_job_refreshes_by_keys_where_the_key_lineage_allows_and_w
     query = jobs.start_continuous(spark, streamed, available_now=True)
     query.awaitTermination(300)
     assert query.exception() is None
-    assert behind.modes() == {"view author_stats": "unchanged", "view loans_by_book": "whole", "index books": "unchanged"}
+    assert behind.modes() == {
+        "view author_stats": "unchanged",
+        "view loans_by_book": "whole",
+        "index books": "unchanged",
+    }
     whole = next(f for e, f in behind.events if e == "view_written" and f["view"] == "loans_by_book")
     assert "its tables changed since it was refreshed" in whole["reason"]
     _verified(spark, library, streamed)

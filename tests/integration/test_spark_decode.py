@@ -11,26 +11,22 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from pyspark.sql import functions as F
 
 from cdc.event import ChangeEvent, Column, Op, PgType, TableSchema
 from cdc.lsn import Lsn
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.values import Interval
-
-from tests.support.spark import spark  # noqa: F401 - the session-wide SparkSession fixture (skips without pyspark)
-
-from pyspark.sql import functions as F  # noqa: E402
-
-from cdc_views.decode import decode, failed  # noqa: E402 - tests.support.spark put spark/ on sys.path
-from cdc_views.reader import envelopes  # noqa: E402
-from cdc_views.tables import ColumnShape, Encoding, Kind  # noqa: E402
+from cdc_views.decode import decode, failed
+from cdc_views.reader import envelopes
+from cdc_views.tables import ColumnShape, Encoding, Kind
 
 pytestmark = [
     pytest.mark.spark,
     pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::DeprecationWarning"),
 ]
 
-EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def _numeric(precision: int, scale: int) -> int:
@@ -70,24 +66,26 @@ def _rows(count: int) -> list[dict[str, Any]]:
     rng = random.Random(7)
     rows = []
     for i in range(count):
-        rows.append({
-            "id": i,
-            "n38": _random_decimal(rng, rng.randrange(1, 39), 0),
-            "n20": _random_decimal(rng, rng.randrange(5, 21), 5),
-            "n10": _random_decimal(rng, 10, 2) if i else Decimal("-0.01"),
-            "nv": _random_decimal(rng, rng.randrange(1, 30), rng.randrange(0, 12)),
-            "d": rng.randrange(-700_000, 2_900_000),
-            "ts3": rng.randrange(-(10**16), 10**16) // 1000 * 1000,
-            "ts6": rng.randrange(-(10**16), 10**16),
-            "tz": rng.randrange(-(10**15), 10**16),
-            "t3": rng.randrange(0, 86_400_000) * 1000,
-            "iv": Interval(rng.randrange(-50, 50), rng.randrange(-40, 40), rng.randrange(-(10**11), 10**11)),
-            "b": rng.randbytes(rng.randrange(0, 9)),
-            "f4": [1.1, float("nan"), float("inf"), -2.5e-7][i % 4],
-            "f8": [float("-inf"), 0.1 + 0.2, 1e300, -0.0][i % 4],
-            "ok": i % 2 == 0,
-            "tags": ["a", None, "c"] if i % 3 else [],
-        })  # fmt: skip
+        rows.append(
+            {
+                "id": i,
+                "n38": _random_decimal(rng, rng.randrange(1, 39), 0),
+                "n20": _random_decimal(rng, rng.randrange(5, 21), 5),
+                "n10": _random_decimal(rng, 10, 2) if i else Decimal("-0.01"),
+                "nv": _random_decimal(rng, rng.randrange(1, 30), rng.randrange(0, 12)),
+                "d": rng.randrange(-700_000, 2_900_000),
+                "ts3": rng.randrange(-(10**16), 10**16) // 1000 * 1000,
+                "ts6": rng.randrange(-(10**16), 10**16),
+                "tz": rng.randrange(-(10**15), 10**16),
+                "t3": rng.randrange(0, 86_400_000) * 1000,
+                "iv": Interval(rng.randrange(-50, 50), rng.randrange(-40, 40), rng.randrange(-(10**11), 10**11)),
+                "b": rng.randbytes(rng.randrange(0, 9)),
+                "f4": [1.1, float("nan"), float("inf"), -2.5e-7][i % 4],
+                "f8": [float("-inf"), 0.1 + 0.2, 1e300, -0.0][i % 4],
+                "ok": i % 2 == 0,
+                "tags": ["a", None, "c"] if i % 3 else [],
+            }
+        )
     return rows
 
 
@@ -129,9 +127,19 @@ def test_every_value_the_serializer_writes_decodes_to_the_same_value(spark: Any)
     decoded = (
         encoded.select(
             *[decode(F.col(s.name), s, Encoding()).alias(s.name) for _, s in COLUMNS],
-            *[failed(F.col(s.name), decode(F.col(s.name), s, Encoding()), s).alias(f"failed_{s.name}") for _, s in COLUMNS],
+            *[
+                failed(F.col(s.name), decode(F.col(s.name), s, Encoding()), s).alias(f"failed_{s.name}")
+                for _, s in COLUMNS
+            ],
         )
-        .select("*", *[F.unix_micros(s.name).alias(f"us_{s.name}") for _, s in COLUMNS if s.kind in (Kind.TIMESTAMP, Kind.TIMESTAMPTZ)])
+        .select(
+            "*",
+            *[
+                F.unix_micros(s.name).alias(f"us_{s.name}")
+                for _, s in COLUMNS
+                if s.kind in (Kind.TIMESTAMP, Kind.TIMESTAMPTZ)
+            ],
+        )
         .orderBy("id")
         .collect()
     )
@@ -152,9 +160,18 @@ def test_every_value_the_serializer_writes_decodes_to_the_same_value(spark: Any)
 
 def test_values_that_do_not_convert_are_flagged_not_dropped(spark: Any) -> None:
     shapes = {s.name: s for _, s in COLUMNS}
-    bad = {"n10": '{"x":1}', "d": "2147483647", "tz": "infinity", "id": "twelve", "b": "@@@", "ts6": "-9223372036832400000"}
+    bad = {
+        "n10": '{"x":1}',
+        "d": "2147483647",
+        "tz": "infinity",
+        "id": "twelve",
+        "b": "@@@",
+        "ts6": "-9223372036832400000",
+    }
     df = spark.createDataFrame([tuple(bad.values())], ", ".join(f"{n} string" for n in bad))
-    flags = df.select(*[failed(F.col(n), decode(F.col(n), shapes[n], Encoding()), shapes[n]).alias(n) for n in bad]).first()
+    flags = df.select(
+        *[failed(F.col(n), decode(F.col(n), shapes[n], Encoding()), shapes[n]).alias(n) for n in bad]
+    ).first()
 
     assert flags is not None
     assert all(flags[n] for n in bad), flags
@@ -189,15 +206,23 @@ def test_position_headers_absent_fall_back_to_the_envelope_and_malformed_make_th
     fit a long), and no ordinal (``kafka.position_headers: false``: placed by its LSN within its commit). One
     whose header is not an integer is a bad record naming the header, not a guessed position."""
     value = json.dumps({"op": "c", "after": {"id": 1}, "source": {"lsn": 300, "ts_ms": 1}}).encode()
-    sequenced = json.dumps({"op": "c", "after": {"id": 1}, "source": {"lsn": 300, "ts_ms": 1, "sequence": '["250","300"]'}})
-    too_big = json.dumps({"op": "c", "after": {"id": 1}, "source": {"lsn": 300, "ts_ms": 1, "sequence": f'["{10**19}","300"]'}})
+    sequenced = json.dumps(
+        {"op": "c", "after": {"id": 1}, "source": {"lsn": 300, "ts_ms": 1, "sequence": '["250","300"]'}}
+    )
+    too_big = json.dumps(
+        {"op": "c", "after": {"id": 1}, "source": {"lsn": 300, "ts_ms": 1, "sequence": f'["{10**19}","300"]'}}
+    )
     good = [("cdc.lsn", b"200"), ("cdc.commit_lsn", b"150"), ("cdc.ordinal", b"3")]
     raw = spark.createDataFrame(
-        [(b'{"id":1}', value, "p.public.t", 0, 0, good), (b'{"id":2}', value, "p.public.t", 0, 1, []),
-         (b'{"id":3}', value, "p.public.t", 0, 2, [("cdc.lsn", b"abc")]),
-         (b'{"id":4}', sequenced.encode(), "p.public.t", 0, 3, []), (b'{"id":5}', too_big.encode(), "p.public.t", 0, 4, [])],
+        [
+            (b'{"id":1}', value, "p.public.t", 0, 0, good),
+            (b'{"id":2}', value, "p.public.t", 0, 1, []),
+            (b'{"id":3}', value, "p.public.t", 0, 2, [("cdc.lsn", b"abc")]),
+            (b'{"id":4}', sequenced.encode(), "p.public.t", 0, 3, []),
+            (b'{"id":5}', too_big.encode(), "p.public.t", 0, 4, []),
+        ],
         "key binary, value binary, topic string, partition int, offset long, headers array<struct<key:string,value:binary>>",
-    )  # fmt: skip
+    )
     got = {r["offset"]: r for r in envelopes(raw, Encoding()).collect()}
 
     assert (got[0]["record"], got[0]["lsn"], got[0]["commit_lsn"], got[0]["ordinal"]) == ("row", 200, 150, 3)

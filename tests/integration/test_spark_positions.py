@@ -23,13 +23,18 @@ import psycopg
 import pytest
 
 from cdc import dev
+from cdc_views import jobs
+from cdc_views.reader import KafkaSource
+from cdc_views.verify import verify
 from tests.support.connector import Connector, write_config
-from tests.support.spark import SHOP_SCHEMA, SHOP_TABLES, SHOP_WORKLOAD, CapturedDatabase, captured_database, delete_topics
-from tests.support.spark import spark  # noqa: F401 - the session-wide SparkSession fixture
-
-from cdc_views import jobs  # noqa: E402 - tests.support.spark put spark/ on sys.path
-from cdc_views.reader import KafkaSource  # noqa: E402
-from cdc_views.verify import verify  # noqa: E402
+from tests.support.spark import (
+    SHOP_SCHEMA,
+    SHOP_TABLES,
+    SHOP_WORKLOAD,
+    CapturedDatabase,
+    captured_database,
+    delete_topics,
+)
 
 pytestmark = [
     pytest.mark.integration,
@@ -53,7 +58,8 @@ def wait_confirmed(dsn: str, slot: str) -> None:
         assert end is not None
         for _ in range(300):
             row = conn.execute(
-                "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s", (end[0], slot)
+                "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                (end[0], slot),
             ).fetchone()
             if row and row[0]:
                 return
@@ -65,7 +71,9 @@ def twin_shops(services: dev.Endpoints, work: Path, stack: ExitStack) -> tuple[C
     """The shop captured without position headers (the default); the topic prefix of a second connector
     with them, started before the workload."""
     name = f"spark_pos_{secrets.token_hex(3)}"
-    shop = stack.enter_context(captured_database(services, work, name, [SHOP_SCHEMA], SHOP_TABLES, kafka={"partitions": 3}))
+    shop = stack.enter_context(
+        captured_database(services, work, name, [SHOP_SCHEMA], SHOP_TABLES, kafka={"partitions": 3})
+    )
     twin = f"{name}_h"
     config = write_config(
         work / "twin.yaml",
@@ -85,7 +93,9 @@ def twin_shops(services: dev.Endpoints, work: Path, stack: ExitStack) -> tuple[C
 
 def _drop_slot(dsn: str, slot: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        conn.execute(
+            "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+        )
 
 
 @pytest.fixture
@@ -101,7 +111,9 @@ def shops(services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory) -> 
         yield shop, twin
 
 
-def test_a_rebuild_without_position_headers_is_the_rebuild_with_them(spark: Any, shops: tuple[CapturedDatabase, str], tmp_path: Path) -> None:
+def test_a_rebuild_without_position_headers_is_the_rebuild_with_them(
+    spark: Any, shops: tuple[CapturedDatabase, str], tmp_path: Path
+) -> None:
     shop, twin = shops
     plain = shop.job(tmp_path / "plain")
     headed = jobs.JobConfig(KafkaSource(shop.bootstrap), twin, shop.shapes(), tmp_path / "headed")
@@ -122,5 +134,9 @@ def test_a_rebuild_without_position_headers_is_the_rebuild_with_them(spark: Any,
     with psycopg.connect(shop.dsn) as conn:
         prices = dict(conn.execute("SELECT sku, price::text FROM products WHERE sku IN ('SKU-A', 'SKU-B')").fetchall())
     assert prices == {"SKU-A": "12.340", "SKU-B": "5.678"}
-    rows = spark.read.format("delta").load(str(plain.warehouse / "tables" / "public.products")).where("sku IN ('SKU-A', 'SKU-B')")
+    rows = (
+        spark.read.format("delta")
+        .load(str(plain.warehouse / "tables" / "public.products"))
+        .where("sku IN ('SKU-A', 'SKU-B')")
+    )
     assert {r["sku"]: str(r["price"]) for r in rows.collect()} == prices  # each at its own scale, placed by LSN

@@ -24,17 +24,15 @@ from structlog.testing import capture_logs
 from cdc import dev
 from cdc.config import Config
 from cdc.declared import SparkSection
+from cdc_views import declared, jobs
+from cdc_views.reader import KafkaSource
+from cdc_views.tables import Encoding, TableShape
+from cdc_views.toast import UnresolvedPlaceholders
+from cdc_views.verify import verify
 from tests.support.spark import (
     CapturedDatabase,
     captured_database,
-    spark,  # noqa: F401 - the session-wide SparkSession fixture
 )
-
-from cdc_views import declared, jobs  # noqa: E402 - tests.support.spark put spark/ on sys.path
-from cdc_views.reader import KafkaSource  # noqa: E402
-from cdc_views.tables import Encoding, TableShape  # noqa: E402
-from cdc_views.toast import UnresolvedPlaceholders  # noqa: E402
-from cdc_views.verify import verify  # noqa: E402
 
 pytestmark = [
     pytest.mark.integration,
@@ -70,11 +68,20 @@ WORKLOAD = [
 ]
 MORE = ["UPDATE docs SET n = n + 10 WHERE id > 6", "UPDATE docs SET meta = meta || '{\"x\": 1}' WHERE id = 9"]
 
-DECLARED = SparkSection.model_validate({
-    "views": [{"name": "doc_sizes", "key": ["id"],
-               "sql": "SELECT id, n, body, meta, blob, tags, nums, length(body) AS body_length FROM public_docs"}],
-    "indexes": [{"name": "doc_search", "sql": "SELECT id, body FROM public_docs", "id": "id", "text": {"body": 1.0}}],
-})  # fmt: skip
+DECLARED = SparkSection.model_validate(
+    {
+        "views": [
+            {
+                "name": "doc_sizes",
+                "key": ["id"],
+                "sql": "SELECT id, n, body, meta, blob, tags, nums, length(body) AS body_length FROM public_docs",
+            }
+        ],
+        "indexes": [
+            {"name": "doc_search", "sql": "SELECT id, body FROM public_docs", "id": "id", "text": {"body": 1.0}}
+        ],
+    }
+)
 
 
 def placeholder_mode() -> dict[str, Any]:
@@ -86,8 +93,9 @@ def placeholder_mode() -> dict[str, Any]:
 def captured(services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CapturedDatabase]:
     name = f"toast_{secrets.token_hex(3)}"
     work = tmp_path_factory.mktemp("spark-toast")
-    with captured_database(services, work, name, SETUP, ["public.docs", "public.notes"], kafka={"partitions": 1},
-                           **placeholder_mode()) as db:  # fmt: skip
+    with captured_database(
+        services, work, name, SETUP, ["public.docs", "public.notes"], kafka={"partitions": 1}, **placeholder_mode()
+    ) as db:
         db.run(WORKLOAD)
         yield db
 
@@ -96,7 +104,9 @@ def records(bootstrap: str, topic: str) -> list[tuple[int, int, str, bytes | Non
     """(partition, offset, key, value) of every record now in the topic."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     partitions = admin.list_topics(topic, timeout=30).topics[topic].partitions
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{secrets.token_hex(4)}", "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"t-{secrets.token_hex(4)}", "enable.auto.commit": False}
+    )
     out: list[tuple[int, int, str, bytes | None]] = []
     try:
         for p in partitions:
@@ -117,7 +127,9 @@ def records(bootstrap: str, topic: str) -> list[tuple[int, int, str, bytes | Non
 
 def _cleanup_policy(admin: AdminClient, topic: str, policy: str) -> None:
     entry = ConfigEntry("cleanup.policy", policy, incremental_operation=AlterConfigOpType.SET)
-    for future in admin.incremental_alter_configs([ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[entry])]).values():
+    for future in admin.incremental_alter_configs(
+        [ConfigResource(ResourceType.TOPIC, topic, incremental_configs=[entry])]
+    ).values():
         future.result(timeout=60)
 
 
@@ -270,12 +282,20 @@ def other_format(
         "json_schemas": {"json": {"schemas_enable": True}},
     }[fmt]
     name = f"toast_{fmt}_{secrets.token_hex(3)}"
-    with captured_database(services, tmp_path_factory.mktemp("toast-" + fmt), name, SETUP, ["public.docs", "public.notes"],
-                           kafka={"partitions": 1}, **extra, **placeholder_mode()) as db:  # fmt: skip
+    with captured_database(
+        services,
+        tmp_path_factory.mktemp("toast-" + fmt),
+        name,
+        SETUP,
+        ["public.docs", "public.notes"],
+        kafka={"partitions": 1},
+        **extra,
+        **placeholder_mode(),
+    ) as db:
         db.run(WORKLOAD)
         registry = None
         if fmt == "avro":
-            from cdc.sink.registry import RegistrySettings  # noqa: PLC0415
+            from cdc.sink.registry import RegistrySettings
 
             registry = RegistrySettings(url=services.schema_registry_url)
         yield db, (Encoding(format="avro") if fmt == "avro" else Encoding(schemas_enable=True)), registry
@@ -299,5 +319,7 @@ def test_json_with_schemas_and_avro_fill_the_same_and_name_what_they_cannot(
     updates = sorted((p, o, k) for p, o, k, v in records(db.bootstrap, topic) if v and PLACEHOLDER.encode() in v)
     assert len(updates) == 3
     delete_records_before(db.bootstrap, topic, updates[0][1])
-    with pytest.raises(UnresolvedPlaceholders, match=rf"table public\.notes .*column 'body' partition 0 offset {updates[0][1]}"):
+    with pytest.raises(
+        UnresolvedPlaceholders, match=rf"table public\.notes .*column 'body' partition 0 offset {updates[0][1]}"
+    ):
         jobs.rebuild(spark, job(db, "public.notes", tmp_path / "new", encoding=encoding, registry=registry))

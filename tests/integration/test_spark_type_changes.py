@@ -16,16 +16,14 @@ from typing import Any
 import pytest
 
 from cdc import dev
+from cdc_views import jobs
+from cdc_views.reader import KafkaSource
+from cdc_views.tables import Encoding, read_shapes
+from cdc_views.verify import verify
 from tests.support.spark import (
     CapturedDatabase,
     captured_database,
-    spark,  # noqa: F401 - the session-wide SparkSession fixture
 )
-
-from cdc_views import jobs  # noqa: E402 - tests.support.spark put spark/ on sys.path
-from cdc_views.reader import KafkaSource  # noqa: E402
-from cdc_views.tables import Encoding, read_shapes  # noqa: E402
-from cdc_views.verify import verify  # noqa: E402
 
 pytestmark = [
     pytest.mark.integration,
@@ -72,20 +70,28 @@ def changed(
         shop.run(STEPS[1:])
         registry = None
         if fmt == "avro":
-            from cdc.sink.registry import RegistrySettings  # noqa: PLC0415
+            from cdc.sink.registry import RegistrySettings
 
             registry = RegistrySettings(url=services.schema_registry_url)
-        encoding = {"avro": Encoding(format="avro"), "json_schemas": Encoding(schemas_enable=True), "json": Encoding()}[fmt]
+        encoding = {"avro": Encoding(format="avro"), "json_schemas": Encoding(schemas_enable=True), "json": Encoding()}[
+            fmt
+        ]
         yield shop, encoding, registry
 
 
-def test_every_value_equals_the_database_after_type_changes(spark: Any, changed: tuple[CapturedDatabase, Encoding, Any], tmp_path: Path) -> None:
+def test_every_value_equals_the_database_after_type_changes(
+    spark: Any, changed: tuple[CapturedDatabase, Encoding, Any], tmp_path: Path
+) -> None:
     shop, encoding, registry = changed
     shapes = read_shapes(shop.dsn, TABLES)
-    cfg = jobs.JobConfig(KafkaSource(shop.bootstrap), shop.topic_prefix, shapes, tmp_path / "wh", encoding, registry=registry)
+    cfg = jobs.JobConfig(
+        KafkaSource(shop.bootstrap), shop.topic_prefix, shapes, tmp_path / "wh", encoding, registry=registry
+    )
     jobs.rebuild(spark, cfg, ["warehouse"])
     report = verify(shop.dsn, cfg.warehouse, shapes, spark=spark, encoding=encoding)
     assert report.ok, report.render()
-    rows = {r["id"]: r for r in spark.read.format("delta").load(str(cfg.warehouse / "tables" / "public.orders")).collect()}
+    rows = {
+        r["id"]: r for r in spark.read.format("delta").load(str(cfg.warehouse / "tables" / "public.orders")).collect()
+    }
     assert str(rows[10]["total"]) == "58.06" and rows[2]["qty"] == 5_000_000_000 and len(rows) == 41
     assert rows[8]["code"] == "now text, longer than twenty characters" and rows[4]["code"] == "a longer code 1"

@@ -52,14 +52,18 @@ def test_a_table_that_does_not_exist_is_named_and_nothing_is_created(
     assert c.stop() == 0
 
 
-def test_a_table_without_a_key_is_refused_with_the_fix(tmp_path, base, pg_dsn, slot_name, publication_name, topic_prefix, kafka_admin):
+def test_a_table_without_a_key_is_refused_with_the_fix(
+    tmp_path, base, pg_dsn, slot_name, publication_name, topic_prefix, kafka_admin
+):
     code, out = run_once(tmp_path, base(tables=["public.nokey"]))
     assert code == 1
     assert "has no primary key" in out and "REPLICA IDENTITY FULL" in out
     nothing_created(pg_dsn, slot_name, publication_name, kafka_admin, topic_prefix)
 
 
-def test_a_role_without_replication_is_told_to_grant_it(tmp_path, base, pg_dsn, slot_name, publication_name, topic_prefix, kafka_admin):
+def test_a_role_without_replication_is_told_to_grant_it(
+    tmp_path, base, pg_dsn, slot_name, publication_name, topic_prefix, kafka_admin
+):
     role = f"norepl_{slot_name[-8:]}"
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute(f"CREATE ROLE {role} LOGIN")
@@ -77,7 +81,9 @@ def test_a_role_without_replication_is_told_to_grant_it(tmp_path, base, pg_dsn, 
             conn.execute(f"DROP ROLE {role}")
 
 
-def test_an_unreachable_broker_is_named_and_no_slot_is_left(tmp_path, base, pg_dsn, slot_name, publication_name, topic_prefix):
+def test_an_unreachable_broker_is_named_and_no_slot_is_left(
+    tmp_path, base, pg_dsn, slot_name, publication_name, topic_prefix
+):
     code, out = run_once(tmp_path, base(kafka={"bootstrap_servers": "127.0.0.1:1"}))
     assert code == 1
     assert "cannot reach Kafka at 127.0.0.1:1" in out and "kafka.bootstrap_servers" in out
@@ -96,8 +102,12 @@ def test_malformed_yaml_exits_2_with_a_message(tmp_path):
 
 def test_validate_explains_errors_with_the_key_path(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("source:\n  dsn: postgresql://x@h/db\n  slot: s\ntables: [public.t]\nkafka: {bootstrap_servers: a:1, partitons: 3}\ntopic_prefix: p\n")
-    proc = subprocess.run([sys.executable, "-m", "cdc.cli", "validate", str(bad)], capture_output=True, text=True, timeout=60)
+    bad.write_text(
+        "source:\n  dsn: postgresql://x@h/db\n  slot: s\ntables: [public.t]\nkafka: {bootstrap_servers: a:1, partitons: 3}\ntopic_prefix: p\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "cdc.cli", "validate", str(bad)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2
     assert "source.publication: required key is missing" in proc.stderr
     assert "kafka.partitons: unknown key" in proc.stderr
@@ -174,7 +184,9 @@ def test_validate_refuses_what_run_refuses_with_the_same_message(
 ):
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE shipments (id int, day date, PRIMARY KEY (id, day)) PARTITION BY RANGE (day)")
-        conn.execute("CREATE TABLE shipments_2025 PARTITION OF shipments FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')")
+        conn.execute(
+            "CREATE TABLE shipments_2025 PARTITION OF shipments FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')"
+        )
     config = base(**VALIDATE_CASES[case])
     validate = subprocess.run(
         [sys.executable, "-m", "cdc.cli", "validate", str(config)], capture_output=True, text=True, timeout=120
@@ -190,12 +202,17 @@ def test_validate_refuses_what_run_refuses_with_the_same_message(
 
 def test_validate_passes_a_good_configuration_and_offline_checks_only_the_file(tmp_path, base, pg_dsn, slot_name):
     config = base()
-    good = subprocess.run([sys.executable, "-m", "cdc.cli", "validate", str(config)], capture_output=True, text=True, timeout=120)
+    good = subprocess.run(
+        [sys.executable, "-m", "cdc.cli", "validate", str(config)], capture_output=True, text=True, timeout=120
+    )
     assert good.returncode == 0, good.stderr
     assert "1 tables ready to capture" in good.stdout and "reachable" in good.stdout
     offline = base(source={"dsn": "host=127.0.0.1 port=1 dbname=x", "slot": slot_name, "publication": "p"})
     proc = subprocess.run(
-        [sys.executable, "-m", "cdc.cli", "validate", "--offline", str(offline)], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "cdc.cli", "validate", "--offline", str(offline)],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 0 and "were not checked" in proc.stdout, proc.stderr
 
@@ -208,18 +225,24 @@ def printed_fixes(out: str) -> list[str]:
     return re.findall(r"((?:CREATE|ALTER) PUBLICATION [^;]+;)", out)
 
 
-@pytest.mark.parametrize("situation", ["missing publication", "publication without via root", "publication missing a table"])
+@pytest.mark.parametrize(
+    "situation", ["missing publication", "publication without via root", "publication missing a table"]
+)
 def test_every_printed_fix_runs_as_printed_and_the_daemon_then_streams(
     tmp_path, services, pg_dsn, least_role, slot_name, publication_name, topic_prefix, consume_all, situation
 ):
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE shipments (id int, day date, PRIMARY KEY (id, day)) PARTITION BY RANGE (day)")
-        conn.execute("CREATE TABLE shipments_2025 PARTITION OF shipments FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')")
+        conn.execute(
+            "CREATE TABLE shipments_2025 PARTITION OF shipments FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')"
+        )
         conn.execute("CREATE TABLE customers (id int PRIMARY KEY, name text)")
         if situation == "publication without via root":
             conn.execute(f"CREATE PUBLICATION {publication_name} FOR TABLE shipments, customers")
         elif situation == "publication missing a table":
-            conn.execute(f"CREATE PUBLICATION {publication_name} FOR TABLE shipments WITH (publish_via_partition_root = true)")
+            conn.execute(
+                f"CREATE PUBLICATION {publication_name} FOR TABLE shipments WITH (publish_via_partition_root = true)"
+            )
     role_dsn = least_role(["public.shipments", "public.shipments_2025", "public.customers"])
     config = write_config(
         tmp_path / "cdc.yaml",
@@ -247,7 +270,10 @@ def test_every_printed_fix_runs_as_printed_and_the_daemon_then_streams(
             if len(got) >= 2:
                 break
             time.sleep(0.5)
-        assert sorted(m.topic() for m in got) == [f"{topic_prefix}.public.customers", f"{topic_prefix}.public.shipments"]
+        assert sorted(m.topic() for m in got) == [
+            f"{topic_prefix}.public.customers",
+            f"{topic_prefix}.public.shipments",
+        ]
     finally:
         assert c.stop() == 0, c.output()[-4000:]
 
@@ -262,10 +288,14 @@ def test_validate_refuses_declared_spark_views_that_cannot_be_built_naming_each(
                 {"name": "unknown", "sql": "SELECT * FROM public_orders", "key": ["id"]},
                 {"name": "broken", "sql": "SELECT id FROM (", "key": ["id"]},
             ],
-            "indexes": [{"name": "people", "sql": "SELECT id, name FROM public_customers", "id": "id", "text": {"nme": 1.0}}],
+            "indexes": [
+                {"name": "people", "sql": "SELECT id, name FROM public_customers", "id": "id", "text": {"nme": 1.0}}
+            ],
         }
     )
-    proc = subprocess.run([sys.executable, "-m", "cdc.cli", "validate", str(config)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cdc.cli", "validate", str(config)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 1, proc.stdout
     err = proc.stderr
     assert "view typo: Column 'nmae' could not be resolved" in err
@@ -284,12 +314,23 @@ def test_validate_names_each_table_whose_unchanged_toasted_values_are_not_sent_w
         conn.execute("CREATE TABLE full_docs (id int PRIMARY KEY, body text)")
         conn.execute("ALTER TABLE full_docs REPLICA IDENTITY FULL")
         conn.execute("CREATE TABLE counters (id int PRIMARY KEY, n int)")  # nothing TOASTable
-    config = base(tables=["public.customers", {"name": "public.docs", "toast": "placeholder"}, "public.full_docs", "public.counters"])
-    proc = subprocess.run([sys.executable, "-m", "cdc.cli", "validate", str(config)], capture_output=True, text=True, timeout=120)
+    config = base(
+        tables=[
+            "public.customers",
+            {"name": "public.docs", "toast": "placeholder"},
+            "public.full_docs",
+            "public.counters",
+        ]
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "cdc.cli", "validate", str(config)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     lines = [line for line in proc.stdout.splitlines() if "unchanged TOAST" in line]
     assert len(lines) == 2, proc.stdout  # not full_docs (FULL carries the values), not counters
     customers, docs = sorted(lines)
-    assert "public.customers: REPLICA IDENTITY DEFAULT, TOASTable columns name" in customers and "toast: fill" in customers
+    assert (
+        "public.customers: REPLICA IDENTITY DEFAULT, TOASTable columns name" in customers and "toast: fill" in customers
+    )
     assert "public.docs: REPLICA IDENTITY DEFAULT, TOASTable columns body;" in docs and "toast: placeholder" in docs
     assert all("ALTER TABLE public." in line and "REPLICA IDENTITY FULL;" in line and "WAL" in line for line in lines)

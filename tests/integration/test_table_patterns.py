@@ -21,7 +21,11 @@ pytestmark = pytest.mark.integration
 def make_config(tmp_path: Path, services: Any, dsn: str, slot: str, publication: str, prefix: str, **over: Any) -> Path:
     sections: dict[str, Any] = {
         "source": {"dsn": dsn, "slot": slot, "publication": publication},
-        "tables": ["public.customers", {"pattern": "public.order_*", "exclude_columns": ["note"]}, {"regex": r"public\.events"}],
+        "tables": [
+            "public.customers",
+            {"pattern": "public.order_*", "exclude_columns": ["note"]},
+            {"regex": r"public\.events"},
+        ],
         "kafka": {"bootstrap_servers": services.kafka_bootstrap},
         "topic_prefix": prefix,
         "status_interval_s": 1.0,
@@ -101,7 +105,10 @@ def test_patterns_expand_and_a_new_matching_table_is_snapshotted_and_streamed_af
         assert added["added"] == ["public.order_b"] and added["snapshot"] == ["public.order_b"], c.output()
         topic_b = f"{topic_prefix}.public.order_b"
         snapshot = values_until(consume_all, topic_b, 2)
-        assert sorted((v["op"], v["after"]["id"], v["after"]["total"]) for v in snapshot) == [("r", 1, 10), ("r", 2, 20)]
+        assert sorted((v["op"], v["after"]["id"], v["after"]["total"]) for v in snapshot) == [
+            ("r", 1, 10),
+            ("r", 2, 20),
+        ]
         with psycopg.connect(shop, autocommit=True) as conn:
             conn.execute("INSERT INTO order_b VALUES (3, 'z', 30)")
             conn.execute("UPDATE order_b SET total = 11 WHERE id = 1")
@@ -118,10 +125,15 @@ def test_a_new_matching_table_is_picked_up_by_the_periodic_rescan(
     tmp_path, services, shop, slot_name, publication_name, topic_prefix, consume_all
 ):
     cfg = make_config(
-        tmp_path, services, shop, slot_name, publication_name, topic_prefix,
+        tmp_path,
+        services,
+        shop,
+        slot_name,
+        publication_name,
+        topic_prefix,
         tables=[{"pattern": "public.order_*"}, {"pattern": "public.later_*", "allow_empty": True}],
         table_rescan_interval_s=0.5,
-    )  # fmt: skip
+    )
     c = Connector(cfg, tmp_path / "cdc.log").start()
     try:
         c.wait_streaming(shop, slot_name)
@@ -147,9 +159,14 @@ def test_a_pattern_matching_nothing_stops_the_start_naming_it_and_creates_nothin
     tmp_path, services, shop, slot_name, publication_name, topic_prefix, kafka_admin
 ):
     cfg = make_config(
-        tmp_path, services, shop, slot_name, publication_name, topic_prefix,
+        tmp_path,
+        services,
+        shop,
+        slot_name,
+        publication_name,
+        topic_prefix,
         tables=["public.customers", {"pattern": "public.invoice_*"}],
-    )  # fmt: skip
+    )
     c = Connector(cfg, tmp_path / "cdc.log").start()
     assert c.wait_exit(60) == 1
     fatal = [e for e in c.log_events() if e.get("event") == "fatal"]

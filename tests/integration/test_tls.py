@@ -13,7 +13,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -52,7 +51,9 @@ def tls_postgres(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str
     try:
         (dev_postgres.data_dir(state) / "pg_hba.conf").write_text(HBA)
         port = psycopg.conninfo.conninfo_to_dict(dsn)["port"]
-        secure = f"host=localhost port={port} dbname=postgres user=postgres sslmode=verify-full sslrootcert={files.ca_cert}"
+        secure = (
+            f"host=localhost port={port} dbname=postgres user=postgres sslmode=verify-full sslrootcert={files.ca_cert}"
+        )
         with psycopg.connect(secure, autocommit=True) as conn:
             conn.execute("SELECT pg_reload_conf()")
         yield secure, files
@@ -116,8 +117,11 @@ def test_the_connector_streams_over_verify_full_tls_and_produces_over_kafka_ssl(
         assert c.stop() == 0
     status = subprocess.run(
         [sys.executable, "-m", "cdc.cli", "status", "--config", str(cfg)],
-        capture_output=True, text=True, timeout=60, env={**os.environ, **env},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **env},
+    )
     assert status.returncode == 0, status.stderr
     assert "public.items" in status.stdout and "records 2" in status.stdout  # read over SSL too
     for text in (c.output(), status.stdout + status.stderr):
@@ -131,12 +135,15 @@ def test_a_wrong_ca_is_refused_naming_the_setting_and_nothing_is_created(tmp_pat
     other_ca = tls.ensure(tmp_path / "other-ca", common_name="someone else")
     cfg = write_config(
         tmp_path / "cdc.yaml",
-        source={"dsn": psycopg.conninfo.make_conninfo(secure, sslrootcert=str(other_ca.ca_cert)), "slot": "s_wrongca",
-                "publication": "p_wrongca"},
+        source={
+            "dsn": psycopg.conninfo.make_conninfo(secure, sslrootcert=str(other_ca.ca_cert)),
+            "slot": "s_wrongca",
+            "publication": "p_wrongca",
+        },
         tables=["public.items"],
         kafka={"bootstrap_servers": services.kafka_bootstrap},
         topic_prefix="wrongca",
-    )  # fmt: skip
+    )
     c = Connector(cfg, tmp_path / "cdc.log").start()
     assert c.wait_exit(60) == 1
     fatal = [e for e in c.log_events() if e.get("event") == "fatal"]

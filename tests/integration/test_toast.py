@@ -88,9 +88,18 @@ def registry_of(services: Any, services_mode: str, topic_prefix: str) -> Iterato
 
 
 def config(
-    tmp_path: Path, services: Any, dsn: str, slot: str, publication: str, prefix: str, *,
-    fmt: str = "json", registry_url: str | None = None, tables: list[Any] | None = None, **extra: Any,
-) -> Path:  # fmt: skip
+    tmp_path: Path,
+    services: Any,
+    dsn: str,
+    slot: str,
+    publication: str,
+    prefix: str,
+    *,
+    fmt: str = "json",
+    registry_url: str | None = None,
+    tables: list[Any] | None = None,
+    **extra: Any,
+) -> Path:
     sections: dict[str, Any] = {
         "source": {"dsn": dsn, "slot": slot, "publication": publication},
         "tables": tables or ["public.docs"],
@@ -162,7 +171,15 @@ def test_after_forced_compaction_the_replay_equals_the_table_and_no_record_holds
     # The daemon creates the topic with the broker's cleaner defaults: nothing is compacted until
     # set_fast_compaction below, so the first read holds every record the workload made.
     cfg = config(
-        tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix, fmt=fmt, registry_url=registry_of(fmt), **extra
+        tmp_path,
+        services,
+        pg_dsn,
+        slot_name,
+        publication_name,
+        topic_prefix,
+        fmt=fmt,
+        registry_url=registry_of(fmt),
+        **extra,
     )
     c = Connector(cfg, tmp_path / "cdc.log").start()
     try:
@@ -224,15 +241,23 @@ def test_after_forced_compaction_the_replay_equals_the_table_and_no_record_holds
             for key in (1, 5, 6, 7):
                 for _, op, _, after in keyed[key]:
                     if after is not None:
-                        assert {col: parsed(after)[col] for col in BIG} == {col: originals[key][col] for col in BIG}, (key, op)
+                        assert {col: parsed(after)[col] for col in BIG} == {col: originals[key][col] for col in BIG}, (
+                            key,
+                            op,
+                        )
             for _, _, _, after in keyed[103]:
                 assert {col: parsed(after)[col] for col in BIG} == {col: originals[3][col] for col in BIG}
             assert [after["body"] for _, _, _, after in keyed[2]][-1] == body2
-            assert parsed(keyed[2][-1][3])["doc"] == originals[2]["doc"] and keyed[2][-1][3]["blob"] == originals[2]["blob"]
+            assert (
+                parsed(keyed[2][-1][3])["doc"] == originals[2]["doc"]
+                and keyed[2][-1][3]["blob"] == originals[2]["blob"]
+            )
             assert keyed[4][-1][3]["blob"] == blob4 and keyed[4][-1][3]["body"] == originals[4]["body"]
             if identity == "FULL":
                 # the old row in every update: the values come from it, nothing is read again
-                assert all(before is not None and not placeholders(before) for _, op, before, _ in uncompacted if op == "u")
+                assert all(
+                    before is not None and not placeholders(before) for _, op, before, _ in uncompacted if op == "u"
+                )
                 assert not metric(first_metrics, "cdc_toast_fill_queries_total", table="public.docs")
             else:
                 # values filled before the stop: 3 updates x 8 rows x 3 columns, row 5's update 3, rows 2 and 4
@@ -281,8 +306,10 @@ def test_after_forced_compaction_the_replay_equals_the_table_and_no_record_holds
     assert set(table) == {1, 2, 4, 5, 8, 103}
     state = replay(compacted)
     assert differences(state, table) == [], f"{identity} {fmt}: the compacted topic's replay is not the table"
-    print(f"{identity} {fmt}: {len(uncompacted)} records before compaction, {len(compacted)} after; "
-          f"{len(state)} rows replayed, {len(table)} in the table, equal column for column")  # fmt: skip
+    print(
+        f"{identity} {fmt}: {len(uncompacted)} records before compaction, {len(compacted)} after; "
+        f"{len(state)} rows replayed, {len(table)} in the table, equal column for column"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- 3
@@ -290,10 +317,13 @@ def test_after_forced_compaction_the_replay_equals_the_table_and_no_record_holds
 
 @pytest.mark.parametrize(
     ("toast", "fmt"),
-    [({"mode": "placeholder"}, "json"), ({"mode": "placeholder", "placeholder": "<unavailable>"}, "json"),
-     ({"mode": "placeholder"}, "avro")],
+    [
+        ({"mode": "placeholder"}, "json"),
+        ({"mode": "placeholder", "placeholder": "<unavailable>"}, "json"),
+        ({"mode": "placeholder"}, "avro"),
+    ],
     ids=["debezium-placeholder-json", "configured-placeholder-json", "debezium-placeholder-avro"],
-)  # fmt: skip
+)
 def test_placeholder_mode_writes_debeziums_bytes(
     toast, fmt, tmp_path, services, registry_of, pg_dsn, slot_name, publication_name, topic_prefix, consume_all
 ):
@@ -304,7 +334,9 @@ def test_placeholder_mode_writes_debeziums_bytes(
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         create_docs(conn)
     url = registry_of(fmt)
-    cfg = config(tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix, fmt=fmt, registry_url=url, toast=toast)
+    cfg = config(
+        tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix, fmt=fmt, registry_url=url, toast=toast
+    )
     c = Connector(cfg, tmp_path / "cdc.log").start()
     try:
         c.wait_streaming(pg_dsn, slot_name)
@@ -366,8 +398,12 @@ def test_a_table_set_to_placeholder_keeps_debeziums_bytes_beside_a_table_filled_
     docs_update = json.loads(docs_msgs[-1].value())
     assert docs_update["op"] == "u"
     assert docs_update["after"] == {
-        "id": 1, "n": 7, "body": PLACEHOLDER, "doc": PLACEHOLDER, "blob": base64.b64encode(PLACEHOLDER.encode()).decode(),
-    }  # fmt: skip
+        "id": 1,
+        "n": 7,
+        "body": PLACEHOLDER,
+        "doc": PLACEHOLDER,
+        "blob": base64.b64encode(PLACEHOLDER.encode()).decode(),
+    }
     reader = Reader("json")
     notes_records = reader.records(notes_msgs)
     assert ops(notes_records) == ["c", "u"]
@@ -409,7 +445,9 @@ class FillWorkload(threading.Thread):
                             )
                         else:
                             for _ in range(rng.randint(1, 4)):
-                                conn.execute("UPDATE docs SET n = n + 1 WHERE id = %s", (rng.randrange(1, self.next_id),))
+                                conn.execute(
+                                    "UPDATE docs SET n = n + 1 WHERE id = %s", (rng.randrange(1, self.next_id),)
+                                )
                     self.transactions += 1
                     time.sleep(0.03)
         except BaseException as e:  # reported by the test, never swallowed
@@ -440,7 +478,14 @@ def test_sigkill_during_a_fill_heavy_workload_and_a_restart_leave_no_placeholder
     if mode == "exactly_once":
         delivery["offsets_topic"] = f"{topic_prefix}.__offsets"
     cfg = config(
-        tmp_path, services, pg_dsn, slot_name, publication_name, topic_prefix, kafka={"partitions": 2}, delivery=delivery
+        tmp_path,
+        services,
+        pg_dsn,
+        slot_name,
+        publication_name,
+        topic_prefix,
+        kafka={"partitions": 2},
+        delivery=delivery,
     )
     first = Connector(cfg, tmp_path / "first.log").start()
     first.wait_streaming(pg_dsn, slot_name)

@@ -88,7 +88,9 @@ def test_composite_keys_many_at_once_and_a_missing_row_is_absent(pg_dsn: str) ->
         )
         ts = BUILTIN_TYPES[1184]
         schema = TableSchema(
-            "public", "t", (Column("a", BUILTIN_TYPES[23], key=True), Column("b", ts, key=True), Column("body", BUILTIN_TYPES[25]))
+            "public",
+            "t",
+            (Column("a", BUILTIN_TYPES[23], key=True), Column("b", ts, key=True), Column("body", BUILTIN_TYPES[25])),
         )
     epoch = 1_622_505_600_000_000  # 2021-06-01 00:00:00 UTC in microseconds
     keys = [(g, epoch + g * 1_000_000) for g in range(1, 302)]  # 301 does not exist
@@ -116,7 +118,9 @@ def test_a_key_type_the_fill_cannot_query_is_refused_naming_the_table_and_the_fi
 
 
 def test_a_dropped_table_reads_as_rows_gone(pg_dsn: str) -> None:
-    schema = TableSchema("public", "gone", (Column("k", BUILTIN_TYPES[23], key=True), Column("body", BUILTIN_TYPES[25])))
+    schema = TableSchema(
+        "public", "gone", (Column("k", BUILTIN_TYPES[23], key=True), Column("body", BUILTIN_TYPES[25]))
+    )
     reader = SourceReader(pg_dsn, session_setup)
     try:
         assert reader.read(schema, ["body"], [(1,)], 0, []) == {}

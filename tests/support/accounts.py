@@ -12,8 +12,17 @@ def numeric_typmod(precision: int, scale: int) -> int:
     return ((precision << 16) | scale) + 4
 
 
-COLUMNS = ((1, "id", 20, -1), (0, 'we%ird "name', 25, -1), (0, "amount", 1700, numeric_typmod(12, 2)), (0, "f", 701, -1))
-TABLES = {"public.accounts": TableInfo("public", "accounts", 16384, "d", ("id",), ("id", 'we%ird "name', "amount", "f"), frozenset({"id"}))}
+COLUMNS = (
+    (1, "id", 20, -1),
+    (0, 'we%ird "name', 25, -1),
+    (0, "amount", 1700, numeric_typmod(12, 2)),
+    (0, "f", 701, -1),
+)
+TABLES = {
+    "public.accounts": TableInfo(
+        "public", "accounts", 16384, "d", ("id",), ("id", 'we%ird "name', "amount", "f"), frozenset({"id"})
+    )
+}
 
 
 def feed(decoder: ChangeDecoder, *payloads: bytes) -> list[ChangeEvent]:

@@ -115,9 +115,11 @@ class DecoderSession:
                 if isinstance(event, MessageEvent) and event.prefix == MARKER and event.content == marker.encode():
                     begin = i - 1
                     assert isinstance(out[begin], TxBegin), out[begin]
-                    end = next(j for j in range(i, len(out)) if isinstance(out[j], TxCommit)) if any(
-                        isinstance(e, TxCommit) for e in out[i:]
-                    ) else None
+                    end = (
+                        next(j for j in range(i, len(out)) if isinstance(out[j], TxCommit))
+                        if any(isinstance(e, TxCommit) for e in out[i:])
+                        else None
+                    )
                     if end is not None:
                         self._pending = out[end + 1 :]
                         return out[:begin]

@@ -14,8 +14,15 @@ from tests.support.pgoutput import begin, commit, delete, insert, tuple_data, up
 
 
 def account(i: int, name: bytes | None = b"ann", amount: bytes | None = b"12.50", note: Any = b"n") -> bytes:
-    return tuple_data(str(i).encode(), name, amount, b"2026-11-27 10:11:12.345678+00",
-                      b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", b'{"k": [1, "x"]}', note)  # fmt: skip
+    return tuple_data(
+        str(i).encode(),
+        name,
+        amount,
+        b"2026-11-27 10:11:12.345678+00",
+        b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+        b'{"k": [1, "x"]}',
+        note,
+    )
 
 
 def two_transactions() -> list[tuple[bytes, int]]:
@@ -36,8 +43,14 @@ def two_transactions() -> list[tuple[bytes, int]]:
         (update(16384, account(1, amount=b"-0.01")), 0x201),  # no old row
         (update(16384, account(1, note=UNCHANGED)), 0x202),  # an unchanged TOASTed value
         (update(16384, account(9), key=tuple_data(b"1", None, None, None, None, None, None)), 0x203),  # key change
-        (update(16385, tuple_data(b"10", b"pen", b"4"), old=tuple_data(b"10", b"pen", b"3")), 0x204),  # old row, same key
-        (update(16385, tuple_data(b"11", b"pen", b"4"), old=tuple_data(b"10", b"pen", b"4")), 0x205),  # old row, key change
+        (
+            update(16385, tuple_data(b"10", b"pen", b"4"), old=tuple_data(b"10", b"pen", b"3")),
+            0x204,
+        ),  # old row, same key
+        (
+            update(16385, tuple_data(b"11", b"pen", b"4"), old=tuple_data(b"10", b"pen", b"4")),
+            0x205,
+        ),  # old row, key change
         (update(16385, tuple_data(b"11", b"ink", b"5"), old=tuple_data(b"11", None, b"4")), 0x206),
         (update(16386, tuple_data(b"1", b"x", b"f")), 0x207),
         (delete(16384, key=tuple_data(b"2", None, None, None, None, None, None)), 0x208),  # key only

@@ -108,7 +108,9 @@ def running(work: Path, targets: list[str], *, interval: str = "1s") -> Iterator
                     break
             except (urllib.error.URLError, OSError):
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"prometheus did not start:\n{(work / 'prometheus.log').read_text()}") from None
+                    raise AssertionError(
+                        f"prometheus did not start:\n{(work / 'prometheus.log').read_text()}"
+                    ) from None
                 time.sleep(0.2)
         yield prom
     finally:

@@ -27,10 +27,16 @@ def least_role(pg_dsn: str, test_id: str) -> Iterator[LeastRole]:
         nonlocal created
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             if not created:
-                conn.execute(sql.SQL("CREATE ROLE {} LOGIN REPLICATION PASSWORD {}").format(
-                    sql.Identifier(name), sql.Literal(password)))  # fmt: skip
-                conn.execute(sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
-                    sql.Identifier(conn.info.dbname), sql.Identifier(name)))  # fmt: skip
+                conn.execute(
+                    sql.SQL("CREATE ROLE {} LOGIN REPLICATION PASSWORD {}").format(
+                        sql.Identifier(name), sql.Literal(password)
+                    )
+                )
+                conn.execute(
+                    sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+                        sql.Identifier(conn.info.dbname), sql.Identifier(name)
+                    )
+                )
                 conn.execute(sql.SQL("GRANT USAGE ON SCHEMA public TO {}").format(sql.Identifier(name)))
                 created = True
             grant_select(conn, name, tables)
@@ -42,9 +48,7 @@ def least_role(pg_dsn: str, test_id: str) -> Iterator[LeastRole]:
     if created:
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
-            conn.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,)
-            )
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(name)))
 
@@ -53,4 +57,6 @@ def grant_select(conn: psycopg.Connection[tuple[object, ...]], role: str, tables
     """As the owner: what the docs say to grant for one more captured table."""
     for table in tables:
         schema, _, name = table.rpartition(".")
-        conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(schema or "public", name), sql.Identifier(role)))
+        conn.execute(
+            sql.SQL("GRANT SELECT ON {} TO {}").format(sql.Identifier(schema or "public", name), sql.Identifier(role))
+        )

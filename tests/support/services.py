@@ -53,8 +53,8 @@ def _docker_answers() -> bool:
     if not host and not Path("/var/run/docker.sock").exists():
         return False
     try:
-        import docker  # type: ignore[import-untyped]  # noqa: PLC0415 - optional, only to probe
-        from docker.errors import DockerException  # type: ignore[import-untyped]  # noqa: PLC0415
+        import docker  # type: ignore[import-untyped]
+        from docker.errors import DockerException  # type: ignore[import-untyped]
     except ImportError:
         return False
     with warnings.catch_warnings():
@@ -88,11 +88,11 @@ def _test_state_dir() -> Path:
 
 def _docker_services(stack: ExitStack) -> dev.Endpoints:
     try:
-        from testcontainers.community.kafka import KafkaContainer  # noqa: PLC0415
-        from testcontainers.community.postgres import PostgresContainer  # noqa: PLC0415
+        from testcontainers.community.kafka import KafkaContainer
+        from testcontainers.community.postgres import PostgresContainer
     except ImportError:  # testcontainers before the community/ split
-        from testcontainers.kafka import KafkaContainer  # noqa: PLC0415
-        from testcontainers.postgres import PostgresContainer  # noqa: PLC0415
+        from testcontainers.kafka import KafkaContainer
+        from testcontainers.postgres import PostgresContainer
 
     pg = PostgresContainer("postgres:15", username="postgres", password="postgres", dbname="postgres", driver=None)
     pg.with_command(

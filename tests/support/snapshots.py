@@ -43,7 +43,9 @@ class SnapshotPipeline(Daemon):
         return self.components.snapshot_plan if self.components is not None else None
 
 
-def make_config(services: Any, dsn: str, slot: str, publication: str, prefix: str, tables: list[Any], **extra: Any) -> Config:
+def make_config(
+    services: Any, dsn: str, slot: str, publication: str, prefix: str, tables: list[Any], **extra: Any
+) -> Config:
     kafka = {"bootstrap_servers": services.kafka_bootstrap, "partitions": 3}
     kafka.update(extra.pop("kafka", {}))
     return Config(
@@ -68,7 +70,7 @@ class Running:
     def _run(self) -> None:
         try:
             self.pipeline.run()
-        except BaseException as e:  # noqa: BLE001 - handed to the test thread, which re-raises it
+        except BaseException as e:
             self.pipeline.failure = e
 
     def __enter__(self) -> Running:
@@ -88,7 +90,9 @@ class Running:
             raise self.pipeline.failure
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str, check: Callable[[], None] | None = None) -> None:
+def wait_until(
+    predicate: Callable[[], bool], timeout: float, what: str, check: Callable[[], None] | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if check is not None:
@@ -101,7 +105,9 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, check: 
 _Seen = TypeVar("_Seen")
 
 
-def freeze_when(pid: int, read: Callable[[], _Seen], ready: Callable[[_Seen], bool], timeout: float, what: str) -> _Seen:
+def freeze_when(
+    pid: int, read: Callable[[], _Seen], ready: Callable[[_Seen], bool], timeout: float, what: str
+) -> _Seen:
     """Stop process ``pid`` (SIGSTOP) at the first reading that is ``ready`` and return that reading; the
     process stays stopped (kill it, or SIGCONT it).
 
@@ -124,7 +130,8 @@ def freeze_when(pid: int, read: Callable[[], _Seen], ready: Callable[[_Seen], bo
 def slot_confirmed_past(dsn: str, slot: str, lsn: str) -> bool:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT confirmed_flush_lsn >= %s::pg_lsn, active FROM pg_replication_slots WHERE slot_name = %s", (lsn, slot)
+            "SELECT confirmed_flush_lsn >= %s::pg_lsn, active FROM pg_replication_slots WHERE slot_name = %s",
+            (lsn, slot),
         ).fetchone()
     return bool(row and row[0])
 
@@ -174,7 +181,7 @@ class Workload:
                     self.ops += 1
                     if self.pause_s:
                         time.sleep(self.pause_s)
-        except BaseException as e:  # noqa: BLE001 - re-raised by stop()
+        except BaseException as e:
             self.error = e
 
     def _one(self, conn: psycopg.Connection[Any]) -> None:
@@ -207,7 +214,7 @@ class Workload:
                 self.next_id += 1
                 conn.execute("INSERT INTO events VALUES (%s, 0)", (f"n{self.next_id}",))
         else:
-            conn.execute("UPDATE t SET note = %s WHERE id = %s", ("note\t\\ \"quoted\"\n", i))
+            conn.execute("UPDATE t SET note = %s WHERE id = %s", ('note\t\\ "quoted"\n', i))
 
 
 SCHEMA = """
@@ -258,11 +265,13 @@ def table_rows(dsn: str, query: str, key_columns: tuple[str, ...]) -> dict[bytes
     with psycopg.connect(dsn, autocommit=True) as conn:
         cur = conn.execute(query)
         names = [d.name for d in cur.description or ()]
-        rows = [dict(zip(names, r)) for r in cur.fetchall()]
+        rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
     return {json.dumps({k: r[k] for k in key_columns}, separators=(",", ":")).encode(): r for r in rows}
 
 
-def assert_topic_equals_table(consume_all: Any, topic: str, dsn: str, query: str, key: tuple[str, ...] = ("id",)) -> int:
+def assert_topic_equals_table(
+    consume_all: Any, topic: str, dsn: str, query: str, key: tuple[str, ...] = ("id",)
+) -> int:
     state = replay(consume_all([topic], timeout=60.0))
     expected = table_rows(dsn, query, key)
     after = {k: v["after"] for k, v in state.items()}

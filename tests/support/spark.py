@@ -3,7 +3,7 @@ connector (module-wide: starting one per test would double their runtime), and t
 workload and declared view and search index (docs/examples/shop-spark.yaml, what `make demo` builds). The jobs' package (spark/cdc_views) goes on sys.path here; without pyspark the importing
 module is skipped.
 
-A test module takes the SparkSession fixture by importing it: ``from tests.support.spark import spark``.
+A test module takes the SparkSession as the ``spark`` fixture (tests/integration/conftest.py).
 """
 
 from __future__ import annotations
@@ -28,17 +28,16 @@ from tests.support.connector import Connector, write_config
 pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[spark]')")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "spark"))
 
-from cdc_views import jobs  # noqa: E402
-from cdc_views.reader import KafkaSource  # noqa: E402
-from cdc_views.session import build_session  # noqa: E402
-from cdc_views.tables import TableShape, read_shapes  # noqa: E402
+from cdc_views import jobs
+from cdc_views.reader import KafkaSource
+from cdc_views.session import build_session
+from cdc_views.tables import TableShape, read_shapes
 
 
-@pytest.fixture(scope="session")
-def spark() -> Any:
-    # Sized for the tests' few hundred records: one shuffle partition and one Delta snapshot partition
-    # (fewer tasks per stage; ~10% off the two slowest tests, 2026-11-22).
-    session = build_session(
+def test_session() -> Any:
+    """The SparkSession the Spark tests share (tests/integration/conftest.py's ``spark`` fixture): sized for
+    a few hundred records, one shuffle partition and one Delta snapshot partition (fewer tasks per stage)."""
+    return build_session(
         "cdc-tests",
         master="local[2]",
         shuffle_partitions=1,
@@ -46,8 +45,6 @@ def spark() -> Any:
         quick_start=True,
         conf={"spark.databricks.delta.snapshotPartitions": "1"},
     )
-    yield session
-    session.stop()
 
 
 @dataclass
@@ -128,7 +125,9 @@ def captured_database(
         if connector is not None:
             connector.stop()
         with psycopg.connect(services.postgres_dsn, autocommit=True) as admin:
-            admin.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (name,))
+            admin.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (name,)
+            )
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         delete_topics(services.kafka_bootstrap, name)
 
@@ -201,5 +200,6 @@ def assert_shop_matches(report: Any) -> None:
     """Every shop table, the declared view and the declared index were compared, and all match."""
     assert report.ok, report.render()
     assert [c.name for c in report.checks] == [f"table {t}" for t in SHOP_TABLES] + [
-        "view orders_enriched", "index shop_search"
+        "view orders_enriched",
+        "index shop_search",
     ]

@@ -73,7 +73,9 @@ def assert_out_of_line(conn: psycopg.Connection[Any], table: str = "docs") -> No
         assert all(s is None or s > 8000 for s in sizes) and any(s is not None for s in sizes), (
             f"row {row[0]}: stored sizes {sizes}: not out of line"
         )
-        assert methods == (None, None, None), f"row {row[0]}: compressed ({methods}): the test needs incompressible values"
+        assert methods == (None, None, None), (
+            f"row {row[0]}: compressed ({methods}): the test needs incompressible values"
+        )
 
 
 def table_rows(conn: psycopg.Connection[Any], table: str = "docs") -> dict[int, dict[str, Any]]:
@@ -115,7 +117,9 @@ class Reader:
             blob = base64.b64decode(blob)
         return {"id": image["id"], "n": image["n"], "body": image["body"], "doc": image["doc"], "blob": blob}
 
-    def records(self, messages: Iterable[Any]) -> list[tuple[int, str | None, dict[str, Any] | None, dict[str, Any] | None]]:
+    def records(
+        self, messages: Iterable[Any]
+    ) -> list[tuple[int, str | None, dict[str, Any] | None, dict[str, Any] | None]]:
         """(key id, op or None for a tombstone, before row, after row) of each record, in log order."""
         out = []
         for m in messages:
@@ -179,7 +183,9 @@ def set_fast_compaction(bootstrap: str, topic: str) -> None:
     resource = ConfigResource(
         ConfigResource.Type.TOPIC,
         topic,
-        incremental_configs=[ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in FAST_COMPACTION.items()],
+        incremental_configs=[
+            ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET) for k, v in FAST_COMPACTION.items()
+        ],
     )
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(timeout=30)

@@ -73,9 +73,13 @@ def settings(**options: Any) -> dict[str, Any]:
     return {"topic_prefix": "dbserver1", "database": "inventory", "connector_version": "3.6.1.Final", **options}
 
 
-def avro(partitions: int = 3, registry: FakeRegistry | None = None, **options: Any) -> tuple[AvroSerializer, FakeRegistry]:
+def avro(
+    partitions: int = 3, registry: FakeRegistry | None = None, **options: Any
+) -> tuple[AvroSerializer, FakeRegistry]:
     registry = registry if registry is not None else FakeRegistry()
-    s = AvroSerializer(AvroSettings(**settings(**options)), lambda topic: partitions, registry, clock_ns=lambda: CLOCK_NS)
+    s = AvroSerializer(
+        AvroSettings(**settings(**options)), lambda topic: partitions, registry, clock_ns=lambda: CLOCK_NS
+    )
     return s, registry
 
 
@@ -83,7 +87,9 @@ def json_twin(partitions: int = 3, **options: Any) -> JsonSerializer:
     return JsonSerializer(JsonSettings(**settings(**options)), lambda topic: partitions, clock_ns=lambda: CLOCK_NS)
 
 
-def event(table: TableSchema, op: Op, before: dict[str, Any] | None, after: dict[str, Any] | None, **kw: Any) -> ChangeEvent:
+def event(
+    table: TableSchema, op: Op, before: dict[str, Any] | None, after: dict[str, Any] | None, **kw: Any
+) -> ChangeEvent:
     return ChangeEvent(op, table, before, after, Lsn(24023040), Lsn(24023128), kw.pop("xid", 771), 1, COMMIT_US, **kw)
 
 
@@ -238,7 +244,11 @@ def test_value_schema_is_debeziums_envelope_as_avrodata_writes_it() -> None:
     null, row = fields["before"]["type"]
     assert null == "null" and fields["before"]["default"] is None
     assert fields["after"] == {"name": "after", "type": ["null", "dbserver1.public.customers.Value"], "default": None}
-    assert (row["name"], row["namespace"], row["connect.name"]) == ("Value", "dbserver1.public.customers", "dbserver1.public.customers.Value")
+    assert (row["name"], row["namespace"], row["connect.name"]) == (
+        "Value",
+        "dbserver1.public.customers",
+        "dbserver1.public.customers.Value",
+    )
     assert "connect.version" not in row
     assert row["fields"] == [
         {"name": "id", "type": "int"},
@@ -261,21 +271,33 @@ def test_value_schema_is_debeziums_envelope_as_avrodata_writes_it() -> None:
         },
         {
             "name": "updated_at",
-            "type": ["null", {"type": "string", "connect.version": 1, "connect.name": "io.debezium.time.ZonedTimestamp"}],
+            "type": [
+                "null",
+                {"type": "string", "connect.version": 1, "connect.name": "io.debezium.time.ZonedTimestamp"},
+            ],
             "default": None,
         },
     ]
     assert fields["op"] == {"name": "op", "type": "string"}
     assert fields["ts_ms"] == {"name": "ts_ms", "type": ["null", "long"], "default": None}
     block = fields["transaction"]["type"][1]
-    assert (block["name"], block["namespace"], block["connect.version"], block["connect.name"]) == ("block", "event", 1, "event.block")
+    assert (block["name"], block["namespace"], block["connect.version"], block["connect.name"]) == (
+        "block",
+        "event",
+        1,
+        "event.block",
+    )
     assert [f["name"] for f in block["fields"]] == ["id", "total_order", "data_collection_order"]
 
 
 def test_source_record_keeps_the_snapshot_default_first_in_its_union() -> None:
     _, value = schemas(CUSTOMERS)
     source = value["fields"][2]["type"]
-    assert (source["name"], source["namespace"], source["connect.version"]) == ("Source", "io.debezium.connector.postgresql", 1)
+    assert (source["name"], source["namespace"], source["connect.version"]) == (
+        "Source",
+        "io.debezium.connector.postgresql",
+        1,
+    )
     fields = {f["name"]: f for f in source["fields"]}
     assert fields["snapshot"] == {
         "name": "snapshot",
@@ -296,9 +318,23 @@ def test_source_record_keeps_the_snapshot_default_first_in_its_union() -> None:
     assert fields["ts_ms"] == {"name": "ts_ms", "type": "long"}
     assert fields["txId"] == {"name": "txId", "type": ["null", "long"], "default": None}
     assert list(fields) == [
-        "version", "connector", "name", "ts_ms", "snapshot", "db", "sequence", "ts_us", "ts_ns",
-        "schema", "table", "txId", "lsn", "xmin", "origin", "origin_lsn",
-    ]  # fmt: skip
+        "version",
+        "connector",
+        "name",
+        "ts_ms",
+        "snapshot",
+        "db",
+        "sequence",
+        "ts_us",
+        "ts_ns",
+        "schema",
+        "table",
+        "txId",
+        "lsn",
+        "xmin",
+        "origin",
+        "origin_lsn",
+    ]
 
 
 def test_every_non_key_column_is_optional_and_key_columns_are_required() -> None:
@@ -395,8 +431,15 @@ def test_every_type_decodes_to_the_json_serializers_value() -> None:
         assert as_json(after[name]) == expected[name], name
 
 
-@pytest.mark.parametrize("option", [{"decimal_handling": "string"}, {"decimal_handling": "double"},
-                                    {"time_precision": "iso"}, {"interval_handling": "string"}])  # fmt: skip
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"decimal_handling": "string"},
+        {"decimal_handling": "double"},
+        {"time_precision": "iso"},
+        {"interval_handling": "string"},
+    ],
+)
 def test_value_options_match_the_json_serializer(option: dict[str, Any]) -> None:
     s, registry = avro(**option)
     [record] = s.records(event(TYPES, Op.CREATE, None, TYPES_ROW))
@@ -417,7 +460,11 @@ def test_type_schemas_carry_connect_metadata() -> None:
     assert field_type(TYPES, "f4") == "float"
     assert field_type(TYPES, "bin") == "bytes"
     assert field_type(TYPES, "d") == {"type": "int", "connect.version": 1, "connect.name": "io.debezium.time.Date"}
-    assert field_type(TYPES, "ts6") == {"type": "long", "connect.version": 1, "connect.name": "io.debezium.time.MicroTimestamp"}
+    assert field_type(TYPES, "ts6") == {
+        "type": "long",
+        "connect.version": 1,
+        "connect.name": "io.debezium.time.MicroTimestamp",
+    }
     assert field_type(TYPES, "uid") == {"type": "string", "connect.version": 1, "connect.name": "io.debezium.data.Uuid"}
     assert field_type(TYPES, "mood") == {
         "type": "string",
@@ -431,7 +478,10 @@ def test_type_schemas_carry_connect_metadata() -> None:
         "connect.parameters": {"length": "16"},
         "connect.name": "io.debezium.data.Bits",
     }
-    assert field_type(TYPES, "mystery") == {"type": "string", "connect.parameters": {"__debezium.source.column.type": "mystery"}}
+    assert field_type(TYPES, "mystery") == {
+        "type": "string",
+        "connect.parameters": {"__debezium.source.column.type": "mystery"},
+    }
     assert field_type(TYPES, "ints") == {"type": "array", "items": ["null", "int"]}
 
 
@@ -518,18 +568,25 @@ def test_schema_names_are_adjusted_for_avro(name: str, adjusted: str) -> None:
     assert avro_name(name) == adjusted
 
 
-@pytest.mark.parametrize(("name", "adjusted"), [("id", "id"), ("a-b", "a_b"), ("2nd", "_nd"), ("é", "_"), ("a.b", "a_b"), ("", "_")])
+@pytest.mark.parametrize(
+    ("name", "adjusted"), [("id", "id"), ("a-b", "a_b"), ("2nd", "_nd"), ("é", "_"), ("a.b", "a_b"), ("", "_")]
+)
 def test_field_names_are_adjusted_for_avro(name: str, adjusted: str) -> None:
     assert avro_field_name(name) == adjusted
 
 
 def test_odd_topic_and_column_names_make_valid_avro() -> None:
-    table = TableSchema("Sales Dept", "orders-2024", (Column("order id", INT4, key=True, nullable=False), Column("ünit", TEXT)))
+    table = TableSchema(
+        "Sales Dept", "orders-2024", (Column("order id", INT4, key=True, nullable=False), Column("ünit", TEXT))
+    )
     s, registry = avro(topic_prefix="my-app")
     [record] = s.records(event(table, Op.CREATE, None, {"order id": 7, "ünit": "kg"}))
     assert record.topic == "my-app.Sales_Dept.orders-2024"
     key, value = s.schemas(table)
-    assert (key["namespace"], key["connect.name"]) == ("my_app.Sales_Dept.orders_2024", "my_app.Sales_Dept.orders_2024.Key")
+    assert (key["namespace"], key["connect.name"]) == (
+        "my_app.Sales_Dept.orders_2024",
+        "my_app.Sales_Dept.orders_2024.Key",
+    )
     assert "my-app.Sales_Dept.orders-2024-value" in registry.subjects  # subjects follow the topic, unadjusted
     assert decode(registry, record.key) == {"order_id": 7}
     assert decode(registry, record.value)["after"] == {"order_id": 7, "_nit": "kg"}
@@ -595,7 +652,9 @@ def test_truncate_markers_go_to_every_partition_with_their_own_key_record() -> N
     schema = registry.schemas[marker_id]
     assert schema["name"] == "TruncateKey" and schema["namespace"] == "dbserver1.public.customers"
     # the Key's fields (what a consumer maps to columns), each optional
-    assert [(f["name"], f["type"][0], f.get("default", "no default")) for f in schema["fields"]] == [("id", "null", None)]
+    assert [(f["name"], f["type"][0], f.get("default", "no default")) for f in schema["fields"]] == [
+        ("id", "null", None)
+    ]
     for partition, marker in enumerate(markers):
         assert marker.partition == partition
         assert decode_wire(marker.key)[0] == marker_id
@@ -614,7 +673,9 @@ def test_truncate_key_is_registered_once_per_topic() -> None:
     truncate = TruncateEvent((CUSTOMERS,), False, False, Lsn(1), Lsn(1), 5, 1, COMMIT_US)
     s.records(truncate)
     s.records(truncate)
-    assert [c for c, _ in registry.calls].count("dbserver1.public.customers-dbserver1.public.customers.TruncateKey") == 1
+    assert [c for c, _ in registry.calls].count(
+        "dbserver1.public.customers-dbserver1.public.customers.TruncateKey"
+    ) == 1
 
 
 def test_truncate_needs_a_partition() -> None:
@@ -647,7 +708,11 @@ def test_headers_match_the_json_serializer_without_a_transaction_id() -> None:
 COMPOSITE = TableSchema(
     "public",
     "pairs",
-    (Column("name", TEXT, key=True, nullable=False), Column("payload", TEXT), Column("n", INT8, key=True, nullable=False)),
+    (
+        Column("name", TEXT, key=True, nullable=False),
+        Column("payload", TEXT),
+        Column("n", INT8, key=True, nullable=False),
+    ),
 )
 
 
@@ -664,7 +729,9 @@ def test_keys_are_the_same_bytes_for_every_event_of_a_row() -> None:
     assert decode(registry, key) == {"name": "x", "n": 5}
 
 
-TRICKY = st.text(alphabet=st.sampled_from(list('a"\\,:{}[] \n\u00e9\u2713\U0001f600\x00')), max_size=6) | st.text(max_size=6)
+TRICKY = st.text(alphabet=st.sampled_from(list('a"\\,:{}[] \n\u00e9\u2713\U0001f600\x00')), max_size=6) | st.text(
+    max_size=6
+)
 
 
 @given(st.tuples(TRICKY, st.integers(-(2**63), 2**63 - 1)), st.tuples(TRICKY, st.integers(-(2**63), 2**63 - 1)))
@@ -696,7 +763,9 @@ def test_a_table_without_key_columns_is_an_error() -> None:
 def test_a_null_key_value_is_a_clear_error() -> None:
     table = TableSchema("public", "t", (Column("email", TEXT, key=True, nullable=True), Column("v", TEXT)))
     s, _ = avro()
-    with pytest.raises(SerializationError, match=r"key column 'email' of table 'public.t' is NULL.*NOT NULL key columns"):
+    with pytest.raises(
+        SerializationError, match=r"key column 'email' of table 'public.t' is NULL.*NOT NULL key columns"
+    ):
         s.records(event(table, Op.CREATE, None, {"email": None, "v": "x"}))
 
 
@@ -757,7 +826,9 @@ def test_schemas_are_registered_once_per_table_schema() -> None:
 
 def test_multi_dimensional_arrays_are_a_clear_error() -> None:
     table = TableSchema(
-        "public", "m", (Column("k", INT4, key=True), Column("grid", PgType(1007, "_int4", TypeKind.ARRAY, element=INT4)))
+        "public",
+        "m",
+        (Column("k", INT4, key=True), Column("grid", PgType(1007, "_int4", TypeKind.ARRAY, element=INT4))),
     )
     s, _ = avro()
     with pytest.raises(SerializationError, match=r"'grid' of table 'public.m': a multi-dimensional array"):
@@ -795,19 +866,37 @@ def test_unchanged_toast_placeholders_where_avro_can_hold_them() -> None:
         ),
     )
     s, registry = avro(unavailable_value="__gone")
-    after = {"id": 1, "body": UNCHANGED_TOAST, "blob": UNCHANGED_TOAST, "tags": UNCHANGED_TOAST,
-             "nums": UNCHANGED_TOAST, "doc": UNCHANGED_TOAST}  # fmt: skip
+    after = {
+        "id": 1,
+        "body": UNCHANGED_TOAST,
+        "blob": UNCHANGED_TOAST,
+        "tags": UNCHANGED_TOAST,
+        "nums": UNCHANGED_TOAST,
+        "doc": UNCHANGED_TOAST,
+    }
     ev = event(table, Op.UPDATE, None, after, unchanged=frozenset(after) - {"id"})
     [record] = s.records(ev)
     decoded = decode(registry, record.value)["after"]
-    assert decoded == {"id": 1, "body": "__gone", "blob": b"__gone", "tags": ["__gone"], "nums": list(b"__gone"), "doc": "__gone"}
+    assert decoded == {
+        "id": 1,
+        "body": "__gone",
+        "blob": b"__gone",
+        "tags": ["__gone"],
+        "nums": list(b"__gone"),
+        "doc": "__gone",
+    }
     [twin] = json_twin(unavailable_value="__gone").records(ev)
     assert as_json(decoded) == orjson.loads(twin.value or b"")["after"]
 
 
 def test_an_unchanged_toast_value_without_an_avro_placeholder_asks_for_replica_identity_full() -> None:
     table = TableSchema(
-        "public", "v", (Column("id", INT4, key=True), Column("vec", PgType(1022, "_float8", TypeKind.ARRAY, element=T(701, "float8"))))
+        "public",
+        "v",
+        (
+            Column("id", INT4, key=True),
+            Column("vec", PgType(1022, "_float8", TypeKind.ARRAY, element=T(701, "float8"))),
+        ),
     )
     s, _ = avro()
     with pytest.raises(SerializationError, match=r"'vec' of table 'public.v'.*REPLICA IDENTITY FULL"):

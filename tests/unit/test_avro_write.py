@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cdc.sink.avro as avro_module
-from cdc.event import Column, Op, TableSchema, TruncateEvent, change_event
 from cdc.decoder.types import BUILTIN_TYPES
+from cdc.event import Column, Op, TableSchema, TruncateEvent, change_event
 from cdc.lsn import Lsn
-from cdc.sink.avro import _RENDERED, AvroSerializer, AvroSettings, _Writer, _write
+from cdc.sink.avro import _RENDERED, AvroSerializer, AvroSettings, _write, _Writer
 from cdc.sink.avro_write import Encoded, Unsupported, compile_writer, write_long
 from cdc.sink.errors import SerializationError
 
@@ -129,7 +129,11 @@ def test_a_datum_that_does_not_fit_raises_so_the_caller_asks_fastavro(schema: An
 
 
 def test_constructs_outside_the_subset_are_refused_at_compile_time() -> None:
-    for schema in ({"type": "map", "values": "int"}, {"type": "enum", "name": "E", "symbols": ["A"]}, ["int", "string"]):
+    for schema in (
+        {"type": "map", "values": "int"},
+        {"type": "enum", "name": "E", "symbols": ["A"]},
+        ["int", "string"],
+    ):
         with pytest.raises(Unsupported):
             compile_writer({"type": "record", "name": "R", "fields": [{"name": "v", "type": schema}]})
 
@@ -163,21 +167,49 @@ def table() -> TableSchema:
 
 
 def serializer() -> AvroSerializer:
-    return AvroSerializer(AvroSettings(topic_prefix="p", database="db"), lambda topic: 2, Registry(), clock_ns=lambda: 1_700_000_000_123_456_789)
+    return AvroSerializer(
+        AvroSettings(topic_prefix="p", database="db"),
+        lambda topic: 2,
+        Registry(),
+        clock_ns=lambda: 1_700_000_000_123_456_789,
+    )
 
 
 def test_the_serializers_records_are_the_same_without_compiled_writers(monkeypatch: pytest.MonkeyPatch) -> None:
     schema = table()
     row = {
-        "id": 7, "name": "é \"x\"", "amount": Decimal("-12.50"), "ratio": 0.1, "flag": True,
-        "at": 1_700_000_000_000_001, "day": 19_000, "tags": ["a", None, ""], "blob": b"\x00\xff",
-    }  # fmt: skip
+        "id": 7,
+        "name": 'é "x"',
+        "amount": Decimal("-12.50"),
+        "ratio": 0.1,
+        "flag": True,
+        "at": 1_700_000_000_000_001,
+        "day": 19_000,
+        "tags": ["a", None, ""],
+        "blob": b"\x00\xff",
+    }
     empty = dict.fromkeys(row) | {"id": 8}
     events = [
         change_event(Op.CREATE, schema, None, row, Lsn(100), Lsn(90), 5, 1, 1_700_000_000_000_000, False, frozenset()),
-        change_event(Op.UPDATE, schema, None, empty, Lsn(100), Lsn(95), 5, 2, 1_700_000_000_000_000, False, frozenset()),
-        change_event(Op.UPDATE, schema, {"id": 7}, row | {"id": 9}, Lsn(200), Lsn(190), 6, 1, 1_700_000_000_000_001, False, frozenset()),
-        change_event(Op.DELETE, schema, {"id": 9}, None, Lsn(200), Lsn(195), 6, 2, 1_700_000_000_000_001, False, frozenset()),
+        change_event(
+            Op.UPDATE, schema, None, empty, Lsn(100), Lsn(95), 5, 2, 1_700_000_000_000_000, False, frozenset()
+        ),
+        change_event(
+            Op.UPDATE,
+            schema,
+            {"id": 7},
+            row | {"id": 9},
+            Lsn(200),
+            Lsn(190),
+            6,
+            1,
+            1_700_000_000_000_001,
+            False,
+            frozenset(),
+        ),
+        change_event(
+            Op.DELETE, schema, {"id": 9}, None, Lsn(200), Lsn(195), 6, 2, 1_700_000_000_000_001, False, frozenset()
+        ),
         change_event(Op.READ, schema, None, row, Lsn(50), Lsn(50), None, 1, 1_700_000_000_000_000, True, frozenset()),
         TruncateEvent((schema,), False, False, Lsn(300), Lsn(290), 7, 1, 1_700_000_000_000_002),
     ]
@@ -199,7 +231,11 @@ def test_the_fastavro_fallback_writes_spliced_fields_from_their_datum() -> None:
     # A datum the compiled writer refuses (a bool where a long goes; fastavro writes it as 1) sends the
     # whole envelope to fastavro, which gets the spliced source block's dict from its Encoded.
     inner = {"type": "record", "name": "Source", "fields": [{"name": "lsn", "type": "long"}]}
-    schema = {"type": "record", "name": "E", "fields": [{"name": "source", "type": inner}, {"name": "n", "type": "long"}]}
+    schema = {
+        "type": "record",
+        "name": "E",
+        "fields": [{"name": "source", "type": inner}, {"name": "n", "type": "long"}],
+    }
     write, _ = compile_writer(schema)
     writer = _Writer(schema, fastavro.parse_schema(schema), b"\x00\x00\x00\x00\x01", "s", 1, write, {})
     made: list[int] = []
@@ -219,7 +255,11 @@ def test_the_fastavro_fallback_writes_spliced_fields_from_their_datum() -> None:
 
 def test_a_rendered_row_that_reaches_the_fastavro_fallback_is_an_error_not_a_null() -> None:
     row = {"type": "record", "name": "Row", "fields": [{"name": "a", "type": "int"}]}
-    schema = {"type": "record", "name": "E", "fields": [{"name": "after", "type": ["null", row]}, {"name": "n", "type": "long"}]}
+    schema = {
+        "type": "record",
+        "name": "E",
+        "fields": [{"name": "after", "type": ["null", row]}, {"name": "n", "type": "long"}],
+    }
     write, _ = compile_writer(schema)
     writer = _Writer(schema, fastavro.parse_schema(schema), b"\x00\x00\x00\x00\x01", "s", 1, write, {})
     datum = {"after": ("Row", Encoded(b"\x02", _RENDERED)), "n": True}  # n sends it to fastavro

@@ -9,7 +9,6 @@ server was seen to send (see the comments at each).
 from __future__ import annotations
 
 import dataclasses
-
 import gc
 import json
 import tracemalloc
@@ -25,12 +24,12 @@ from cdc.catalog import TableInfo
 from cdc.decoder import pgoutput as pg
 from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.errors import ChangeError
+from cdc.decoder.pgoutput import UNCHANGED
 from cdc.decoder.spool import Spool
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.event import ChangeEvent, Event, MessageEvent, Op, PgType, TruncateEvent, TxBegin, TxCommit, TypeKind
 from cdc.lsn import Lsn
 from cdc.values import UNCHANGED_TOAST
-from cdc.decoder.pgoutput import UNCHANGED
 from tests.support.pgoutput import (
     begin,
     commit,
@@ -174,7 +173,9 @@ def test_a_type_created_after_start_up_travels_as_text_with_its_name(decoder: Ch
         begin(C1, TS, 700),
         type_message(90001, "public", "mood"),
         type_message(90002, "public", "_mood"),
-        relation(ACCOUNTS, "public", "accounts", columns=((1, "id", 23, -1), (0, "name", 90001, -1), (0, "extra", 90002, -1))),
+        relation(
+            ACCOUNTS, "public", "accounts", columns=((1, "id", 23, -1), (0, "name", 90001, -1), (0, "extra", 90002, -1))
+        ),
         insert(ACCOUNTS, tuple_data(b"1", b"happy", b"{sad,ok}")),
         commit(C1, E1, TS),
     )
@@ -303,9 +304,16 @@ def test_a_streamed_transaction_comes_out_at_its_commit_exactly_as_if_it_had_not
 
     assert got == expected
     assert [type(e).__name__ for e in got] == [
-        "TxBegin", "ChangeEvent", "ChangeEvent", "ChangeEvent", "ChangeEvent", "TruncateEvent", "MessageEvent",
-        "ChangeEvent", "TxCommit",
-    ]  # fmt: skip
+        "TxBegin",
+        "ChangeEvent",
+        "ChangeEvent",
+        "ChangeEvent",
+        "ChangeEvent",
+        "TruncateEvent",
+        "MessageEvent",
+        "ChangeEvent",
+        "TxCommit",
+    ]
     assert got[-1] == TxCommit(900, Lsn(C1), Lsn(E1), TS + pg.POSTGRES_EPOCH_US, 7)
 
 
@@ -318,8 +326,12 @@ def test_nothing_of_a_streamed_transaction_comes_out_before_its_commit(decoder: 
 
 
 def test_transactions_committing_between_stream_blocks_pass_through_at_once(decoder: ChangeDecoder) -> None:
-    first_block = feed(decoder, *block(900, accounts(xid=900), insert(ACCOUNTS, tuple_data(b"1", b"s"), xid=900), first=True))
-    between = feed(decoder, begin(C1, TS, 901), accounts(), insert(ACCOUNTS, tuple_data(b"2", b"n")), commit(C1, E1, TS))
+    first_block = feed(
+        decoder, *block(900, accounts(xid=900), insert(ACCOUNTS, tuple_data(b"1", b"s"), xid=900), first=True)
+    )
+    between = feed(
+        decoder, begin(C1, TS, 901), accounts(), insert(ACCOUNTS, tuple_data(b"2", b"n")), commit(C1, E1, TS)
+    )
     second_block = feed(decoder, *block(900, insert(ACCOUNTS, tuple_data(b"3", b"s"), xid=900)))
     at_commit = feed(decoder, stream_commit(900, C2, E2, TS))
 
@@ -417,7 +429,9 @@ def test_a_relation_sent_inside_a_streamed_transaction_describes_the_table_for_l
     feed(decoder, begin(C1, TS, 700), accounts(), insert(ACCOUNTS, tuple_data(b"-1", b"old")), commit(C1, E1, TS))
     feed(
         decoder,
-        *block(900, accounts(THREE_COLUMNS, xid=902), insert(ACCOUNTS, tuple_data(b"1", b"s", b"2"), xid=902), first=True),
+        *block(
+            900, accounts(THREE_COLUMNS, xid=902), insert(ACCOUNTS, tuple_data(b"1", b"s", b"2"), xid=902), first=True
+        ),
         stream_commit(900, C2, E2, TS),
     )
 
@@ -430,7 +444,12 @@ def test_a_relation_sent_inside_a_stream_block_is_not_used_before_its_transactio
     decoder: ChangeDecoder,
 ) -> None:
     feed(decoder, begin(C1, TS, 700), accounts(), insert(ACCOUNTS, tuple_data(b"1", b"a")), commit(C1, E1, TS))
-    feed(decoder, *block(900, accounts(THREE_COLUMNS, xid=900), insert(ACCOUNTS, tuple_data(b"2", b"s", b"7"), xid=900), first=True))
+    feed(
+        decoder,
+        *block(
+            900, accounts(THREE_COLUMNS, xid=900), insert(ACCOUNTS, tuple_data(b"2", b"s", b"7"), xid=900), first=True
+        ),
+    )
 
     between = feed(decoder, begin(C2, TS, 901), insert(ACCOUNTS, tuple_data(b"3", b"n")), commit(C2, E2, TS))
     streamed = feed(decoder, stream_commit(900, C3, E3, TS))
@@ -453,9 +472,15 @@ def test_a_relation_that_arrived_after_one_inside_a_stream_wins_when_the_stream_
         stream_abort(900, 901),
     )
     altered = feed(
-        decoder, begin(C2, TS, 902), accounts(THREE_COLUMNS), insert(ACCOUNTS, tuple_data(b"-2", b"n", b"2")), commit(C2, E2, TS)
+        decoder,
+        begin(C2, TS, 902),
+        accounts(THREE_COLUMNS),
+        insert(ACCOUNTS, tuple_data(b"-2", b"n", b"2")),
+        commit(C2, E2, TS),
     )
-    streamed += feed(decoder, *block(900, insert(ORDERS, tuple_data(b"1", b"y"), xid=900)), stream_commit(900, C3, E3, TS))
+    streamed += feed(
+        decoder, *block(900, insert(ORDERS, tuple_data(b"1", b"y"), xid=900)), stream_commit(900, C3, E3, TS)
+    )
 
     later = feed(decoder, begin(C4, TS, 903), insert(ACCOUNTS, tuple_data(b"-3", b"n2", b"3")), commit(C4, E4, TS))
 
@@ -484,7 +509,9 @@ def test_a_rolled_back_streamed_transaction_leaves_the_relation_cache_as_it_was(
     feed(decoder, begin(C1, TS, 700), accounts(), insert(ACCOUNTS, tuple_data(b"1", b"a")), commit(C1, E1, TS))
     feed(
         decoder,
-        *block(900, accounts(THREE_COLUMNS, xid=900), insert(ACCOUNTS, tuple_data(b"2", b"s", b"7"), xid=900), first=True),
+        *block(
+            900, accounts(THREE_COLUMNS, xid=900), insert(ACCOUNTS, tuple_data(b"2", b"s", b"7"), xid=900), first=True
+        ),
         stream_abort(900, 900),
     )
 
@@ -622,12 +649,20 @@ def test_a_captured_streamed_transaction_replays_as_one_transaction_in_commit_or
     child = relation(16742, "capture", "child", columns=((1, "id", 23, -1), (0, "parent_id", 23, -1)))
     decoder.handle(pg.decode(child), Lsn(0))
     streamed = [
-        "39_stream_start_first_segment.bin", "40_in_stream_type.bin", "41_in_stream_relation.bin",
-        "42_in_stream_insert.bin", "43_in_stream_update_new_only.bin", "44_in_stream_delete_old_key.bin",
-        "45_in_stream_truncate_plain.bin", "46_stream_stop.bin", "47_stream_abort_subtransaction.bin",
-        "48_stream_start_next_segment.bin", "49_in_stream_relation_subtransaction.bin",
-        "50_in_stream_insert_subtransaction.bin", "51_in_stream_logical_message_transactional.bin",
-    ]  # fmt: skip
+        "39_stream_start_first_segment.bin",
+        "40_in_stream_type.bin",
+        "41_in_stream_relation.bin",
+        "42_in_stream_insert.bin",
+        "43_in_stream_update_new_only.bin",
+        "44_in_stream_delete_old_key.bin",
+        "45_in_stream_truncate_plain.bin",
+        "46_stream_stop.bin",
+        "47_stream_abort_subtransaction.bin",
+        "48_stream_start_next_segment.bin",
+        "49_in_stream_relation_subtransaction.bin",
+        "50_in_stream_insert_subtransaction.bin",
+        "51_in_stream_logical_message_transactional.bin",
+    ]
 
     events = feed(decoder, *(files[name] for name in streamed), STOP)
     assert events == []
@@ -645,20 +680,26 @@ def test_a_captured_streamed_transaction_replays_as_one_transaction_in_commit_or
         ("bulk", Op.CREATE),
         "MessageEvent",
     ]
-    assert [getattr(e, "ordinal") for e in body] == [1, 2, 3, 4, 5, 6]
-    assert {getattr(e, "xid") for e in body} == {869}
+    assert [e.ordinal for e in body] == [1, 2, 3, 4, 5, 6]
+    assert {e.xid for e in body} == {869}
     moods = body[0]
     assert isinstance(moods, ChangeEvent) and moods.after == {"id": 2, "mood": "ok"}
     assert moods.table.columns[1].type.name == "mood"
-    assert events[-1] == TxCommit(869, commit_message.commit_lsn, commit_message.end_lsn, commit_message.commit_ts_us, 6)
+    assert events[-1] == TxCommit(
+        869, commit_message.commit_lsn, commit_message.end_lsn, commit_message.commit_ts_us, 6
+    )
 
 
 # --- the fast path of row changes agrees with the general path ------------------------------------
 
 MIXED = (
-    (1, "id", 23, -1), (0, "name", 25, -1), (0, "amount", 1700, -1), (0, "flag", 16, -1),
-    (0, "at", 1184, -1), (0, "ref", 2950, -1),
-)  # fmt: skip
+    (1, "id", 23, -1),
+    (0, "name", 25, -1),
+    (0, "amount", 1700, -1),
+    (0, "flag", 16, -1),
+    (0, "at", 1184, -1),
+    (0, "ref", 2950, -1),
+)
 MIXED_TABLES = {"public.accounts": table("accounts", ACCOUNTS, [c[1] for c in MIXED])}
 VALID_VALUES: dict[str, list[bytes | None]] = {
     "id": [b"1", b"-2147483648", None],
@@ -690,7 +731,10 @@ def general_path(payloads: list[bytes]) -> list[Event]:
 
 
 def row_strategy() -> st.SearchStrategy[tuple[bytes | None | pg.Unchanged, ...]]:
-    column = {name: st.one_of(st.sampled_from(values), st.sampled_from(INVALID_VALUES)) for name, values in VALID_VALUES.items()}
+    column = {
+        name: st.one_of(st.sampled_from(values), st.sampled_from(INVALID_VALUES))
+        for name, values in VALID_VALUES.items()
+    }
     valid = {name: st.sampled_from(values) for name, values in VALID_VALUES.items()}
     pick = st.one_of(st.fixed_dictionaries(valid), st.fixed_dictionaries(column))
     return pick.map(lambda row: tuple(row[c[1]] for c in MIXED))
@@ -722,7 +766,12 @@ def test_the_fast_path_of_row_changes_gives_exactly_what_the_general_path_gives(
         payload = payload[:at] + bytes([value]) + payload[at + 1 :]
     elif isinstance(mutation, int):  # cut short
         payload = payload[: mutation % len(payload)]
-    payloads = [begin(C1, TS, 700), relation(ACCOUNTS, "public", "accounts", columns=MIXED), payload, commit(C1, E1, TS)]
+    payloads = [
+        begin(C1, TS, 700),
+        relation(ACCOUNTS, "public", "accounts", columns=MIXED),
+        payload,
+        commit(C1, E1, TS),
+    ]
 
     fast = outcome(lambda: feed(ChangeDecoder(MIXED_TABLES, {}), *payloads))
     general = outcome(lambda: general_path(payloads))
@@ -761,12 +810,16 @@ def test_a_change_of_a_table_that_is_not_captured_is_skipped_and_counted(decoder
         commit(C1, E1, TS),
     )
     changes = [e for e in events if isinstance(e, ChangeEvent)]
-    assert [(c.table.qualified, c.after, c.ordinal) for c in changes] == [("public.accounts", {"id": 2, "name": "bob"}, 1)]
+    assert [(c.table.qualified, c.after, c.ordinal) for c in changes] == [
+        ("public.accounts", {"id": 2, "name": "bob"}, 1)
+    ]
     assert decoder.uncaptured == {"public.promo_banners": 1}
 
 
 def test_a_table_adopted_later_is_decoded_from_the_relation_message_it_already_sent(decoder: ChangeDecoder) -> None:
-    feed(decoder, begin(C1, TS, 700), relation(PARTITION, name="promo_banners", columns=TWO_COLUMNS), commit(C1, E1, TS))
+    feed(
+        decoder, begin(C1, TS, 700), relation(PARTITION, name="promo_banners", columns=TWO_COLUMNS), commit(C1, E1, TS)
+    )
     decoder.update_tables({**TABLES, "public.promo_banners": table("promo_banners", PARTITION)}, {})
     events = feed(decoder, begin(C1, TS, 701), insert(PARTITION, tuple_data(b"1", b"ada")), commit(C1, E1, TS))
     changes = [e for e in events if isinstance(e, ChangeEvent)]
@@ -777,7 +830,9 @@ def test_a_table_adopted_later_is_decoded_from_the_relation_message_it_already_s
 def test_a_change_of_a_partition_of_a_captured_table_sent_as_its_own_stops_with_the_fix(spool: Spool) -> None:
     partitioned = dataclasses.replace(table("accounts", ACCOUNTS), partitions=frozenset({"public.accounts_2024"}))
     decoder = ChangeDecoder({**TABLES, "public.accounts": partitioned}, {}, spool=spool)
-    with pytest.raises(ChangeError, match=r"accounts_2024 as its own, but it is a partition.*publish_via_partition_root = true"):
+    with pytest.raises(
+        ChangeError, match=r"accounts_2024 as its own, but it is a partition.*publish_via_partition_root = true"
+    ):
         feed(
             decoder,
             begin(C1, TS, 700),
@@ -785,5 +840,3 @@ def test_a_change_of_a_partition_of_a_captured_table_sent_as_its_own_stops_with_
             insert(PARTITION, tuple_data(b"1", b"ada")),
             commit(C1, E1, TS),
         )
-
-

@@ -32,7 +32,6 @@ from cdc.render.codec import TableRenderer
 from cdc.render.rows import RenderedRow, RowRendering, render_parser
 from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.json import JsonSerializer, JsonSettings
-from cdc.sink.record import Record
 from tests.support.accounts import numeric_typmod
 from tests.support.pgoutput import begin, delete, insert, relation, tuple_data, update
 from tests.unit.test_avro import FakeRegistry
@@ -219,17 +218,27 @@ def test_the_cases_cover_every_type_of_the_decoders_type_tests() -> None:
 def serializers() -> list[tuple[str, Callable[[], Any]]]:
     def json(schemas: bool) -> Callable[[], Any]:
         return lambda: JsonSerializer(
-            JsonSettings(topic_prefix="p", database="db", schemas_enable=schemas), lambda topic: 2, clock_ns=lambda: CLOCK
+            JsonSettings(topic_prefix="p", database="db", schemas_enable=schemas),
+            lambda topic: 2,
+            clock_ns=lambda: CLOCK,
         )
 
     def avro() -> AvroSerializer:
-        return AvroSerializer(AvroSettings(topic_prefix="p", database="db"), lambda topic: 2, FakeRegistry(), clock_ns=lambda: CLOCK)
+        return AvroSerializer(
+            AvroSettings(topic_prefix="p", database="db"), lambda topic: 2, FakeRegistry(), clock_ns=lambda: CLOCK
+        )
 
     return [("json", json(False)), ("json+schema", json(True)), ("avro", avro)]
 
 
-def run(make: Make | None, new_serializer: Callable[[], Any], table: TableInfo, columns: Any, identity: bytes,
-        payloads: Sequence[bytes]) -> tuple[list[Any], list[type], list[bool]]:  # fmt: skip
+def run(
+    make: Make | None,
+    new_serializer: Callable[[], Any],
+    table: TableInfo,
+    columns: Any,
+    identity: bytes,
+    payloads: Sequence[bytes],
+) -> tuple[list[Any], list[type], list[bool]]:
     """The records (or the error) of each payload after the Relation, the row types, and whether each relation's
     parser is the compiled codec."""
     ser = new_serializer()
@@ -243,10 +252,12 @@ def run(make: Make | None, new_serializer: Callable[[], Any], table: TableInfo, 
         try:
             events = list(decoder.feed(payload, 0x200 + i))
             out.append([ser.records(e) for e in events if isinstance(e, ChangeEvent)])
-            rows += [type(r) for e in events if isinstance(e, ChangeEvent) for r in (e.before, e.after) if r is not None]
-        except Exception as exc:  # noqa: BLE001 - the two implementations must fail alike too
+            rows += [
+                type(r) for e in events if isinstance(e, ChangeEvent) for r in (e.before, e.after) if r is not None
+            ]
+        except Exception as exc:
             out.append((type(exc).__name__, str(exc)))
-    compiled = [isinstance(rel.parse, _compiled.RowCodec) for rel in decoder._relations.values()]  # noqa: SLF001
+    compiled = [isinstance(rel.parse, _compiled.RowCodec) for rel in decoder._relations.values()]
     return out, rows, compiled
 
 
@@ -272,7 +283,9 @@ def columns_of(type_name: str, modifier: int, key: bool) -> tuple[tuple[int, str
 
 @pytest.mark.parametrize("not_null", [False, True])
 @pytest.mark.parametrize(("type_name", "modifier", "text"), CASES)
-def test_a_value_column_of_every_type_renders_the_same_in_both(type_name: str, modifier: int, text: bytes, not_null: bool) -> None:
+def test_a_value_column_of_every_type_renders_the_same_in_both(
+    type_name: str, modifier: int, text: bytes, not_null: bool
+) -> None:
     table = TableInfo("public", "t", 16384, "d", ("id",), ("id", "c"), frozenset({"id", "c"} if not_null else {"id"}))
     row = tuple_data(b"1", text)
     payloads = [
@@ -284,7 +297,11 @@ def test_a_value_column_of_every_type_renders_the_same_in_both(type_name: str, m
         delete(16384, key=tuple_data(b"3", None)),
     ]
     compare(table, columns_of(type_name, modifier, False), b"d", payloads)
-    full = [update(16384, row, old=tuple_data(b"1", text)), update(16384, tuple_data(b"1", UNCHANGED), old=row), delete(16384, old=row)]
+    full = [
+        update(16384, row, old=tuple_data(b"1", text)),
+        update(16384, tuple_data(b"1", UNCHANGED), old=row),
+        delete(16384, old=row),
+    ]
     compare(table, columns_of(type_name, modifier, False), b"f", full)
 
 
@@ -316,14 +333,25 @@ def test_a_wide_row_of_every_type_renders_the_same_in_both() -> None:
     ]
     compare(table, columns, b"d", payloads)
     # The same row without the texts no codec renders (they send the whole row to the typed path): rendered.
-    renders = [i for i, (_, name, modifier, text) in enumerate(types) if compare(
-        TableInfo("public", "one", 16384, "d", ("id",), ("id", "c"), frozenset({"id"})), columns_of(name, modifier, False),
-        b"d", [insert(16384, tuple_data(b"1", text))])["json"] > 0]  # fmt: skip
+    renders = [
+        i
+        for i, (_, name, modifier, text) in enumerate(types)
+        if compare(
+            TableInfo("public", "one", 16384, "d", ("id",), ("id", "c"), frozenset({"id"})),
+            columns_of(name, modifier, False),
+            b"d",
+            [insert(16384, tuple_data(b"1", text))],
+        )["json"]
+        > 0
+    ]
     assert len(renders) > 60
     kept = [types[i] for i in renders]
     table = TableInfo("public", "wide", 16384, "d", ("id",), ("id", *(n for n, _, _, _ in kept)), frozenset({"id"}))
     columns = ((1, "id", 20, -1), *((0, n, TYPES[t].oid, m) for n, t, m, _ in kept))
-    rows = [insert(16384, tuple_data(b"1", *(t for _, _, _, t in kept))), delete(16384, old=tuple_data(b"1", *(t for _, _, _, t in kept)))]
+    rows = [
+        insert(16384, tuple_data(b"1", *(t for _, _, _, t in kept))),
+        delete(16384, old=tuple_data(b"1", *(t for _, _, _, t in kept))),
+    ]
     assert compare(table, columns, b"d", rows)["json"] == 2
 
 
@@ -351,9 +379,15 @@ def _timestamptz_texts() -> st.SearchStrategy[bytes]:
     fraction = st.one_of(st.just(""), st.text("0123456789", min_size=0, max_size=7).map(lambda d: "." + d))
     return st.builds(
         lambda y, mo, d, h, mi, s, f, z: f"{y:04d}-{mo:02d}-{d:02d} {h:02d}:{mi:02d}:{s:02d}{f}{z}".encode(),
-        st.integers(1, 12000), st.integers(1, 12), st.integers(1, 28), st.integers(0, 23), st.integers(0, 59),
-        st.integers(0, 59), fraction, st.sampled_from(["+00", "+00", "+02", "-00", "+00 BC", ""]),
-    )  # fmt: skip
+        st.integers(1, 12000),
+        st.integers(1, 12),
+        st.integers(1, 28),
+        st.integers(0, 23),
+        st.integers(0, 59),
+        st.integers(0, 59),
+        fraction,
+        st.sampled_from(["+00", "+00", "+02", "-00", "+00 BC", ""]),
+    )
 
 
 def _numeric_texts() -> st.SearchStrategy[bytes]:
@@ -371,7 +405,9 @@ TEXTS = st.one_of(
     st.binary(max_size=12),
     st.uuids().map(lambda u: str(u).encode()),
     st.uuids().map(lambda u: str(u).upper().encode()),
-    st.sampled_from([b"t", b"f", b"", b"-", b"NaN", b"Infinity", b"infinity", b"-0", b"007", b".5", b"-.50", b"1.", b"1e3"]),
+    st.sampled_from(
+        [b"t", b"f", b"", b"-", b"NaN", b"Infinity", b"infinity", b"-0", b"007", b".5", b"-.50", b"1.", b"1e3"]
+    ),
     _timestamptz_texts(),
     _numeric_texts(),
 )
@@ -379,7 +415,9 @@ TEXTS = st.one_of(
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(st.tuples(st.sampled_from(DIRECT), st.one_of(TEXTS, st.none(), st.just(UNCHANGED))), min_size=1, max_size=6),
+    st.lists(
+        st.tuples(st.sampled_from(DIRECT), st.one_of(TEXTS, st.none(), st.just(UNCHANGED))), min_size=1, max_size=6
+    ),
     st.integers(0, 5),
     st.sampled_from([0, 1, 2]),
 )
@@ -390,7 +428,11 @@ def test_random_rows_of_the_direct_types_render_the_same_in_both(cols: list[Any]
     table = TableInfo("public", "h", 16384, "d", (names[key_at],), names, frozenset({names[key_at]}))
     values: list[Value] = [v for _, v in cols]
     key_only: list[Value] = [v if i == key_at else None for i, v in enumerate(values)]
-    payloads = [insert(16384, tuple_data(*values)), delete(16384, key=tuple_data(*key_only)), update(16384, tuple_data(*values), old=tuple_data(*values))]
+    payloads = [
+        insert(16384, tuple_data(*values)),
+        delete(16384, key=tuple_data(*key_only)),
+        update(16384, tuple_data(*values), old=tuple_data(*values)),
+    ]
     label, new = serializers()[fmt]
     reference = run(render_parser, new, table, columns, b"d", payloads)
     compiled = run(codec.compiled_parser, new, table, columns, b"d", payloads)
@@ -406,8 +448,16 @@ def test_malformed_tuples_fail_or_decline_alike(data: st.DataObject) -> None:
     ser = JsonSerializer(JsonSettings(topic_prefix="p", database="db"), lambda topic: 1)
     names = ("id", "name", "amount", "at", "u")
     table = TableInfo("public", "m", 16384, "d", ("id",), names, frozenset({"id"}))
-    columns = ((1, "id", 20, -1), (0, "name", 25, -1), (0, "amount", 1700, numeric_typmod(12, 2)), (0, "at", 1184, -1), (0, "u", 2950, -1))
-    decoder = ChangeDecoder({"public.m": table}, {}, renderer=TableRenderer(ser.row_rendering, make_parser=render_parser))
+    columns = (
+        (1, "id", 20, -1),
+        (0, "name", 25, -1),
+        (0, "amount", 1700, numeric_typmod(12, 2)),
+        (0, "at", 1184, -1),
+        (0, "u", 2950, -1),
+    )
+    decoder = ChangeDecoder(
+        {"public.m": table}, {}, renderer=TableRenderer(ser.row_rendering, make_parser=render_parser)
+    )
     decoder.feed(relation(name="m", columns=columns), 1)
     schema = decoder.table(16384)
     rendering = ser.row_rendering(schema)
@@ -465,14 +515,18 @@ def test_a_missing_compiled_codec_is_a_warning_that_names_the_fix(monkeypatch: p
     monkeypatch.setattr(codec, "_WHY_NOT", "cdc.render._compiled is not built: no module")
     with capture_logs() as logs:
         codec.log_choice()
-    assert [(e["event"], e["log_level"], e["implementation"]) for e in logs] == [("row_codec_not_compiled", "warning", "reference")]
+    assert [(e["event"], e["log_level"], e["implementation"]) for e in logs] == [
+        ("row_codec_not_compiled", "warning", "reference")
+    ]
     assert "C compiler" in logs[0]["fix"]
 
 
 def test_a_buffer_other_than_bytes_parses_as_bytes_do() -> None:
     ser = JsonSerializer(JsonSettings(topic_prefix="p", database="db"), lambda topic: 1)
     table = TableInfo("public", "b", 16384, "d", ("id",), ("id", "c"), frozenset({"id"}))
-    decoder = ChangeDecoder({"public.b": table}, {}, renderer=TableRenderer(ser.row_rendering, make_parser=render_parser))
+    decoder = ChangeDecoder(
+        {"public.b": table}, {}, renderer=TableRenderer(ser.row_rendering, make_parser=render_parser)
+    )
     decoder.feed(relation(name="b", columns=((1, "id", 20, -1), (0, "c", 25, -1))), 1)
     rendering = ser.row_rendering(decoder.table(16384))
     assert rendering is not None

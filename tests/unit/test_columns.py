@@ -13,7 +13,13 @@ TEXT = PgType(25, "text")
 TABLE = TableSchema(
     "public",
     "people",
-    (Column("id", INT4, key=True), Column("name", TEXT), Column("email", TEXT), Column("ssn", TEXT), Column("bio", TEXT)),
+    (
+        Column("id", INT4, key=True),
+        Column("name", TEXT),
+        Column("email", TEXT),
+        Column("ssn", TEXT),
+        Column("bio", TEXT),
+    ),
 )
 
 
@@ -44,7 +50,9 @@ def test_an_include_list_keeps_the_key_columns_too():
 
 
 def test_fixed_masks_replace_values_but_keep_nulls_and_unchanged_toast():
-    p = policies([TableConfig(name="public.people", mask={"ssn": "fixed", "bio": "fixed"})], "XXX", None)["public.people"]
+    p = policies([TableConfig(name="public.people", mask={"ssn": "fixed", "bio": "fixed"})], "XXX", None)[
+        "public.people"
+    ]
     out = p.apply(event(after={**ROW, "ssn": None, "bio": UNCHANGED_TOAST}, unchanged=frozenset({"bio"})))
     assert out.after["ssn"] is None
     assert out.after["bio"] is UNCHANGED_TOAST

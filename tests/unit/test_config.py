@@ -1,7 +1,6 @@
 import textwrap
 
 import pytest
-
 from psycopg.conninfo import conninfo_to_dict
 
 from cdc.config import TCP_DEFAULTS, ConfigError, load_config
@@ -71,7 +70,12 @@ def test_a_password_in_the_dsn_is_refused(tmp_path):
 
 def test_unknown_keys_are_errors_naming_their_path(tmp_path):
     with pytest.raises(ConfigError, match=r"kafka\.bootstrap_server: unknown key"):
-        load_config(write(tmp_path, GOOD.replace("bootstrap_servers: 127.0.0.1:9092", "bootstrap_servers: a:1\n  bootstrap_server: b")))
+        load_config(
+            write(
+                tmp_path,
+                GOOD.replace("bootstrap_servers: 127.0.0.1:9092", "bootstrap_servers: a:1\n  bootstrap_server: b"),
+            )
+        )
 
 
 def test_missing_keys_are_named(tmp_path):
@@ -90,7 +94,9 @@ def test_a_missing_file_is_reported(tmp_path):
 
 
 def test_a_non_compacted_cleanup_policy_is_refused(tmp_path):
-    text = GOOD.replace("  bootstrap_servers: 127.0.0.1:9092", "  bootstrap_servers: a:1\n  topic_config:\n    cleanup.policy: delete")
+    text = GOOD.replace(
+        "  bootstrap_servers: 127.0.0.1:9092", "  bootstrap_servers: a:1\n  topic_config:\n    cleanup.policy: delete"
+    )
     with pytest.raises(ConfigError, match="cleanup.policy must include compact"):
         load_config(write(tmp_path, text))
 
@@ -112,11 +118,14 @@ def test_unqualified_table_names_default_to_public(tmp_path):
 
 
 def test_tables_take_names_globs_and_regexes_in_one_list(tmp_path):
-    text = GOOD.replace(
-        "  - name: public.orders\n    key: [id]\n",
-        "  - name: public.orders\n    key: [id]\n  - pattern: order_*\n    exclude_columns: [note]\n"
-        "  - regex: 'sales\\.orders_\\d{4}'\n    allow_empty: true\n",
-    ) + "table_rescan_interval_s: 60\n"
+    text = (
+        GOOD.replace(
+            "  - name: public.orders\n    key: [id]\n",
+            "  - name: public.orders\n    key: [id]\n  - pattern: order_*\n    exclude_columns: [note]\n"
+            "  - regex: 'sales\\.orders_\\d{4}'\n    allow_empty: true\n",
+        )
+        + "table_rescan_interval_s: 60\n"
+    )
     c = load_config(write(tmp_path, text))
     assert [t.selector for t in c.tables] == [
         "public.customers",

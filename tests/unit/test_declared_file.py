@@ -32,12 +32,14 @@ def config_with(tmp_path: Path, spark: str, declarations: str | None = None) -> 
     return path
 
 
-def test_a_named_file_adds_its_views_and_indexes_to_those_written_inline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_named_file_adds_its_views_and_indexes_to_those_written_inline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = config_with(
         tmp_path,
         f"spark:\n  file: views/library.yaml\n  views: [{VIEW % 'inline'}]\n",
         f"""
-        views: [{VIEW % 'from_file'}]
+        views: [{VIEW % "from_file"}]
         indexes:
           - {{name: books, sql: 'SELECT isbn, title FROM public_books', id: isbn, text: {{title: 1.0}}}}
         """,
@@ -62,7 +64,9 @@ def test_a_named_file_adds_its_views_and_indexes_to_those_written_inline(tmp_pat
         ("views: {name: v}\n", r"views must be a list of declarations"),
     ],
 )
-def test_a_bad_declarations_file_is_a_configuration_error_naming_it(tmp_path: Path, declarations: str | None, problem: str) -> None:
+def test_a_bad_declarations_file_is_a_configuration_error_naming_it(
+    tmp_path: Path, declarations: str | None, problem: str
+) -> None:
     path = config_with(tmp_path, "spark: {file: views/library.yaml}\n", declarations)
 
     with pytest.raises(ConfigError, match=problem):
@@ -70,7 +74,11 @@ def test_a_bad_declarations_file_is_a_configuration_error_naming_it(tmp_path: Pa
 
 
 def test_a_bad_declaration_in_the_file_names_its_key_and_the_file(tmp_path: Path) -> None:
-    path = config_with(tmp_path, f"spark:\n  file: views/library.yaml\n  views: [{VIEW % 'inline'}]\n", f"views: [{VIEW % 'v'}, {{name: Bad}}]\n")
+    path = config_with(
+        tmp_path,
+        f"spark:\n  file: views/library.yaml\n  views: [{VIEW % 'inline'}]\n",
+        f"views: [{VIEW % 'v'}, {{name: Bad}}]\n",
+    )
 
     with pytest.raises(ConfigError) as refused:
         load_config(path)
@@ -83,7 +91,9 @@ def test_a_bad_declaration_in_the_file_names_its_key_and_the_file(tmp_path: Path
 
 def test_a_view_declared_inline_and_differently_in_the_file_is_declared_twice(tmp_path: Path) -> None:
     other = "{name: twice, sql: 'SELECT b.isbn FROM public_books b', key: [isbn]}"
-    path = config_with(tmp_path, f"spark:\n  file: views/library.yaml\n  views: [{VIEW % 'twice'}]\n", f"views: [{other}]\n")
+    path = config_with(
+        tmp_path, f"spark:\n  file: views/library.yaml\n  views: [{VIEW % 'twice'}]\n", f"views: [{other}]\n"
+    )
 
     with pytest.raises(ConfigError, match="views: twice declared more than once"):
         load_config(path)
@@ -109,6 +119,9 @@ def test_the_demo_shops_declarations_pass_the_static_check_on_the_shop_tables() 
 
     check_declarations(section, shop)
 
-    assert ([v.name for v in section.views], [i.name for i in section.indexes]) == (["orders_enriched"], ["shop_search"])
+    assert ([v.name for v in section.views], [i.name for i in section.indexes]) == (
+        ["orders_enriched"],
+        ["shop_search"],
+    )
     with pytest.raises(DeclarationError, match="view orders_enriched: .*unit_price"):
         check_declarations(section, {**shop, "public.order_lines": ["order_id", "line_no", "product_id", "quantity"]})

@@ -40,7 +40,7 @@ def new_decoder(compiled: bool, rendered: bool) -> ChangeDecoder:
     with pytest.MonkeyPatch.context() as m:  # each side chosen here, whatever CDC_PURE_PYTHON says
         m.setattr(changes_module, "compiled_fast_changes", lambda: FastChanges if compiled else None)
         decoder = ChangeDecoder(tables, {}, renderer=renderer)
-    assert (type(decoder._fast_change).__name__ == "FastChanges") == compiled  # noqa: SLF001
+    assert (type(decoder._fast_change).__name__ == "FastChanges") == compiled
     for rel, (info, columns, identity) in TABLES.items():
         decoder.feed(relation(rel, info.schema, info.name, identity, columns), Lsn(0x10))
     return decoder
@@ -63,9 +63,9 @@ def run(decoder: ChangeDecoder, payloads: Sequence[tuple[bytes, int]]) -> list[A
     for payload, lsn in payloads:
         try:
             events = [plain(e) for e in decoder.feed(payload, Lsn(lsn))]
-        except Exception as exc:  # noqa: BLE001 - both must fail alike
+        except Exception as exc:
             events = [(type(exc).__name__, str(exc))]
-        state = (decoder._ordinal, decoder._last_lsn, decoder._xid, decoder._commit_lsn)  # noqa: SLF001
+        state = (decoder._ordinal, decoder._last_lsn, decoder._xid, decoder._commit_lsn)
         out.append((events, state))
     return out
 
@@ -79,7 +79,12 @@ def compare(payloads: Sequence[tuple[bytes, int]], rendered: bool) -> list[Any]:
 
 def malformed() -> list[tuple[bytes, int]]:
     """Changes the fast path must decline (the general path then names what is wrong, or decodes it)."""
-    good = insert(16384, tuple_data(b"7", b"n", b"1.50", b"2026-01-02 03:04:05+00", b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", b"{}", b"x"))
+    good = insert(
+        16384,
+        tuple_data(
+            b"7", b"n", b"1.50", b"2026-01-02 03:04:05+00", b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", b"{}", b"x"
+        ),
+    )
     return [
         (good[:3], 0x100),  # shorter than a relation id
         (good[:5], 0x101),  # no tuple marker

@@ -227,7 +227,9 @@ def test_the_bootstrap_address_in_cdc_yaml_is_an_advertised_listener_of_the_kafk
         assert address.rsplit(":", 1)[0] in names
 
 
-def test_the_postgres_address_in_cdc_yaml_is_the_postgres_service(tmp_path: Path, no_cdc_env: pytest.MonkeyPatch) -> None:
+def test_the_postgres_address_in_cdc_yaml_is_the_postgres_service(
+    tmp_path: Path, no_cdc_env: pytest.MonkeyPatch
+) -> None:
     params = conninfo_to_dict(deploy_config(tmp_path, no_cdc_env).source.dsn)
     assert params["host"] == "postgres"
     assert int(str(params.get("port", 5432))) == 5432
@@ -246,7 +248,9 @@ def test_the_connector_publishes_and_checks_the_http_port_of_its_configuration(
     assert f"127.0.0.1:{config.http.port}/readyz" in json.dumps(connector["healthcheck"]["test"])
 
 
-def test_the_connector_is_given_longer_to_stop_than_its_shutdown_timeout(tmp_path: Path, no_cdc_env: pytest.MonkeyPatch) -> None:
+def test_the_connector_is_given_longer_to_stop_than_its_shutdown_timeout(
+    tmp_path: Path, no_cdc_env: pytest.MonkeyPatch
+) -> None:
     config = deploy_config(tmp_path, no_cdc_env)
     grace = service("connector")["stop_grace_period"]
     match = re.fullmatch(r"(\d+)s", str(grace))
@@ -320,10 +324,19 @@ def test_the_spark_service_submits_a_job_from_spark_with_an_image_built_from_the
 def test_the_compose_file_matches_the_compose_specification() -> None:
     pytest.importorskip("check_jsonschema", reason="check-jsonschema (with the compose-spec schema) is not installed")
     proc = subprocess.run(
-        [sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec",
-         str(DEPLOY / "docker-compose.yml")],
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.compose-spec",
+            str(DEPLOY / "docker-compose.yml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -334,10 +347,14 @@ def test_the_image_is_built_in_stages_on_a_python_311_slim_base_by_default() -> 
     image = Dockerfile(DEPLOY / "Dockerfile")
     # ARGs before the first FROM: the base (python:3.11-slim for registry users; `make image` passes a
     # local Debian base) and where the wheels come from (built in the image, or the host's build/wheels).
-    args = dict(rest.split("=", 1) for kw, rest in image.instructions[: [k for k, _ in image.instructions].index("FROM")]
-                if kw == "ARG")
-    assert re.fullmatch(r"(docker\.io/library/)?python:3\.11(\.\d+)?-slim(-[a-z]+)?(@sha256:[0-9a-f]{64})?",
-                        args["BASE"]), args
+    args = dict(
+        rest.split("=", 1)
+        for kw, rest in image.instructions[: [k for k, _ in image.instructions].index("FROM")]
+        if kw == "ARG"
+    )
+    assert re.fullmatch(
+        r"(docker\.io/library/)?python:3\.11(\.\d+)?-slim(-[a-z]+)?(@sha256:[0-9a-f]{64})?", args["BASE"]
+    ), args
     stages = {rest.split()[-1]: stage for stage in image.stages() for kw, rest in stage[:1] if " AS " in rest}
     assert args["WHEELS"] in stages and args["WHEELS"] != "host-wheels"
     assert stages["index-wheels"][0][1].startswith("${BASE}")
@@ -496,7 +513,9 @@ def test_the_configmap_holds_a_valid_configuration_read_from_where_it_is_mounted
     assert config_path.name in k8s("ConfigMap")["data"]
 
 
-def test_the_secret_is_referenced_by_its_name_and_supplies_the_password(tmp_path: Path, no_cdc_env: pytest.MonkeyPatch) -> None:
+def test_the_secret_is_referenced_by_its_name_and_supplies_the_password(
+    tmp_path: Path, no_cdc_env: pytest.MonkeyPatch
+) -> None:
     secret = k8s("Secret")
     name = secret["metadata"]["name"]
     keys = set(secret.get("stringData", {})) | set(secret.get("data", {}))
@@ -587,7 +606,9 @@ def test_every_metric_the_daemon_exports_is_in_the_operations_guide() -> None:
     samples = [line for line in text.splitlines() if line and not line.startswith("#")]
     names = {re.split(r"[{ ]", line, maxsplit=1)[0] for line in samples} - {""}
     names = {n for n in names if not n.endswith("_created")}
-    histograms = re.findall(r"^# TYPE (\S+) histogram$", text, flags=re.M)  # described once, not per _bucket/_sum/_count
+    histograms = re.findall(
+        r"^# TYPE (\S+) histogram$", text, flags=re.M
+    )  # described once, not per _bucket/_sum/_count
     names = {next((h for h in histograms if n in (f"{h}_bucket", f"{h}_sum", f"{h}_count")), n) for n in names}
     assert "cdc_events_total" in names and "cdc_slot_lag_bytes" in names
     guide = (ROOT / "docs" / "operations.md").read_text()

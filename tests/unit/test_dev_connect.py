@@ -46,8 +46,16 @@ def test_the_postgres_source_streams_the_given_slot_and_publication_without_snap
     )
     assert config["connector.class"] == "io.debezium.connector.postgresql.PostgresConnector"
     assert (config["database.hostname"], config["database.port"]) == ("127.0.0.1", "54321")
-    assert (config["database.user"], config["database.password"], config["database.dbname"]) == ("cdc", "secret", "bench")
-    assert (config["plugin.name"], config["slot.name"], config["publication.name"]) == ("pgoutput", "bench_dbz_0", "bench_pub")
+    assert (config["database.user"], config["database.password"], config["database.dbname"]) == (
+        "cdc",
+        "secret",
+        "bench",
+    )
+    assert (config["plugin.name"], config["slot.name"], config["publication.name"]) == (
+        "pgoutput",
+        "bench_dbz_0",
+        "bench_pub",
+    )
     assert config["publication.autocreate.mode"] == "disabled"
     # no snapshot at all, so it streams from the slot's position (no_data starts at the server's current one)
     assert config["snapshot.mode"] == "configuration_based"
@@ -61,8 +69,14 @@ def test_the_postgres_source_streams_the_given_slot_and_publication_without_snap
 
 
 def test_the_postgres_source_fills_libpq_defaults_for_what_the_dsn_leaves_out() -> None:
-    config = connect.postgres_source_config("dbname=bench", slot="s", publication="p", tables=["public.t"], topic_prefix="x")
-    assert (config["database.hostname"], config["database.port"], config["database.password"]) == ("localhost", "5432", "")
+    config = connect.postgres_source_config(
+        "dbname=bench", slot="s", publication="p", tables=["public.t"], topic_prefix="x"
+    )
+    assert (config["database.hostname"], config["database.port"], config["database.password"]) == (
+        "localhost",
+        "5432",
+        "",
+    )
 
 
 def test_the_tests_worker_keeps_its_quick_start_jvm_and_a_benchmark_can_ask_for_the_shipped_one(tmp_path: Path) -> None:

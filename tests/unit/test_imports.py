@@ -23,6 +23,7 @@ MAX_LINES: Final = 600
 # What the decoder (bytes in, events out) must never depend on, directly or through another module.
 DECODER_MUST_NOT_IMPORT: Final = ("cdc.config", "cdc.catalog", "cdc.sink", "cdc.snapshot", "cdc.pipeline", "cdc.outbox")
 
+
 @dataclass(frozen=True, slots=True)
 class Edge:
     target: str

@@ -23,16 +23,41 @@ RULES_TEST = OBSERVABILITY / "cdc-rules.test.yml"
 DASHBOARD = OBSERVABILITY / "grafana-dashboard.json"
 
 PROMQL_WORDS = {
-    "sum", "by", "rate", "increase", "min", "max", "and", "or", "on", "unless", "histogram_quantile", "predict_linear",
-    "changes", "min_over_time", "absent", "bool", "without", "ignoring", "group_left", "group_right", "le", "count",
-    "up", "inf", "nan", "offset", "avg", "deriv",
-}  # fmt: skip
+    "sum",
+    "by",
+    "rate",
+    "increase",
+    "min",
+    "max",
+    "and",
+    "or",
+    "on",
+    "unless",
+    "histogram_quantile",
+    "predict_linear",
+    "changes",
+    "min_over_time",
+    "absent",
+    "bool",
+    "without",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "le",
+    "count",
+    "up",
+    "inf",
+    "nan",
+    "offset",
+    "avg",
+    "deriv",
+}
 
 
 def _generate() -> object:
     sys.path.insert(0, str(OBSERVABILITY))
     try:
-        import generate  # noqa: PLC0415 - deploy/observability/generate.py, not a package
+        import generate
 
         return generate
     finally:
@@ -65,8 +90,11 @@ def metric_names(expr: str) -> set[str]:
 def test_promtool_checks_the_scrape_configuration(tmp_path: Path) -> None:
     proc = subprocess.run(
         [str(binary("promtool")), "check", "config", str(OBSERVABILITY / "prometheus.yml")],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "SUCCESS" in proc.stdout + proc.stderr
 
@@ -101,10 +129,20 @@ def test_every_alert_has_a_rule_test_that_fires_it_and_one_that_keeps_it_silent(
     assert names - fired == set(), "alerts no test fires"
     assert names - silent == set(), "alerts no test keeps silent"
     for must in (
-        "CdcDown", "CdcReplicationStreamDown", "CdcSlotNearInvalidation", "CdcSlotWalGrowthPredictsInvalidation",
-        "CdcSlotInvalidated", "CdcSourceLagHigh", "CdcDeliveryErrors", "CdcDeadLetters", "CdcQueuePinned",
-        "CdcMainLoopStalled", "CdcSnapshotStalled", "CdcFailoverNotReady", "CdcDeliveryStalled",
-    ):  # fmt: skip
+        "CdcDown",
+        "CdcReplicationStreamDown",
+        "CdcSlotNearInvalidation",
+        "CdcSlotWalGrowthPredictsInvalidation",
+        "CdcSlotInvalidated",
+        "CdcSourceLagHigh",
+        "CdcDeliveryErrors",
+        "CdcDeadLetters",
+        "CdcQueuePinned",
+        "CdcMainLoopStalled",
+        "CdcSnapshotStalled",
+        "CdcFailoverNotReady",
+        "CdcDeliveryStalled",
+    ):
         assert must in names
 
 
@@ -121,7 +159,11 @@ def test_every_alert_has_a_summary_a_description_with_the_first_command_and_a_se
 
 def test_the_committed_dashboard_and_prometheus_rule_are_what_generate_py_makes() -> None:
     proc = subprocess.run(
-        [sys.executable, str(OBSERVABILITY / "generate.py"), "--check"], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, str(OBSERVABILITY / "generate.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
 
@@ -129,7 +171,15 @@ def test_the_committed_dashboard_and_prometheus_rule_are_what_generate_py_makes(
 def test_the_dashboard_has_its_rows_a_datasource_and_a_table_variable() -> None:
     d = json.loads(DASHBOARD.read_text())
     rows = [p["title"] for p in d["panels"] if p["type"] == "row"]
-    assert rows == ["Overview", "Per table", "Snapshots", "Delivery and queue", "Errors and dead letters", "Failover", "Process"]
+    assert rows == [
+        "Overview",
+        "Per table",
+        "Snapshots",
+        "Delivery and queue",
+        "Errors and dead letters",
+        "Failover",
+        "Process",
+    ]
     variables = {v["name"]: v for v in d["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     assert variables["table"]["type"] == "query" and "table" in variables["table"]["query"]
@@ -197,7 +247,11 @@ def test_the_kubernetes_monitoring_kustomization_has_a_service_monitor_a_prometh
     if kubectl is None:
         pytest.skip("kubectl is not installed")
     proc = subprocess.run(
-        [kubectl, "kustomize", str(ROOT / "deploy" / "k8s" / "monitoring")], capture_output=True, text=True, timeout=120, check=False
+        [kubectl, "kustomize", str(ROOT / "deploy" / "k8s" / "monitoring")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     docs = {d["kind"]: d for d in yaml.safe_load_all(proc.stdout) if d}
@@ -252,4 +306,6 @@ def test_dev_prometheus_scrapes_the_daemons_endpoint_with_the_rules_and_stops(tm
         prometheus.down(state)
         endpoint.stop()
     assert prometheus.status(state) is None
-    assert not Path(f"/proc/{pid}").exists() or "prometheus" not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    assert not Path(f"/proc/{pid}").exists() or "prometheus" not in Path(f"/proc/{pid}/cmdline").read_text(
+        errors="replace"
+    )

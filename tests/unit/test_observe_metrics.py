@@ -15,17 +15,26 @@ from tests.support.http import metric
 def _report(name: str, tx: int, retries: int, batches: int, *, rtt_cnt: int = 3) -> str:
     """A librdkafka statistics document with the fields ProducerStats reads (shape of STATISTICS.md)."""
     broker: dict[str, Any] = {
-        "name": "localhost:9092/1", "nodeid": 1, "state": "UP", "tx": tx, "txretries": retries, "txerrs": 0, "req_timeouts": 0,
+        "name": "localhost:9092/1",
+        "nodeid": 1,
+        "state": "UP",
+        "tx": tx,
+        "txretries": retries,
+        "txerrs": 0,
+        "req_timeouts": 0,
         "rtt": {"cnt": rtt_cnt, "p50": 1500, "p99": 9000, "avg": 2000},
-    }  # fmt: skip
+    }
     bootstrap = {"name": "localhost:9092/bootstrap", "nodeid": -1, "tx": 5, "txretries": 0, "txerrs": 0}
     return json.dumps(
         {
-            "name": name, "type": "producer", "msg_cnt": 7, "msg_size": 700,
+            "name": name,
+            "type": "producer",
+            "msg_cnt": 7,
+            "msg_size": 700,
             "brokers": {broker["name"]: broker, bootstrap["name"]: bootstrap},
             "topics": {"t": {"batchcnt": {"cnt": batches}, "batchsize": {"cnt": batches, "sum": batches * 1000}}},
         }
-    )  # fmt: skip
+    )
 
 
 def _scrape(stats: Stats) -> str:
@@ -58,7 +67,9 @@ def test_a_broker_missing_from_a_report_is_down() -> None:
     p = ProducerStats()
     p.on_stats(_report("rdkafka#producer-1", tx=10, retries=0, batches=1))
     assert p.up == {"1": True}
-    p.on_stats(json.dumps({"name": "rdkafka#producer-1", "brokers": {"b": {"nodeid": -1, "state": "INIT"}}, "topics": {}}))
+    p.on_stats(
+        json.dumps({"name": "rdkafka#producer-1", "brokers": {"b": {"nodeid": -1, "state": "INIT"}}, "topics": {}})
+    )
     assert p.up == {"1": False} and p.rtt == {}
 
 

@@ -46,11 +46,16 @@ def test_an_outbox_section_with_defaults_loads(tmp_path):
     box = c.outbox.tables[0]
     assert box.name == "public.outbox" and not box.produce_change_topic
     assert box.columns.required() == {
-        "id": "id", "aggregate_type": "aggregatetype", "aggregate_id": "aggregateid", "type": "type",
+        "id": "id",
+        "aggregate_type": "aggregatetype",
+        "aggregate_id": "aggregateid",
+        "type": "type",
         "payload": "payload",
-    }  # fmt: skip
+    }
     assert c.outbox.topic_for("order", "shop") == "shop.outbox.event.order"  # two daemons' events never share a topic
-    assert c.outbox.on_error == "dead_letter" and c.outbox.enabled  # one poison row must not stop the database's capture
+    assert (
+        c.outbox.on_error == "dead_letter" and c.outbox.enabled
+    )  # one poison row must not stop the database's capture
     assert c.outbox_dead_letter_topic == f"{c.topic_prefix}.outbox.dead_letter"
 
 
@@ -71,8 +76,14 @@ def test_no_outbox_section_means_the_outbox_is_off(tmp_path):
         ("outbox:\n  on_error: drop\n", r"outbox\.on_error: Input should be 'fail' or 'dead_letter'"),
         ("outbox:\n  tables: [public.customers]\n", r"public\.customers is also under 'tables'"),
         ("outbox:\n  tables: [public.o, public.o]\n", r"outbox: .*tables: listed more than once: public\.o"),
-        ("outbox:\n  tables: [{name: o, columns: {payload: type}}]\n", r"outbox\.tables\.0\.columns: .*two roles: type"),
-        ("outbox:\n  tables: [{name: o, columns: {payload_column: p}}]\n", r"outbox\.tables\.0\.columns\.payload_column: unknown key"),
+        (
+            "outbox:\n  tables: [{name: o, columns: {payload: type}}]\n",
+            r"outbox\.tables\.0\.columns: .*two roles: type",
+        ),
+        (
+            "outbox:\n  tables: [{name: o, columns: {payload_column: p}}]\n",
+            r"outbox\.tables\.0\.columns\.payload_column: unknown key",
+        ),
         (
             "outbox:\n  tables: [{name: o, extra: [{column: tenant, placement: header, name: id}]}]\n",
             r"outbox\.tables\.0: .*header name id is reserved",
@@ -121,13 +132,24 @@ EVENT_ID = uuid.UUID("00000000-0000-4000-8000-000000000001")
 
 def row_event(op: Op = Op.CREATE, payload_type: PgType = JSONB, extra: tuple[str, ...] = (), **row: Any) -> ChangeEvent:
     after = {
-        "id": EVENT_ID, "aggregatetype": "order", "aggregateid": "42", "type": "OrderPlaced",
-        "payload": '{"total": "9.90"}', **row,
-    }  # fmt: skip
+        "id": EVENT_ID,
+        "aggregatetype": "order",
+        "aggregateid": "42",
+        "type": "OrderPlaced",
+        "payload": '{"total": "9.90"}',
+        **row,
+    }
     return ChangeEvent(
-        op, outbox_schema(payload_type, extra), after if op is Op.DELETE else None,
-        None if op is Op.DELETE else after, Lsn(0x500), Lsn(0x400), 77, 1, 1_700_000_000_000_000,
-    )  # fmt: skip
+        op,
+        outbox_schema(payload_type, extra),
+        after if op is Op.DELETE else None,
+        None if op is Op.DELETE else after,
+        Lsn(0x500),
+        Lsn(0x400),
+        77,
+        1,
+        1_700_000_000_000_000,
+    )
 
 
 def router(**settings: Any) -> OutboxRouter:
@@ -206,7 +228,7 @@ def test_a_malformed_row_says_why_and_keeps_the_row(row, payload_type, reason):
 
 def test_a_text_payload_holding_json_is_accepted():
     r = router()
-    ev = r.from_row(r.tables["public.outbox"], row_event(payload_type=TEXT, payload='[1, 2]'))
+    ev = r.from_row(r.tables["public.outbox"], row_event(payload_type=TEXT, payload="[1, 2]"))
     assert isinstance(ev, OutboxEvent) and r.record(ev).value == b"[1, 2]"
 
 
@@ -253,7 +275,11 @@ def test_a_message_without_an_id_gets_one_from_its_lsn_the_same_every_time():
         ('{"aggregate_type":"order","type":"X","payload":{}}', True, "missing_aggregate_id"),
         ('{"aggregate_type":"order","aggregate_id":"1","payload":{}}', True, "missing_type"),
         ('{"aggregate_type":"order","aggregate_id":"1","type":"X"}', True, "missing_payload"),
-        ('{"aggregate_type":"order","aggregate_id":"1","type":"X","payload":1,"headers":{"id":"x"}}', True, "bad_headers"),
+        (
+            '{"aggregate_type":"order","aggregate_id":"1","type":"X","payload":1,"headers":{"id":"x"}}',
+            True,
+            "bad_headers",
+        ),
     ],
 )
 def test_a_malformed_message_says_why_and_keeps_the_content(content, transactional, reason):
@@ -285,9 +311,12 @@ def test_avro_values_are_registered_records_with_the_payload_as_a_json_string():
 
     datum = fastavro.schemaless_reader(io.BytesIO(body), fastavro.parse_schema(avro_event_schema(())), None)
     assert datum == {
-        "id": str(EVENT_ID), "type": "OrderPlaced", "aggregate_type": "order", "aggregate_id": "42",
+        "id": str(EVENT_ID),
+        "type": "OrderPlaced",
+        "aggregate_type": "order",
+        "aggregate_id": "42",
         "payload": '{"total": "9.90"}',
-    }  # fmt: skip
+    }
     assert rec.key == b"42"  # plain text in both formats: one aggregate, one partition
 
 
@@ -309,8 +338,12 @@ def test_the_insert_quotes_table_and_columns_as_identifiers():
 def test_the_message_is_transactional_and_its_content_a_json_object():
     assert MESSAGE_STATEMENT.as_string(None) == "SELECT pg_logical_emit_message(true, %s, %s::text)"
     assert orjson.loads(message_content("i", "order", "1", "T", {"a": 1}, {})) == {
-        "id": "i", "aggregate_type": "order", "aggregate_id": "1", "type": "T", "payload": {"a": 1},
-    }  # fmt: skip
+        "id": "i",
+        "aggregate_type": "order",
+        "aggregate_id": "1",
+        "type": "T",
+        "payload": {"a": 1},
+    }
 
 
 def test_publish_refuses_an_autocommit_connection_outside_a_transaction():

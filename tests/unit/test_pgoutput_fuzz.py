@@ -27,8 +27,10 @@ def load_captured() -> list[tuple[bytes, bool]]:
 PARALLEL_STREAM_ABORT = b"A" + struct.pack(">IIQq", 7, 8, 0x1_0000_0000, 1_000_000)
 SYNTHETIC: list[tuple[bytes, bool]] = [
     (PARALLEL_STREAM_ABORT, False),
-    (b"I" + struct.pack(">I", 16384) + b"N" + struct.pack(">H", 2) + b"b" + struct.pack(">i", 4) + bytes(4) + b"u",
-     False),
+    (
+        b"I" + struct.pack(">I", 16384) + b"N" + struct.pack(">H", 2) + b"b" + struct.pack(">i", 4) + bytes(4) + b"u",
+        False,
+    ),
     (b"Y" + struct.pack(">II", 5, 16400) + b"\x00\x00", True),
 ]
 
@@ -148,19 +150,34 @@ def test_update_tuples_round_trip(
 names = st.text(st.characters(exclude_characters="\x00", exclude_categories=["Cs"]), max_size=30)
 
 
-@given(names, names, st.lists(st.tuples(st.integers(0, 255), names, st.integers(0, 2**32 - 1),
-                                        st.integers(-(2**31), 2**31 - 1)), max_size=8))
+@given(
+    names,
+    names,
+    st.lists(
+        st.tuples(st.integers(0, 255), names, st.integers(0, 2**32 - 1), st.integers(-(2**31), 2**31 - 1)), max_size=8
+    ),
+)
 def test_relation_names_round_trip_through_utf8(
     namespace: str, name: str, columns: list[tuple[int, str, int, int]]
 ) -> None:
-    body = [b"R", struct.pack(">I", 1), namespace.encode() + b"\x00", name.encode() + b"\x00", b"f",
-            struct.pack(">H", len(columns))]
+    body = [
+        b"R",
+        struct.pack(">I", 1),
+        namespace.encode() + b"\x00",
+        name.encode() + b"\x00",
+        b"f",
+        struct.pack(">H", len(columns)),
+    ]
     for flags, column, type_oid, modifier in columns:
         body += [bytes([flags]), column.encode() + b"\x00", struct.pack(">Ii", type_oid, modifier)]
 
     message = decode(b"".join(body))
 
     assert message == pg.Relation(
-        None, 1, namespace, name, pg.ReplicaIdentity.FULL,
+        None,
+        1,
+        namespace,
+        name,
+        pg.ReplicaIdentity.FULL,
         tuple(pg.Column(c, oid, mod, bool(flags & 1)) for flags, c, oid, mod in columns),
     )

@@ -51,7 +51,13 @@ def test_a_sequence_of_another_shape_is_a_clear_error(text: str) -> None:
 
 
 def test_headers_give_every_field_and_ignore_other_headers() -> None:
-    headers = [("cdc.lsn", b"650"), ("cdc.commit_lsn", b"700"), ("cdc.txid", b"42"), ("cdc.ordinal", b"3"), ("id", b"e-1")]
+    headers = [
+        ("cdc.lsn", b"650"),
+        ("cdc.commit_lsn", b"700"),
+        ("cdc.txid", b"42"),
+        ("cdc.ordinal", b"3"),
+        ("id", b"e-1"),
+    ]
     assert from_headers(headers) == RecordPosition(650, 700, 42, 3)
     assert from_headers(None) == RecordPosition()
     with pytest.raises(PositionError, match="header cdc.lsn is '0/28A', not a decimal"):
@@ -113,7 +119,11 @@ def test_without_headers_a_key_change_keeps_debeziums_key_headers_only() -> None
     moved = {**ALICE_AFTER, "id": 2}
     records = json_serializer(headers=False).records(change(Op.UPDATE, ALICE_AFTER, moved))
 
-    assert [[name for name, _ in r.headers] for r in records] == [["__debezium.newkey"], ["__debezium.newkey"], ["__debezium.oldkey"]]
+    assert [[name for name, _ in r.headers] for r in records] == [
+        ["__debezium.newkey"],
+        ["__debezium.newkey"],
+        ["__debezium.oldkey"],
+    ]
     assert [record_position(r.headers, r.value).lsn for r in records] == [LSN, None, LSN]
 
 
@@ -141,12 +151,15 @@ def test_with_headers_every_record_of_a_transaction_shares_its_commit_headers() 
     first = s.records(change(Op.CREATE, None, ALICE_AFTER, ordinal=1))
     second = s.records(change(Op.CREATE, None, {**ALICE_AFTER, "id": 2}, ordinal=2))
 
-    assert [from_headers(r.headers) for r in first + second] == [RecordPosition(LSN, COMMIT, XID, 1), RecordPosition(LSN, COMMIT, XID, 2)]
+    assert [from_headers(r.headers) for r in first + second] == [
+        RecordPosition(LSN, COMMIT, XID, 1),
+        RecordPosition(LSN, COMMIT, XID, 2),
+    ]
 
 
 def test_the_setting_reaches_the_serializer_the_daemon_and_its_snapshot_workers_build() -> None:
-    from cdc.config import Config  # noqa: PLC0415
-    from cdc.pipeline.wiring import make_serializer  # noqa: PLC0415
+    from cdc.config import Config
+    from cdc.pipeline.wiring import make_serializer
 
     base: dict[str, Any] = {
         "source": {"dsn": "host=db dbname=shop", "slot": "s", "publication": "p"},

@@ -22,12 +22,23 @@ import orjson
 import pytest
 
 from cdc.decoder.types import BUILTIN_TYPES, converter_for
-from cdc.event import ChangeEvent, Column, MessageEvent, Op, PgType, TableSchema, TruncateEvent, TxBegin, TxCommit, TypeKind
+from cdc.event import (
+    ChangeEvent,
+    Column,
+    MessageEvent,
+    Op,
+    PgType,
+    TableSchema,
+    TruncateEvent,
+    TxBegin,
+    TxCommit,
+    TypeKind,
+)
 from cdc.lsn import Lsn
 from cdc.sink.avro import AvroSerializer, AvroSettings, decode_wire
+from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.metadata import Heartbeat, TransactionMetadata
 from cdc.sink.record import Record
-from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.records import EventSerializer
 from tests.unit.test_avro import FakeRegistry
 
@@ -36,22 +47,58 @@ CLOCK_NS = 1714566897101234567
 
 # A text value for each base type the decoder converts (what pgoutput sends).
 SAMPLES: dict[str, bytes] = {
-    "bool": b"t", "bytea": b"\\x00ff10", "char": b"c", "name": b"a_name", "int8": b"-9000000000", "int2": b"-7",
-    "int4": b"42", "text": b"some text", "oid": b"4000000000", "json": b'{"a": [1, 2]}', "xml": b"<a>b</a>",
-    "point": b"(1.5,-2)", "lseg": b"[(0,0),(1,1)]", "path": b"((0,0),(1,1))", "box": b"(1,1),(0,0)",
-    "polygon": b"((0,0),(1,0),(0,1))", "line": b"{1,-1,0}", "cidr": b"10.0.0.0/8", "float4": b"1.5",
-    "float8": b"-2.25", "circle": b"<(0,0),2>", "macaddr8": b"08:00:2b:01:02:03:04:05", "money": b"$1,234.50",
-    "macaddr": b"08:00:2b:01:02:03", "inet": b"192.168.0.1", "bpchar": b"abc", "varchar": b"vc",
-    "date": b"2024-05-01", "time": b"12:34:56.789", "timestamp": b"2024-05-01 12:34:56.789012",
-    "timestamptz": b"2024-05-01 12:34:56.789012+02", "interval": b"1 year 2 mons 3 days 04:05:06.78",
-    "timetz": b"12:34:56+02", "bit": b"101", "varbit": b"1", "numeric": b"-1234.5600", "uuid": b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
-    "jsonb": b'{"b": null}', "jsonpath": b"$.a", "int4range": b"[1,5)", "numrange": b"[1.5,2)",
-    "tsrange": b'["2024-01-01 00:00:00","2024-02-01 00:00:00")', "tstzrange": b'["2024-01-01 00:00:00+00",)',
-    "daterange": b"[2024-01-01,2024-02-01)", "int8range": b"[1,2)", "int4multirange": b"{[1,3)}",
-    "nummultirange": b"{[1,2)}", "tsmultirange": b'{["2024-01-01 00:00:00","2024-01-02 00:00:00")}',
+    "bool": b"t",
+    "bytea": b"\\x00ff10",
+    "char": b"c",
+    "name": b"a_name",
+    "int8": b"-9000000000",
+    "int2": b"-7",
+    "int4": b"42",
+    "text": b"some text",
+    "oid": b"4000000000",
+    "json": b'{"a": [1, 2]}',
+    "xml": b"<a>b</a>",
+    "point": b"(1.5,-2)",
+    "lseg": b"[(0,0),(1,1)]",
+    "path": b"((0,0),(1,1))",
+    "box": b"(1,1),(0,0)",
+    "polygon": b"((0,0),(1,0),(0,1))",
+    "line": b"{1,-1,0}",
+    "cidr": b"10.0.0.0/8",
+    "float4": b"1.5",
+    "float8": b"-2.25",
+    "circle": b"<(0,0),2>",
+    "macaddr8": b"08:00:2b:01:02:03:04:05",
+    "money": b"$1,234.50",
+    "macaddr": b"08:00:2b:01:02:03",
+    "inet": b"192.168.0.1",
+    "bpchar": b"abc",
+    "varchar": b"vc",
+    "date": b"2024-05-01",
+    "time": b"12:34:56.789",
+    "timestamp": b"2024-05-01 12:34:56.789012",
+    "timestamptz": b"2024-05-01 12:34:56.789012+02",
+    "interval": b"1 year 2 mons 3 days 04:05:06.78",
+    "timetz": b"12:34:56+02",
+    "bit": b"101",
+    "varbit": b"1",
+    "numeric": b"-1234.5600",
+    "uuid": b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+    "jsonb": b'{"b": null}',
+    "jsonpath": b"$.a",
+    "int4range": b"[1,5)",
+    "numrange": b"[1.5,2)",
+    "tsrange": b'["2024-01-01 00:00:00","2024-02-01 00:00:00")',
+    "tstzrange": b'["2024-01-01 00:00:00+00",)',
+    "daterange": b"[2024-01-01,2024-02-01)",
+    "int8range": b"[1,2)",
+    "int4multirange": b"{[1,3)}",
+    "nummultirange": b"{[1,2)}",
+    "tsmultirange": b'{["2024-01-01 00:00:00","2024-01-02 00:00:00")}',
     "tstzmultirange": b'{["2024-01-01 00:00:00+00","2024-01-02 00:00:00+00")}',
-    "datemultirange": b"{[2024-01-01,2024-01-03)}", "int8multirange": b"{[1,5)}",
-}  # fmt: skip
+    "datemultirange": b"{[2024-01-01,2024-01-03)}",
+    "int8multirange": b"{[1,5)}",
+}
 # numeric, time and timestamp with and without a modifier take different schemas
 MODIFIERS: dict[str, list[int]] = {
     "numeric": [-1, ((12 << 16) | 4) + 4],
@@ -86,7 +133,9 @@ def _columns() -> list[tuple[Column, bytes]]:
         for modifier in MODIFIERS.get(t.name, [-1]):
             out.append((Column(f"c_{t.name}_{modifier}".replace("-", "m"), t, modifier), sample))
             array = next(a for a in BUILTIN_TYPES.values() if a.kind is TypeKind.ARRAY and a.element is t)
-            out.append((Column(f"a_{t.name}_{modifier}".replace("-", "m"), array, modifier), _array_text(sample, t.name)))
+            out.append(
+                (Column(f"a_{t.name}_{modifier}".replace("-", "m"), array, modifier), _array_text(sample, t.name))
+            )
     for t, sample in EXTRA:
         out.append((Column(f"x_{t.name}", t), sample))
     return out
@@ -161,7 +210,9 @@ def connect_check(node: dict[str, Any], value: Any, path: str) -> None:
         assert isinstance(value, int) and not isinstance(value, bool), f"{path}: {value!r} is not an integer"
         assert -limit <= value < limit, f"{path}: {value} does not fit {kind}"
     elif kind in ("float", "double"):
-        assert (isinstance(value, (int, float)) and not isinstance(value, bool)) or value in _FLOAT_WORDS, f"{path}: {value!r}"
+        assert (isinstance(value, (int, float)) and not isinstance(value, bool)) or value in _FLOAT_WORDS, (
+            f"{path}: {value!r}"
+        )
     elif kind == "boolean":
         assert isinstance(value, bool), f"{path}: {value!r} is not a boolean"
     elif kind == "string":
@@ -256,7 +307,9 @@ def check_avro(registry: FakeRegistry, data: bytes | None, what: str) -> None:
 
 def test_every_avro_record_is_valid_against_the_schema_its_id_names() -> None:
     registry = FakeRegistry()
-    s = AvroSerializer(AvroSettings(topic_prefix="dbserver1", database="db"), lambda topic: 2, registry, clock_ns=lambda: CLOCK_NS)
+    s = AvroSerializer(
+        AvroSettings(topic_prefix="dbserver1", database="db"), lambda topic: 2, registry, clock_ns=lambda: CLOCK_NS
+    )
     # Avro has one array level and no placeholder for every type: the decoder's one-dimensional values
     for kind, records in every_record(s, _table("t", nullable=False)).items():
         for record in records:
@@ -268,8 +321,8 @@ def test_every_avro_record_is_valid_against_the_schema_its_id_names() -> None:
 
 
 def test_a_table_set_to_skip_truncates_gets_no_marker_and_the_others_do() -> None:
-    from cdc.config import TableConfig  # noqa: PLC0415
-    from cdc.selection import entry_for  # noqa: PLC0415
+    from cdc.config import TableConfig
+    from cdc.selection import entry_for
 
     entries = (TableConfig(name="public.flinked", truncate="skip"), TableConfig(pattern="public.*"))
     s = JsonSerializer(JsonSettings(topic_prefix="p", database="db"), lambda topic: 2)

@@ -138,9 +138,16 @@ def test_nested_sections_lists_of_sections_and_maps_of_any_model_are_walked() ->
 
     entries = {e.path: e for e in reference_entries(Settings)}
     assert list(entries) == [
-        "items", "items[].label", "items[].leaf", "items[].leaf.size",
-        "inner", "inner.size", "mode", "options", "secret",
-    ]  # fmt: skip
+        "items",
+        "items[].label",
+        "items[].leaf",
+        "items[].leaf.size",
+        "inner",
+        "inner.size",
+        "mode",
+        "options",
+        "secret",
+    ]
     assert entries["items[].leaf.size"].env_note == "as part of `APP_ITEMS`"
     assert entries["inner.size"].env == "APP_INNER__SIZE"
     assert entries["inner.size"].type == "integer >= 1, <= 9"
@@ -297,9 +304,13 @@ def test_the_example_configuration_validates(clean_env: pytest.MonkeyPatch) -> N
     assert config.source.password is None, "the example must not carry a password"
     assert config.masking.salt is None, "the example must not carry the masking salt"
     assert {t.selector for t in config.tables} == {
-        "public.customers", "public.products", "public.orders", "public.order_lines",
-        "pattern 'public.audit_*'", "regex 'archive\\\\.orders_\\\\d{4}'",
-    }  # fmt: skip
+        "public.customers",
+        "public.products",
+        "public.orders",
+        "public.order_lines",
+        "pattern 'public.audit_*'",
+        "regex 'archive\\\\.orders_\\\\d{4}'",
+    }
 
 
 SECRETS_COMMENTED_OUT = {"source.password", "source.password_file", "masking.salt", "schema_registry.password"}
@@ -337,7 +348,9 @@ def test_the_example_configuration_sets_every_key_and_shows_secrets_commented_ou
     assert not missing, f"docs/example.yaml does not show these keys: {missing}"
 
 
-def test_the_json_list_shown_in_the_reference_is_accepted_as_written(tmp_path: Path, clean_env: pytest.MonkeyPatch) -> None:
+def test_the_json_list_shown_in_the_reference_is_accepted_as_written(
+    tmp_path: Path, clean_env: pytest.MonkeyPatch
+) -> None:
     match = re.search(r"`CDC_TABLES='(.+?)'`", render_reference())
     assert match is not None
     clean_env.setenv("CDC_TABLES", match.group(1))
@@ -346,7 +359,9 @@ def test_the_json_list_shown_in_the_reference_is_accepted_as_written(tmp_path: P
     assert config.tables[1].key == ["id"]
 
 
-def test_a_stale_reference_fails_with_the_command_that_fixes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_stale_reference_fails_with_the_command_that_fixes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     stale = tmp_path / "docs"
     stale.mkdir()
     (stale / "configuration.md").write_text("# old\n")
@@ -361,7 +376,11 @@ def test_a_json_map_in_the_environment_is_merged_into_the_files_map_as_the_refer
     match = re.search(r"`(CDC_KAFKA__PRODUCER)='(.+?)'`", render_reference())
     assert match is not None
     path = tmp_path / "cdc.yaml"
-    path.write_text(BASE.replace("  bootstrap_servers: kafka:9092", "  bootstrap_servers: kafka:9092\n  producer:\n    linger.ms: 20"))
+    path.write_text(
+        BASE.replace(
+            "  bootstrap_servers: kafka:9092", "  bootstrap_servers: kafka:9092\n  producer:\n    linger.ms: 20"
+        )
+    )
     clean_env.setenv(match.group(1), match.group(2))
     assert load_config(path).kafka.producer == {"linger.ms": 20, "sasl.password": "..."}
 
@@ -374,9 +393,7 @@ def test_a_json_list_in_the_environment_replaces_the_files_list(tmp_path: Path, 
 def test_cdc_config_reference_prints_the_reference() -> None:
     from cdc.cli import build_parser
 
-    commands = next(
-        a for a in build_parser()._actions if a.dest == "command"  # noqa: SLF001 (argparse keeps them there)
-    )
+    commands = next(a for a in build_parser()._actions if a.dest == "command")
     assert "config-reference" in (commands.choices or {}), "`cdc config-reference` is not a subcommand of cdc.cli"
     import subprocess
 

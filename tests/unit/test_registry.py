@@ -36,17 +36,25 @@ V1 = {
     "fields": [
         {
             "name": "before",
-            "type": ["null", {"type": "record", "name": "Value", "namespace": "p.public.t", "fields": [
-                {"name": "id", "type": "int"},
-                {"name": "name", "type": ["null", "string"], "default": None},
-                {"name": "n", "type": ["null", "int"], "default": None},
-            ]}],
+            "type": [
+                "null",
+                {
+                    "type": "record",
+                    "name": "Value",
+                    "namespace": "p.public.t",
+                    "fields": [
+                        {"name": "id", "type": "int"},
+                        {"name": "name", "type": ["null", "string"], "default": None},
+                        {"name": "n", "type": ["null", "int"], "default": None},
+                    ],
+                },
+            ],
             "default": None,
         },
         {"name": "after", "type": ["null", "p.public.t.Value"], "default": None},
         {"name": "op", "type": "string"},
     ],
-}  # fmt: skip
+}
 
 
 def with_value_fields(fields: list[dict[str, Any]]) -> dict[str, Any]:
@@ -64,11 +72,15 @@ class Response(io.BytesIO):
 class FakeOpener:
     """Answers requests from a script: each entry is a response body with status, or an exception to raise."""
 
-    def __init__(self, *script: tuple[int, Any] | BaseException | Callable[[urllib.request.Request], tuple[int, Any]]) -> None:
+    def __init__(
+        self, *script: tuple[int, Any] | BaseException | Callable[[urllib.request.Request], tuple[int, Any]]
+    ) -> None:
         self.script = list(script)
         self.requests: list[urllib.request.Request] = []
 
-    def open(self, fullurl: urllib.request.Request, data: bytes | None = None, timeout: float | None = None) -> Response:
+    def open(
+        self, fullurl: urllib.request.Request, data: bytes | None = None, timeout: float | None = None
+    ) -> Response:
         self.requests.append(fullurl)
         step = self.script.pop(0) if len(self.script) > 1 else self.script[0]
         if isinstance(step, BaseException):
@@ -135,11 +147,13 @@ def test_refused_credentials_name_the_settings() -> None:
 
 
 def test_an_incompatible_schema_names_subject_table_changes_and_fixes() -> None:
-    new = with_value_fields([
-        {"name": "id", "type": "int"},
-        {"name": "name", "type": ["null", "int"], "default": None},
-        {"name": "email", "type": "string"},
-    ])  # fmt: skip
+    new = with_value_fields(
+        [
+            {"name": "id", "type": "int"},
+            {"name": "name", "type": ["null", "int"], "default": None},
+            {"name": "email", "type": "string"},
+        ]
+    )
     opener = FakeOpener(
         (409, {"error_code": 409, "message": "Incompatible artifact: p.public.t-value [AVRO]"}),
         (200, {"subject": "p.public.t-value", "version": 3, "id": 17, "schema": orjson.dumps(V1).decode()}),
@@ -347,12 +361,14 @@ def test_over_http(local_registry: tuple[str, list[tuple[str, str, bytes, str | 
 
 
 def test_describe_changes_walks_nested_records_once() -> None:
-    new = with_value_fields([
-        {"name": "id", "type": "long"},
-        {"name": "name", "type": ["null", "string"], "default": None},
-        {"name": "email", "type": ["null", "string"], "default": None},
-        {"name": "age", "type": "int"},
-    ])  # fmt: skip
+    new = with_value_fields(
+        [
+            {"name": "id", "type": "long"},
+            {"name": "name", "type": ["null", "string"], "default": None},
+            {"name": "email", "type": ["null", "string"], "default": None},
+            {"name": "age", "type": "int"},
+        ]
+    )
     assert describe_changes(V1, new) == [
         "Value.n was removed",
         "Value.id changed type from int to long",
@@ -366,11 +382,13 @@ def test_describe_changes_of_equal_schemas_is_empty() -> None:
 
 
 def test_describe_changes_sees_optionality_and_renames() -> None:
-    new = with_value_fields([
-        {"name": "id", "type": ["null", "int"], "default": None},
-        {"name": "name", "type": ["null", "string"], "default": None},
-        {"name": "n", "type": ["null", "int"], "default": None},
-    ])  # fmt: skip
+    new = with_value_fields(
+        [
+            {"name": "id", "type": ["null", "int"], "default": None},
+            {"name": "name", "type": ["null", "string"], "default": None},
+            {"name": "n", "type": ["null", "int"], "default": None},
+        ]
+    )
     assert describe_changes(V1, new) == ["Value.id changed type from int to null|int"]
     renamed = dict(V1, name="Other")
     assert describe_changes(V1, renamed) == ["record Envelope was renamed Other"]

@@ -15,13 +15,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cdc.catalog import TableInfo
 from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.pgoutput import UNCHANGED
 from cdc.decoder.types import BUILTIN_TYPES, converter_for
-from cdc.event import ChangeEvent
-from cdc.render.json import _direct_renderer
 from cdc.render.codec import TableRenderer
+from cdc.render.json import _direct_renderer
 from cdc.render.rows import RenderedRow
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.typemap import TypeOptions, column_schema
@@ -51,7 +49,10 @@ def test_integers_render_as_their_text(n: int, type_name: str) -> None:
     assert render(type_name, -1, text) == typed_json(type_name, -1, text)
 
 
-@given(st.text(st.characters(blacklist_categories=("Cs",))), st.sampled_from(["text", "varchar", "bpchar", "name", "jsonb"]))
+@given(
+    st.text(st.characters(blacklist_categories=("Cs",))),
+    st.sampled_from(["text", "varchar", "bpchar", "name", "jsonb"]),
+)
 def test_strings_render_as_orjson_writes_them(s: str, type_name: str) -> None:
     text = s.encode()
     assert render(type_name, -1, text) == typed_json(type_name, -1, text)
@@ -113,7 +114,9 @@ def test_types_without_a_direct_renderer_are_rendered_from_their_typed_value() -
     for name in ("float8", "date", "timestamp", "interval", "bytea", "money", "timetz"):
         assert _direct_renderer(TYPES[name], -1, PRECISE) is None, name
     assert _direct_renderer(TYPES["numeric"], -1, PRECISE) is None  # variable scale: a struct
-    assert _direct_renderer(TYPES["numeric"], numeric_typmod(12, 2), TypeOptions("string", "adaptive", "numeric")) is None
+    assert (
+        _direct_renderer(TYPES["numeric"], numeric_typmod(12, 2), TypeOptions("string", "adaptive", "numeric")) is None
+    )
 
 
 # -- through the decoder ------------------------------------------------------------------------------
@@ -126,7 +129,12 @@ def serializer() -> JsonSerializer:
 def test_a_rendered_row_serializes_as_the_typed_row_and_keeps_its_typed_key() -> None:
     ser = serializer()
     row = tuple_data(b"7", b'100% "sure"', b"-1.50", b"0.1")
-    payloads = (relation(columns=COLUMNS), begin(), insert(16384, row), update(16384, row, key=tuple_data(b"6", None, None, None)))
+    payloads = (
+        relation(columns=COLUMNS),
+        begin(),
+        insert(16384, row),
+        update(16384, row, key=tuple_data(b"6", None, None, None)),
+    )
     fast = feed(ChangeDecoder(TABLES, {}, renderer=TableRenderer(ser.row_rendering)), *payloads)
     typed = feed(ChangeDecoder(TABLES, {}), *payloads)
     assert [type(e.after) for e in fast] == [RenderedRow, RenderedRow]
@@ -144,9 +152,13 @@ def test_rendered_records_of_every_op_are_the_typed_records(schemas: bool) -> No
     # Rendered rows go through the envelope template, typed rows through orjson: the same bytes, for
     # each op, with and without the Kafka Connect schema block.
     def ser() -> JsonSerializer:
-        return JsonSerializer(JsonSettings(topic_prefix="p", database="db", schemas_enable=schemas), lambda topic: 1, clock_ns=lambda: 1_700_000_000_123_456_789)
+        return JsonSerializer(
+            JsonSettings(topic_prefix="p", database="db", schemas_enable=schemas),
+            lambda topic: 1,
+            clock_ns=lambda: 1_700_000_000_123_456_789,
+        )
 
-    row = tuple_data(b"7", b"100% \"sure\" \xc3\xa9", b"-1.50", None)
+    row = tuple_data(b"7", b'100% "sure" \xc3\xa9', b"-1.50", None)
     payloads = (
         relation(columns=COLUMNS),
         begin(),
@@ -197,8 +209,17 @@ def test_a_rendered_row_has_typed_values_for_its_key_columns_only() -> None:
 def test_an_old_key_tuple_of_an_identity_wider_than_the_key_takes_the_typed_path() -> None:
     # REPLICA IDENTITY USING INDEX on (id, name) while the configured key is id: the 'K' tuple carries
     # name too, which the typed path leaves out of the before row; a rendered row would keep it.
-    columns = ((1, "id", 20, -1), (1, 'we%ird "name', 25, -1), (0, "amount", 1700, numeric_typmod(12, 2)), (0, "f", 701, -1))
-    payloads = (relation(columns=columns, identity=b"i"), begin(), delete(16384, key=tuple_data(b"7", b"x", None, None)))
+    columns = (
+        (1, "id", 20, -1),
+        (1, 'we%ird "name', 25, -1),
+        (0, "amount", 1700, numeric_typmod(12, 2)),
+        (0, "f", 701, -1),
+    )
+    payloads = (
+        relation(columns=columns, identity=b"i"),
+        begin(),
+        delete(16384, key=tuple_data(b"7", b"x", None, None)),
+    )
     ser = serializer()
     (fast,) = feed(ChangeDecoder(TABLES, {}, renderer=TableRenderer(ser.row_rendering)), *payloads)
     (typed,) = feed(ChangeDecoder(TABLES, {}), *payloads)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
+
 import orjson
 import pytest
 
@@ -61,7 +62,9 @@ def schema(total: tuple[int, int] = (12, 2), qty: int = INT4) -> TableSchema:
     )
 
 
-TABLES = {"public.orders": TableInfo("public", "orders", ORDERS, "d", ("id",), ("id", "total", "code"), frozenset({"id"}))}
+TABLES = {
+    "public.orders": TableInfo("public", "orders", ORDERS, "d", ("id",), ("id", "total", "code"), frozenset({"id"}))
+}
 
 
 # --- the records ---------------------------------------------------------------------------------
@@ -75,9 +78,17 @@ def test_a_version_record_is_keyed_by_table_and_position_and_states_each_columns
     assert value["format"] == 1 and value["position"] == "0/16A2A90:4" and value["relation_id"] == ORDERS
     assert (value["table"], value["schema"], value["name"]) == ("public.orders", "public", "orders")
     assert value["columns"][1] == {
-        "name": "total", "type": "numeric", "type_schema": "pg_catalog", "type_oid": NUMERIC, "typmod": numeric_mod(14, 3),
-        "precision": 14, "scale": 3, "length": None, "key": False, "nullable": True,
-    }  # fmt: skip
+        "name": "total",
+        "type": "numeric",
+        "type_schema": "pg_catalog",
+        "type_oid": NUMERIC,
+        "typmod": numeric_mod(14, 3),
+        "precision": 14,
+        "scale": 3,
+        "length": None,
+        "key": False,
+        "nullable": True,
+    }
     assert value["columns"][0]["key"] is True and value["columns"][0]["scale"] is None
     assert value["columns"][3]["length"] == 20 and value["columns"][4]["length"] is None
     assert version.scales() == {"total": 3}
@@ -102,7 +113,9 @@ def test_a_record_decodes_to_the_version_it_was_made_from_and_a_tombstone_to_non
         (b'{"table":"public.other","commit_lsn":0,"ordinal":0}', None, "is not its value's table and position"),
     ],
 )
-def test_a_record_the_daemon_does_not_write_is_a_schema_history_error(key: bytes | None, value: bytes | None, error: str) -> None:
+def test_a_record_the_daemon_does_not_write_is_a_schema_history_error(
+    key: bytes | None, value: bytes | None, error: str
+) -> None:
     if value is None:
         value = SchemaVersion.of(schema(), BEGINNING).value()
     with pytest.raises(SchemaHistoryError, match=error):
@@ -151,9 +164,13 @@ def test_a_relation_inside_a_transaction_is_announced_from_the_ordinal_of_the_ne
 
     events = feed(
         decoder,
-        begin(C1, TS, 900), relation(ORDERS, "public", "orders", columns=orders_columns()), insert(ORDERS, row),
-        relation(ORDERS, "public", "orders", columns=orders_columns((14, 3))), insert(ORDERS, row), commit(C1, E1, TS),
-    )  # fmt: skip
+        begin(C1, TS, 900),
+        relation(ORDERS, "public", "orders", columns=orders_columns()),
+        insert(ORDERS, row),
+        relation(ORDERS, "public", "orders", columns=orders_columns((14, 3))),
+        insert(ORDERS, row),
+        commit(C1, E1, TS),
+    )
 
     announced = [e for e in events if isinstance(e, RelationEvent)]
     assert [(e.commit_lsn, e.ordinal, e.xid) for e in announced] == [(C1, 1, 900), (C1, 2, 900)]
@@ -168,9 +185,12 @@ def test_a_relation_inside_a_transaction_is_announced_from_the_ordinal_of_the_ne
 
 def test_without_announce_relations_a_relation_only_updates_the_cache() -> None:
     events = feed(
-        ChangeDecoder(TABLES, {}), begin(C1, TS, 900), relation(ORDERS, "public", "orders", columns=orders_columns()),
-        insert(ORDERS, tuple_data(b"1", b"1.00", b"c")), commit(C1, E1, TS),
-    )  # fmt: skip
+        ChangeDecoder(TABLES, {}),
+        begin(C1, TS, 900),
+        relation(ORDERS, "public", "orders", columns=orders_columns()),
+        insert(ORDERS, tuple_data(b"1", b"1.00", b"c")),
+        commit(C1, E1, TS),
+    )
 
     assert [type(e) for e in events] == [TxBegin, ChangeEvent, TxCommit]
 
@@ -179,13 +199,18 @@ def test_a_recreated_table_is_announced_after_its_truncate_marker() -> None:
     decoder = ChangeDecoder(TABLES, {}, announce_relations=True)
 
     events = feed(
-        decoder, begin(C1, TS, 900), relation(ORDERS + 1, "public", "orders", columns=orders_columns()),
-        insert(ORDERS + 1, tuple_data(b"1", b"1.00", b"c")), commit(C1, E1, TS),
-    )  # fmt: skip
+        decoder,
+        begin(C1, TS, 900),
+        relation(ORDERS + 1, "public", "orders", columns=orders_columns()),
+        insert(ORDERS + 1, tuple_data(b"1", b"1.00", b"c")),
+        commit(C1, E1, TS),
+    )
 
     assert [type(e) for e in events] == [TxBegin, TruncateEvent, RelationEvent, ChangeEvent, TxCommit]
     marker, announced, change = events[1], events[2], events[3]
-    assert isinstance(marker, TruncateEvent) and isinstance(announced, RelationEvent) and isinstance(change, ChangeEvent)
+    assert (
+        isinstance(marker, TruncateEvent) and isinstance(announced, RelationEvent) and isinstance(change, ChangeEvent)
+    )
     assert (marker.ordinal, announced.ordinal, change.ordinal) == (1, 2, 2)
     assert announced.after_lsn == 0  # no row change before it in its transaction: it holds for all of them
 
@@ -194,13 +219,21 @@ def test_a_streamed_transaction_announces_its_relations_at_its_commit(tmp_path: 
     with Spool(tmp_path / "spool") as spool:
         decoder = ChangeDecoder(TABLES, {}, spool=spool, announce_relations=True)
         events = feed(
-            decoder, stream_start(901, True), relation(ORDERS, "public", "orders", columns=orders_columns((14, 3)), xid=901),
-            insert(ORDERS, tuple_data(b"1", b"1.000", b"c"), xid=901), b"E", stream_commit(901, C2, E2, TS),
-        )  # fmt: skip
+            decoder,
+            stream_start(901, True),
+            relation(ORDERS, "public", "orders", columns=orders_columns((14, 3)), xid=901),
+            insert(ORDERS, tuple_data(b"1", b"1.000", b"c"), xid=901),
+            b"E",
+            stream_commit(901, C2, E2, TS),
+        )
 
     assert [type(e) for e in events] == [TxBegin, RelationEvent, ChangeEvent, TxCommit]
     announced = events[1]
-    assert isinstance(announced, RelationEvent) and (announced.commit_lsn, announced.ordinal, announced.xid) == (C2, 1, 901)
+    assert isinstance(announced, RelationEvent) and (announced.commit_lsn, announced.ordinal, announced.xid) == (
+        C2,
+        1,
+        901,
+    )
     assert announced.after_lsn == 0
 
 
@@ -311,7 +344,9 @@ def test_an_initial_snapshot_publishes_the_types_of_its_exported_snapshot_where_
     # publish_catalog read numeric(12,2); an ALTER to (14,3) committed before the slot exported its
     # snapshot, so the snapshot's rows (at the consistent point, ordinals from 1) hold the new scale.
     written: list[list[Record]] = []
-    history = SchemaHistory(topic_for("shop"), History.of([SchemaVersion.of(schema(), BEGINNING)]), write_now=written.append)
+    history = SchemaHistory(
+        topic_for("shop"), History.of([SchemaVersion.of(schema(), BEGINNING)]), write_now=written.append
+    )
 
     assert history.publish_snapshot([schema()], Lsn(C1)) == []  # unchanged: nothing is written
     assert written == []

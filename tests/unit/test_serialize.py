@@ -67,9 +67,7 @@ def event(
     xid: int | None = 771,
     unchanged: frozenset[str] = frozenset(),
 ) -> ChangeEvent:
-    return ChangeEvent(
-        op, table, before, after, Lsn(24023040), Lsn(24023128), xid, 1, COMMIT_US, snapshot, unchanged
-    )
+    return ChangeEvent(op, table, before, after, Lsn(24023040), Lsn(24023128), xid, 1, COMMIT_US, snapshot, unchanged)
 
 
 def payload(record: Record) -> Any:
@@ -211,7 +209,9 @@ def test_snapshot_read() -> None:
 @pytest.mark.parametrize("xid", [771, None])
 def test_read_parts_reassemble_the_snapshot_read_records(schemas_enable: bool, xid: int | None) -> None:
     s, _ = serializer(schemas_enable=schemas_enable)
-    read = ChangeEvent(Op.READ, CUSTOMERS, None, ALICE_AFTER, Lsn(24023128), Lsn(24023128), xid, 1, COMMIT_US, True, frozenset())
+    read = ChangeEvent(
+        Op.READ, CUSTOMERS, None, ALICE_AFTER, Lsn(24023128), Lsn(24023128), xid, 1, COMMIT_US, True, frozenset()
+    )
     [record] = s.records(read)
     parts = s.read_parts(CUSTOMERS, COMMIT_US, Lsn(24023128), xid)
     assert parts.topic == record.topic
@@ -716,10 +716,18 @@ def test_timetz_is_a_zoned_time_in_utc(value: TimeTz, expected: str) -> None:
 def test_interval(value: Interval, micros: int | None, iso: str) -> None:
     encoded, node = one_value(T(1186, "interval"), value)
     expected_micros = (
-        micros if micros is not None else value.months * 2_629_800_000_000 + value.days * 86_400_000_000 + value.microseconds
+        micros
+        if micros is not None
+        else value.months * 2_629_800_000_000 + value.days * 86_400_000_000 + value.microseconds
     )
     assert encoded == expected_micros
-    assert node == {"type": "int64", "optional": True, "name": "io.debezium.time.MicroDuration", "version": 1, "field": "v"}
+    assert node == {
+        "type": "int64",
+        "optional": True,
+        "name": "io.debezium.time.MicroDuration",
+        "version": 1,
+        "field": "v",
+    }
     assert one_value(T(1186, "interval"), value, interval_handling="string") == (
         iso,
         {"type": "string", "optional": True, "name": "io.debezium.time.Interval", "version": 1, "field": "v"},
@@ -877,8 +885,14 @@ def test_unchanged_toast_placeholders() -> None:
         ),
     )
     s, _ = serializer(unavailable_value="__gone")
-    after = {"id": 1, "body": UNCHANGED_TOAST, "blob": UNCHANGED_TOAST, "tags": UNCHANGED_TOAST,
-             "nums": UNCHANGED_TOAST, "doc": UNCHANGED_TOAST}  # fmt: skip
+    after = {
+        "id": 1,
+        "body": UNCHANGED_TOAST,
+        "blob": UNCHANGED_TOAST,
+        "tags": UNCHANGED_TOAST,
+        "nums": UNCHANGED_TOAST,
+        "doc": UNCHANGED_TOAST,
+    }
     [record] = s.records(event(table, Op.UPDATE, None, after, unchanged=frozenset(after) - {"id"}))
     assert payload(record)["after"] == {
         "id": 1,
@@ -994,7 +1008,9 @@ def test_composite_keys_are_in_column_order_and_deterministic() -> None:
     assert keys == {b'{"name":"x","n":5}'}
 
 
-TRICKY = st.text(alphabet=st.sampled_from(list('a"\\,:{}[] \n\u00e9\u2713\U0001f600\x00')), max_size=6) | st.text(max_size=6)
+TRICKY = st.text(alphabet=st.sampled_from(list('a"\\,:{}[] \n\u00e9\u2713\U0001f600\x00')), max_size=6) | st.text(
+    max_size=6
+)
 
 
 @given(st.tuples(TRICKY, st.integers(-(2**63), 2**63 - 1)), st.tuples(TRICKY, st.integers(-(2**63), 2**63 - 1)))
@@ -1038,7 +1054,13 @@ def test_timetz_keys_keep_their_offset() -> None:
     assert key_of(timetz, TimeTz(39_600_500_000, -19815))[0] == "11:00:00.5-05:30:15"
 
 
-@given(st.lists(st.tuples(st.integers(-1000, 1000), st.integers(-1000, 1000), st.integers(-(10**12), 10**12)), min_size=2, max_size=2))
+@given(
+    st.lists(
+        st.tuples(st.integers(-1000, 1000), st.integers(-1000, 1000), st.integers(-(10**12), 10**12)),
+        min_size=2,
+        max_size=2,
+    )
+)
 def test_interval_keys_are_injective(pair: list[tuple[int, int, int]]) -> None:
     a, b = (key_of(T(1186, "interval"), Interval(*p))[0] for p in pair)
     assert (a == b) == (pair[0] == pair[1])

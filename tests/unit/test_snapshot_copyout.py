@@ -63,7 +63,7 @@ def test_the_end_libpq_reports_reads_the_result_and_finishes_the_copy() -> None:
     pgconn = FakePGconn([b"1\n", -1], [FakeResult(pq.ExecStatus.COMMAND_OK)])
     copy = FakeCopy(pgconn, [])
     assert [bytes(line) for line in lines(copy)] == [b"1\n"]  # type: ignore[arg-type]
-    assert copy._finished  # noqa: SLF001 - leaving the Copy's block reads nothing more
+    assert copy._finished
 
 
 def test_two_results_at_the_end_are_an_error_as_in_psycopg() -> None:

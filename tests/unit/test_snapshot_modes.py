@@ -12,7 +12,9 @@ from cdc.snapshot.state import InitialStatus
 TABLES = {"public.a": 1, "public.b": 2}
 
 
-def plan(mode: SnapshotMode, slot: SlotState, status: str | None = None, covered: dict[str, int] | None = None) -> StartupPlan:
+def plan(
+    mode: SnapshotMode, slot: SlotState, status: str | None = None, covered: dict[str, int] | None = None
+) -> StartupPlan:
     return decide(mode, slot, status, covered if covered is not None else {}, TABLES, slot_name="s")
 
 
@@ -83,9 +85,14 @@ def test_a_slot_that_existed_and_is_gone_stops_with_what_may_be_missing(mode: Sn
 
 def test_on_slot_missing_snapshot_copies_again_a_slot_that_existed() -> None:
     p = decide(
-        SnapshotMode.INITIAL, SlotState.MISSING, InitialStatus.DONE, {"public.a": 1}, TABLES, slot_name="s",
+        SnapshotMode.INITIAL,
+        SlotState.MISSING,
+        InitialStatus.DONE,
+        {"public.a": 1},
+        TABLES,
+        slot_name="s",
         on_slot_missing="snapshot",
-    )  # fmt: skip
+    )
     assert p.initial and p.stream and p.reason == "slot_lost_snapshot"
 
 

@@ -8,10 +8,15 @@ from cdc.snapshot.plan import Chunk, Chunking, KeyRange, SnapshotTable, TablePla
 
 BY_NAME = {t.name: t for t in BUILTIN_TYPES.values()}
 SCHEMA = TableSchema(
-    "public", "orders",
-    (Column("tenant", BY_NAME["text"], key=True), Column("id", BY_NAME["int8"], key=True), Column("note", BY_NAME["text"])),
+    "public",
+    "orders",
+    (
+        Column("tenant", BY_NAME["text"], key=True),
+        Column("id", BY_NAME["int8"], key=True),
+        Column("note", BY_NAME["text"]),
+    ),
     42,
-)  # fmt: skip
+)
 KEYED = SnapshotTable("public.orders", 42, SCHEMA, ("tenant", "id"), ("text", "bigint"), False)
 KEYLESS = SnapshotTable("public.orders", 42, SCHEMA, (), (), False)
 

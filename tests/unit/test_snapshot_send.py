@@ -79,21 +79,43 @@ class Script:
         self.clock_now += 7
         return self.clock_now
 
-    def chunk(self, *, with_ordinal: bool = True, limit: int = 40, progress_every: int = 4, clock_every: int = 3,
-              headers: dict[str, Any] | None = None) -> send.RenderedChunk:  # fmt: skip
+    def chunk(
+        self,
+        *,
+        with_ordinal: bool = True,
+        limit: int = 40,
+        progress_every: int = 4,
+        clock_every: int = 3,
+        headers: dict[str, Any] | None = None,
+    ) -> send.RenderedChunk:
         log = self.log
         return send.RenderedChunk(
-            get=self.get, read=self.read, end=lambda: log.append(("end",)), record=self.record,
-            key_head=b"{k:", key_end=b"}", value_head=b"{v:", value_middle=b",t:", value_end=b"}",
-            times=lambda ns: b"%d" % ns, clock=self.clock, produce=self.produce,
-            wait=lambda: log.append(("wait",)), topic="t.public.x", limit=limit,
+            get=self.get,
+            read=self.read,
+            end=lambda: log.append(("end",)),
+            record=self.record,
+            key_head=b"{k:",
+            key_end=b"}",
+            value_head=b"{v:",
+            value_middle=b",t:",
+            value_end=b"}",
+            times=lambda ns: b"%d" % ns,
+            clock=self.clock,
+            produce=self.produce,
+            wait=lambda: log.append(("wait",)),
+            topic="t.public.x",
+            limit=limit,
             headers={"cdc.lsn": b"0/10"} if headers is None and with_ordinal else headers,
-            with_ordinal=with_ordinal, ordinal_header="cdc.ordinal", ordinal=100,
-            declines=(Decline, ValueError), declined=lambda data, ordinal: log.append(("declined", bytes(data), ordinal)),
+            with_ordinal=with_ordinal,
+            ordinal_header="cdc.ordinal",
+            ordinal=100,
+            declines=(Decline, ValueError),
+            declined=lambda data, ordinal: log.append(("declined", bytes(data), ordinal)),
             oversized=lambda key, value, hdrs: log.append(("oversized", key, value, hdrs)),
-            progress=lambda rows: log.append(("progress", rows)), progress_every=progress_every,
+            progress=lambda rows: log.append(("progress", rows)),
+            progress_every=progress_every,
             clock_every=clock_every,
-        )  # fmt: skip
+        )
 
 
 def run(loop: Loop, steps: list[tuple[str, bytes]], full_every: int = 0, **options: Any) -> tuple[int, list[Any]]:
@@ -109,13 +131,24 @@ def both(steps: list[tuple[str, bytes]], full_every: int = 0, **options: Any) ->
 
 
 def test_rows_go_to_the_producer_with_their_ordinals_and_the_clocked_tail() -> None:
-    steps = [("buffered", b"aa1\n"), ("socket", b"bb2\n"), ("buffered", b"cc3\n"), ("buffered", b"dd4\n"),
-             ("buffered", b"ee5\n"), ("libpq", b"")]  # fmt: skip
+    steps = [
+        ("buffered", b"aa1\n"),
+        ("socket", b"bb2\n"),
+        ("buffered", b"cc3\n"),
+        ("buffered", b"dd4\n"),
+        ("buffered", b"ee5\n"),
+        ("libpq", b""),
+    ]
     rows, log = both(steps)
     assert rows == 5
     produced = [entry for entry in log if entry[0] == "produce"]
-    assert [entry[3] for entry in produced] == [b"{v:aa1,t:1007}", b"{v:bb2,t:1007}", b"{v:cc3,t:1007}",
-                                                b"{v:dd4,t:1014}", b"{v:ee5,t:1014}"]  # fmt: skip
+    assert [entry[3] for entry in produced] == [
+        b"{v:aa1,t:1007}",
+        b"{v:bb2,t:1007}",
+        b"{v:cc3,t:1007}",
+        b"{v:dd4,t:1014}",
+        b"{v:ee5,t:1014}",
+    ]
     assert [entry[4]["cdc.ordinal"] for entry in produced] == [b"101", b"102", b"103", b"104", b"105"]
     assert all(entry[4]["cdc.lsn"] == b"0/10" for entry in produced)
     assert [entry[2] for entry in produced][:2] == [b"{k:aa1}", b"{k:bb2}"]
@@ -131,8 +164,13 @@ def test_the_end_seen_by_psycopgs_read_ends_without_libpqs_end() -> None:
 
 
 def test_declined_and_oversized_lines_go_back_to_the_worker_with_their_ordinals() -> None:
-    steps = [("buffered", b"bad\n"), ("buffered", b"err\n"), ("buffered", b"ok1" + b"x" * 60 + b"\n"),
-             ("buffered", b"ok2\n"), ("libpq", b"")]  # fmt: skip
+    steps = [
+        ("buffered", b"bad\n"),
+        ("buffered", b"err\n"),
+        ("buffered", b"ok1" + b"x" * 60 + b"\n"),
+        ("buffered", b"ok2\n"),
+        ("libpq", b""),
+    ]
     rows, log = both(steps)
     assert rows == 4
     assert ("declined", b"bad\n", 101) in log and ("declined", b"err\n", 102) in log
@@ -147,7 +185,8 @@ def test_a_full_queue_is_served_and_the_record_produced_again() -> None:
     assert rows == 6
     assert [entry[0] for entry in log].count("wait") == [entry[0] for entry in log].count("full") > 0
     assert [entry[3] for entry in log if entry[0] == "produce"] == [b"{v:aa%d,t:1007}" % i for i in range(3)] + [
-        b"{v:aa%d,t:1014}" % i for i in range(3, 6)]  # fmt: skip
+        b"{v:aa%d,t:1014}" % i for i in range(3, 6)
+    ]
 
 
 def test_without_position_headers_the_records_carry_none() -> None:
@@ -170,11 +209,23 @@ _LINES = st.one_of(st.sampled_from([b"bad\n", b"err\n"]), st.binary(min_size=3, 
     with_ordinal=st.booleans(),
     limit=st.integers(10, 60),
 )
-def test_both_loops_make_the_same_calls(lines: list[tuple[str, bytes]], end: str, full_every: int,
-                                        progress_every: int, clock_every: int, with_ordinal: bool,
-                                        limit: int) -> None:  # fmt: skip
-    rows, _ = both(lines + [(end, b"")], full_every, progress_every=progress_every, clock_every=clock_every,
-                   with_ordinal=with_ordinal, limit=limit)  # fmt: skip
+def test_both_loops_make_the_same_calls(
+    lines: list[tuple[str, bytes]],
+    end: str,
+    full_every: int,
+    progress_every: int,
+    clock_every: int,
+    with_ordinal: bool,
+    limit: int,
+) -> None:
+    rows, _ = both(
+        lines + [(end, b"")],
+        full_every,
+        progress_every=progress_every,
+        clock_every=clock_every,
+        with_ordinal=with_ordinal,
+        limit=limit,
+    )
     assert rows == len(lines)
 
 

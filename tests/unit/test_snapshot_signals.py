@@ -25,7 +25,11 @@ def config(tmp_path: Path) -> Path:
     path.write_text(
         yaml.safe_dump(
             {
-                "source": {"dsn": "host=127.0.0.1 port=1 dbname=shop user=cdc connect_timeout=2", "slot": "s", "publication": "p"},
+                "source": {
+                    "dsn": "host=127.0.0.1 port=1 dbname=shop user=cdc connect_timeout=2",
+                    "slot": "s",
+                    "publication": "p",
+                },
                 "tables": ["public.orders", "customers"],
                 "kafka": {"bootstrap_servers": "127.0.0.1:1"},
                 "topic_prefix": "shop",

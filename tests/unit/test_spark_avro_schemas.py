@@ -15,7 +15,7 @@ from cdc.sink.avro import AvroSerializer, AvroSettings
 pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[spark]')")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "spark"))
 
-from cdc_views.avro import _is_truncate_key, _pruned, _spark_ready  # noqa: E402
+from cdc_views.avro import _is_truncate_key, _pruned, _spark_ready
 
 
 class _Registry:
@@ -50,8 +50,16 @@ def test_the_envelope_reader_keeps_op_and_the_source_position_and_still_resolves
 
     assert [f["name"] for f in reader["fields"]] == ["source", "op"]
     assert sorted(f["name"] for f in reader["fields"][0]["type"]["fields"]) == ["lsn", "ts_ms"]
-    written = {"before": None, "after": None, "source": _source(), "transaction": None, "op": "d",
-               "ts_ms": 1, "ts_us": 1, "ts_ns": 1}  # fmt: skip
+    written = {
+        "before": None,
+        "after": None,
+        "source": _source(),
+        "transaction": None,
+        "op": "d",
+        "ts_ms": 1,
+        "ts_us": 1,
+        "ts_ns": 1,
+    }
     assert _roundtrip(value, reader, written) == {"source": {"lsn": 42, "ts_ms": 7}, "op": "d"}
 
 
@@ -81,23 +89,44 @@ def test_decimals_spark_cannot_hold_lose_their_logical_type_and_others_keep_it()
 
 def test_truncate_marker_keys_are_told_from_row_keys_by_their_schema() -> None:
     key, _ = _connector_schemas()
-    marker = {"type": "record", "name": "TruncateKey", "namespace": "p.public.accounts",
-              "fields": [{"name": "id", "type": ["null", "int"], "default": None}]}  # fmt: skip
-    legacy = {"type": "record", "name": "TruncateKey", "namespace": "p.public.accounts",
-              "fields": [{"name": "__cdc_truncate_partition", "type": "int"}]}  # fmt: skip
+    marker = {
+        "type": "record",
+        "name": "TruncateKey",
+        "namespace": "p.public.accounts",
+        "fields": [{"name": "id", "type": ["null", "int"], "default": None}],
+    }
+    legacy = {
+        "type": "record",
+        "name": "TruncateKey",
+        "namespace": "p.public.accounts",
+        "fields": [{"name": "__cdc_truncate_partition", "type": "int"}],
+    }
 
     assert _is_truncate_key(marker) and _is_truncate_key(legacy)
     assert not _is_truncate_key(key)
 
 
 def _source() -> dict[str, Any]:
-    return {"version": "1", "connector": "postgresql", "name": "p", "ts_ms": 7, "snapshot": "false", "db": "db",
-            "sequence": None, "ts_us": None, "ts_ns": None, "schema": "public", "table": "accounts", "txId": None,
-            "lsn": 42, "xmin": None}  # fmt: skip
+    return {
+        "version": "1",
+        "connector": "postgresql",
+        "name": "p",
+        "ts_ms": 7,
+        "snapshot": "false",
+        "db": "db",
+        "sequence": None,
+        "ts_us": None,
+        "ts_ns": None,
+        "schema": "public",
+        "table": "accounts",
+        "txId": None,
+        "lsn": 42,
+        "xmin": None,
+    }
 
 
 def _roundtrip(writer: Any, reader: Any, datum: Any) -> Any:
-    import io  # noqa: PLC0415
+    import io
 
     buffer = io.BytesIO()
     fastavro.schemaless_writer(buffer, fastavro.parse_schema(writer), datum)

@@ -13,8 +13,8 @@ from cdc.schema_history import BEGINNING, ColumnType, SchemaVersion
 pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[spark]')")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "spark"))
 
-from cdc_views.history import Entry, SchemaHistory, SchemaHistoryReadError, needed  # noqa: E402
-from cdc_views.tables import Encoding  # noqa: E402
+from cdc_views.history import Entry, SchemaHistory, SchemaHistoryReadError, needed
+from cdc_views.tables import Encoding
 
 TOPIC = "shop.__cdc_schema"
 
@@ -28,15 +28,24 @@ def version(table: str, position: tuple[int, int], scale: int) -> SchemaVersion:
 
 
 def test_each_tables_versions_come_out_in_position_order_whatever_the_offsets() -> None:
-    late, first, other = version("public.orders", (900, 2), 3), version("public.orders", BEGINNING, 2), version("public.lines", BEGINNING, 4)
-    history = SchemaHistory.of_records(TOPIC, [(0, late.key(), late.value()), (1, first.key(), first.value()), (5, other.key(), other.value())])
+    late, first, other = (
+        version("public.orders", (900, 2), 3),
+        version("public.orders", BEGINNING, 2),
+        version("public.lines", BEGINNING, 4),
+    )
+    history = SchemaHistory.of_records(
+        TOPIC, [(0, late.key(), late.value()), (1, first.key(), first.value()), (5, other.key(), other.value())]
+    )
 
     assert history.tables == {
         "public.orders": [Entry(BEGINNING, 1, first), Entry((900, 2), 0, late)],
         "public.lines": [Entry(BEGINNING, 5, other)],
     }
     assert history.of("public.orders").entries[1].version is not None
-    assert [v.version.scales() for v in history.of("public.orders").entries if v.version] == [{"total": 2}, {"total": 3}]
+    assert [v.version.scales() for v in history.of("public.orders").entries if v.version] == [
+        {"total": 2},
+        {"total": 3},
+    ]
     assert history.of("public.none").entries == []
 
 
@@ -63,7 +72,9 @@ def test_a_value_that_cannot_be_read_stays_at_its_position_with_the_reason() -> 
 
 @pytest.mark.parametrize("key", [None, b"not json", b'{"table":"t","commit_lsn":"1","ordinal":0}', b'{"table":"t"}'])
 def test_a_key_that_is_not_a_table_and_position_stops_the_read_naming_its_offset(key: bytes | None) -> None:
-    with pytest.raises(SchemaHistoryReadError, match=f"record at offset 3 of the schema history topic {TOPIC} has a key"):
+    with pytest.raises(
+        SchemaHistoryReadError, match=f"record at offset 3 of the schema history topic {TOPIC} has a key"
+    ):
         SchemaHistory.of_records(TOPIC, [(3, key, b"{}")])
 
 

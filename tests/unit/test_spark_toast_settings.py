@@ -13,9 +13,9 @@ from cdc.config import Config
 pytest.importorskip("pyspark", reason="the spark extra is not installed (pip install -e '.[spark]')")
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "spark"))
 
-from cdc_views import cli  # noqa: E402
-from cdc_views.tables import ColumnShape, Encoding, Kind, TableShape  # noqa: E402
-from cdc_views.toast import UnresolvedPlaceholders, Unresolved, may_hold_placeholder, toastable_columns  # noqa: E402
+from cdc_views import cli
+from cdc_views.tables import ColumnShape, Encoding, Kind, TableShape
+from cdc_views.toast import Unresolved, UnresolvedPlaceholders, may_hold_placeholder, toastable_columns
 
 DEBEZIUM = "__debezium_unavailable_value"
 
@@ -41,8 +41,22 @@ def test_only_varlena_columns_outside_the_key_can_hold_a_placeholder() -> None:
 
 
 def _args(*extra: str) -> object:
-    return cli.build_parser().parse_args(["rebuild", "--warehouse", "wh", "--dsn", "x", "--tables", "public.t",
-                                          "--bootstrap", "k:9092", "--topic-prefix", "p", *extra])  # fmt: skip
+    return cli.build_parser().parse_args(
+        [
+            "rebuild",
+            "--warehouse",
+            "wh",
+            "--dsn",
+            "x",
+            "--tables",
+            "public.t",
+            "--bootstrap",
+            "k:9092",
+            "--topic-prefix",
+            "p",
+            *extra,
+        ]
+    )
 
 
 def test_the_placeholder_is_debeziums_unless_the_option_or_the_configuration_says_otherwise(tmp_path: Path) -> None:
@@ -53,10 +67,17 @@ def test_the_placeholder_is_debeziums_unless_the_option_or_the_configuration_say
     if "toast" not in Config.model_fields:
         pytest.skip("this connector has no toast section yet")
     config = tmp_path / "cdc.yaml"
-    config.write_text(yaml.safe_dump({
-        "source": {"dsn": "postgresql://u@h/db", "slot": "s", "publication": "p"}, "tables": ["public.t"],
-        "kafka": {"bootstrap_servers": "k:9092"}, "topic_prefix": "p", "toast": {"placeholder": "<toasted>"},
-    }))  # fmt: skip
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "source": {"dsn": "postgresql://u@h/db", "slot": "s", "publication": "p"},
+                "tables": ["public.t"],
+                "kafka": {"bootstrap_servers": "k:9092"},
+                "topic_prefix": "p",
+                "toast": {"placeholder": "<toasted>"},
+            }
+        )
+    )
     from_config = cli._settings(_args("--config", str(config)))  # type: ignore[arg-type]
     assert cli._encoding(from_config).unavailable_value == "<toasted>"
     both = cli._settings(_args("--config", str(config), "--unavailable-value-placeholder", "<gone>"))  # type: ignore[arg-type]
@@ -64,8 +85,10 @@ def test_the_placeholder_is_debeziums_unless_the_option_or_the_configuration_say
 
 
 def test_the_error_names_table_key_column_partition_offset_and_the_fix() -> None:
-    error = UnresolvedPlaceholders("public.docs", "shop.public.docs", DEBEZIUM, 30, [Unresolved('{"id":7}', "body", 2, 41)])
+    error = UnresolvedPlaceholders(
+        "public.docs", "shop.public.docs", DEBEZIUM, 30, [Unresolved('{"id":7}', "body", 2, 41)]
+    )
     text = str(error)
-    assert 'table public.docs (topic shop.public.docs): 30 column value(s)' in text
+    assert "table public.docs (topic shop.public.docs): 30 column value(s)" in text
     assert "(first 1 listed): key {\"id\":7} column 'body' partition 2 offset 41" in text
     assert "toast.mode: fill" in text and "--on-bad-record skip" in text

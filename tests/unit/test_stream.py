@@ -50,7 +50,7 @@ def test_two_phase_and_parallel_streaming_are_never_asked_for() -> None:
             "DETAIL:  This slot has been invalidated because it exceeded the maximum reserved size.",
             SlotGone,
         ),
-        ('ERROR:  requested WAL segment 000000010000000000000003 has already been removed', SlotGone),
+        ("ERROR:  requested WAL segment 000000010000000000000003 has already been removed", SlotGone),
         ('ERROR:  replication slot "s" is active for PID 4242', SlotBusy),
         ('ERROR:  publication "p" does not exist', ReplicationError),
     ],

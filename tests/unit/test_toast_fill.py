@@ -11,7 +11,7 @@ import pytest
 from cdc.config import Config
 from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.pgoutput import UNCHANGED
-from cdc.event import ChangeEvent, Event, MessageEvent, TableInfo, TableSchema, TruncateEvent, TxBegin, TxCommit
+from cdc.event import ChangeEvent, Event, MessageEvent, TableInfo, TableSchema, TruncateEvent, TxCommit
 from cdc.lsn import Lsn
 from cdc.pipeline.toast import Key, ToastCounts, ToastExposure, ToastFill, toast_mode
 from cdc.values import UNCHANGED_TOAST
@@ -43,7 +43,10 @@ class Table:
 
 
 def decoded(*payloads: bytes, identity: bytes = b"d") -> list[Event]:
-    decoder = ChangeDecoder({"public.docs": TableInfo("public", "docs", DOCS, "d", ("id",), ("id", "n", "body", "doc"), frozenset({"id"}))}, {})
+    decoder = ChangeDecoder(
+        {"public.docs": TableInfo("public", "docs", DOCS, "d", ("id",), ("id", "n", "body", "doc"), frozenset({"id"}))},
+        {},
+    )
     rel = relation(DOCS, "public", "docs", identity=identity, columns=COLUMNS)
     events: list[Event] = []
     for n, payload in enumerate((begin(C1, TS, 700), rel, *payloads, commit(C1, E1, TS))):
@@ -104,7 +107,15 @@ def test_events_leave_in_commit_order_and_the_commit_only_after_them() -> None:
     out, _ = run(events, table)
 
     kinds = [type(e).__name__ for e in out]
-    assert kinds == ["TxBegin", "ChangeEvent", "ChangeEvent", "MessageEvent", "TruncateEvent", "ChangeEvent", "TxCommit"]
+    assert kinds == [
+        "TxBegin",
+        "ChangeEvent",
+        "ChangeEvent",
+        "MessageEvent",
+        "TruncateEvent",
+        "ChangeEvent",
+        "TxCommit",
+    ]
     ordinals = [e.ordinal for e in out if isinstance(e, ChangeEvent | MessageEvent | TruncateEvent)]
     assert ordinals == sorted(ordinals)
     assert changes(out)[1].after["body"] == BIG  # type: ignore[index]
@@ -112,7 +123,9 @@ def test_events_leave_in_commit_order_and_the_commit_only_after_them() -> None:
 
 def test_a_row_gone_before_the_read_keeps_the_placeholder_and_is_counted() -> None:
     table = Table({})  # deleted (or re-keyed) after the update and before the read
-    events = decoded(update(DOCS, tuple_data(b"1", b"5", UNCHANGED, b"{}")), delete(DOCS, key=tuple_data(b"1", None, None, None)))
+    events = decoded(
+        update(DOCS, tuple_data(b"1", b"5", UNCHANGED, b"{}")), delete(DOCS, key=tuple_data(b"1", None, None, None))
+    )
 
     out, counts = run(events, table)
 
@@ -201,7 +214,9 @@ def test_the_mode_is_fill_by_default_and_a_table_entry_overrides_it() -> None:
     cfg = Config.model_validate({**CONFIG, "tables": ["public.a", {"name": "public.b", "toast": "placeholder"}]})
     assert (toast_mode(cfg, "public.a"), toast_mode(cfg, "public.b")) == ("fill", "placeholder")
     assert cfg.toast.placeholder == "__debezium_unavailable_value"
-    off = Config.model_validate({**CONFIG, "toast": {"mode": "placeholder", "placeholder": "?"}, "tables": ["public.a"]})
+    off = Config.model_validate(
+        {**CONFIG, "toast": {"mode": "placeholder", "placeholder": "?"}, "tables": ["public.a"]}
+    )
     assert toast_mode(off, "public.a") == "placeholder"
     assert off.toast.placeholder == "?"
 

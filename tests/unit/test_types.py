@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import string
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 from uuid import UUID
@@ -25,7 +25,7 @@ from cdc.values import Infinity, Interval, Point, TimeTz
 
 BY_NAME = {t.name: t for t in BUILTIN_TYPES.values()}
 EPOCH = datetime(1970, 1, 1)
-EPOCH_UTC = datetime(1970, 1, 1, tzinfo=timezone.utc)
+EPOCH_UTC = datetime(1970, 1, 1, tzinfo=UTC)
 US = timedelta(microseconds=1)
 
 
@@ -52,22 +52,81 @@ def jdn_days(year: int, month: int, day: int) -> int:
 @pytest.mark.parametrize(
     ("oid", "name"),
     [
-        (16, "bool"), (17, "bytea"), (18, "char"), (19, "name"), (20, "int8"), (21, "int2"), (23, "int4"),
-        (25, "text"), (26, "oid"), (114, "json"), (142, "xml"), (600, "point"), (601, "lseg"), (602, "path"),
-        (603, "box"), (604, "polygon"), (628, "line"), (650, "cidr"), (700, "float4"), (701, "float8"),
-        (718, "circle"), (774, "macaddr8"), (790, "money"), (829, "macaddr"), (869, "inet"), (1042, "bpchar"),
-        (1043, "varchar"), (1082, "date"), (1083, "time"), (1114, "timestamp"), (1184, "timestamptz"),
-        (1186, "interval"), (1266, "timetz"), (1560, "bit"), (1562, "varbit"), (1700, "numeric"),
-        (2950, "uuid"), (3802, "jsonb"), (3904, "int4range"), (3906, "numrange"), (3908, "tsrange"),
-        (3910, "tstzrange"), (3912, "daterange"), (3926, "int8range"), (4072, "jsonpath"),
-        (1000, "_bool"), (1001, "_bytea"), (1005, "_int2"), (1007, "_int4"), (1009, "_text"), (1016, "_int8"),
-        (1014, "_bpchar"), (1015, "_varchar"), (1020, "_box"), (1017, "_point"), (1021, "_float4"),
-        (1022, "_float8"), (1028, "_oid"), (1115, "_timestamp"), (1182, "_date"), (1183, "_time"),
-        (1185, "_timestamptz"), (1187, "_interval"), (1231, "_numeric"), (1270, "_timetz"), (2951, "_uuid"),
-        (3807, "_jsonb"), (199, "_json"), (791, "_money"), (1041, "_inet"), (3905, "_int4range"),
-        (4451, "int4multirange"), (6150, "_int4multirange"),
+        (16, "bool"),
+        (17, "bytea"),
+        (18, "char"),
+        (19, "name"),
+        (20, "int8"),
+        (21, "int2"),
+        (23, "int4"),
+        (25, "text"),
+        (26, "oid"),
+        (114, "json"),
+        (142, "xml"),
+        (600, "point"),
+        (601, "lseg"),
+        (602, "path"),
+        (603, "box"),
+        (604, "polygon"),
+        (628, "line"),
+        (650, "cidr"),
+        (700, "float4"),
+        (701, "float8"),
+        (718, "circle"),
+        (774, "macaddr8"),
+        (790, "money"),
+        (829, "macaddr"),
+        (869, "inet"),
+        (1042, "bpchar"),
+        (1043, "varchar"),
+        (1082, "date"),
+        (1083, "time"),
+        (1114, "timestamp"),
+        (1184, "timestamptz"),
+        (1186, "interval"),
+        (1266, "timetz"),
+        (1560, "bit"),
+        (1562, "varbit"),
+        (1700, "numeric"),
+        (2950, "uuid"),
+        (3802, "jsonb"),
+        (3904, "int4range"),
+        (3906, "numrange"),
+        (3908, "tsrange"),
+        (3910, "tstzrange"),
+        (3912, "daterange"),
+        (3926, "int8range"),
+        (4072, "jsonpath"),
+        (1000, "_bool"),
+        (1001, "_bytea"),
+        (1005, "_int2"),
+        (1007, "_int4"),
+        (1009, "_text"),
+        (1016, "_int8"),
+        (1014, "_bpchar"),
+        (1015, "_varchar"),
+        (1020, "_box"),
+        (1017, "_point"),
+        (1021, "_float4"),
+        (1022, "_float8"),
+        (1028, "_oid"),
+        (1115, "_timestamp"),
+        (1182, "_date"),
+        (1183, "_time"),
+        (1185, "_timestamptz"),
+        (1187, "_interval"),
+        (1231, "_numeric"),
+        (1270, "_timetz"),
+        (2951, "_uuid"),
+        (3807, "_jsonb"),
+        (199, "_json"),
+        (791, "_money"),
+        (1041, "_inet"),
+        (3905, "_int4range"),
+        (4451, "int4multirange"),
+        (6150, "_int4multirange"),
     ],
-)  # fmt: skip
+)
 def test_builtin_type_has_its_pg_catalog_oid(oid: int, name: str) -> None:
     assert BUILTIN_TYPES[oid].name == name
     assert BUILTIN_TYPES[oid].oid == oid
@@ -225,9 +284,7 @@ def test_malformed_bytea_is_a_conversion_error(data: bytes) -> None:
 @given(st.binary(max_size=64))
 def test_bytea_round_trips_both_formats(data: bytes) -> None:
     assert convert("bytea", b"\\x" + data.hex().encode()) == data
-    escaped = b"".join(
-        b"\\\\" if c == 0x5C else bytes([c]) if 0x20 <= c < 0x7F else b"\\%03o" % c for c in data
-    )
+    escaped = b"".join(b"\\\\" if c == 0x5C else bytes([c]) if 0x20 <= c < 0x7F else b"\\%03o" % c for c in data)
     assert convert("bytea", escaped) == data
 
 
@@ -342,7 +399,9 @@ def test_date_round_trips(d: date) -> None:
     assert convert("date", d.isoformat().encode()) == (d - date(1970, 1, 1)).days
 
 
-@pytest.mark.parametrize("data", [b"2024-02-30", b"2023-02-29", b"2024-13-01", b"2024-1-01", b"0000-01-01", b"24-01-01"])
+@pytest.mark.parametrize(
+    "data", [b"2024-02-30", b"2023-02-29", b"2024-13-01", b"2024-1-01", b"0000-01-01", b"24-01-01"]
+)
 def test_malformed_date_is_a_conversion_error(data: bytes) -> None:
     with pytest.raises(ValueConversionError, match="date"):
         convert("date", data)
@@ -474,7 +533,12 @@ def test_timestamptz_round_trips(dt: datetime, offset: int) -> None:
 
 @pytest.mark.parametrize(
     "data",
-    [b"2024-05-01 12:34:56", b"2024-05-01 12:34:56.1234567+00", b"2024-05-01 12:34:56+0", b"0044-05-01 12:34:56+05:60 BC"],
+    [
+        b"2024-05-01 12:34:56",
+        b"2024-05-01 12:34:56.1234567+00",
+        b"2024-05-01 12:34:56+0",
+        b"0044-05-01 12:34:56+05:60 BC",
+    ],
 )
 def test_malformed_timestamptz_is_a_conversion_error(data: bytes) -> None:
     with pytest.raises(ValueConversionError, match="timestamptz"):
@@ -561,9 +625,18 @@ def test_arrays_with_explicit_bounds() -> None:
 def test_text_arrays_with_quotes_and_escapes() -> None:
     data = rb'{plain,"with space","with,comma","q\"uote","back\\slash","",NULL,"NULL","null","{brace}"}'
     assert convert("_text", data) == [
-        "plain", "with space", "with,comma", 'q"uote', "back\\slash", "", None, "NULL", "null", "{brace}",
-    ]  # fmt: skip
-    assert convert("_varchar", "{héllo,\"wörld ✓\"}".encode()) == ["héllo", "wörld ✓"]
+        "plain",
+        "with space",
+        "with,comma",
+        'q"uote',
+        "back\\slash",
+        "",
+        None,
+        "NULL",
+        "null",
+        "{brace}",
+    ]
+    assert convert("_varchar", '{héllo,"wörld ✓"}'.encode()) == ["héllo", "wörld ✓"]
 
 
 def test_multidimensional_text_array_with_nulls() -> None:
@@ -582,7 +655,7 @@ def test_box_arrays_use_semicolons() -> None:
         ("_numeric", b"{1.50,NaN,-Infinity}", [Decimal("1.50"), Decimal("NaN"), Decimal("-Infinity")]),
         ("_float8", b"{1.5,Infinity,-Infinity}", [1.5, math.inf, -math.inf]),
         ("_money", b'{"$1,234.56",-$0.01}', [Decimal("1234.56"), Decimal("-0.01")]),
-        ("_date", b"{2024-05-01,infinity,\"0044-03-15 BC\"}", [19844, Infinity.POSITIVE, jdn_days(-43, 3, 15)]),
+        ("_date", b'{2024-05-01,infinity,"0044-03-15 BC"}', [19844, Infinity.POSITIVE, jdn_days(-43, 3, 15)]),
         ("_time", b"{12:00:00,24:00:00}", [43_200_000_000, 86_400_000_000]),
         ("_timetz", b'{"12:00:00+05:30"}', [TimeTz(43_200_000_000, 19800)]),
         ("_timestamp", b'{"2024-05-01 12:34:56",-infinity}', [1714566896_000000, Infinity.NEGATIVE]),
@@ -610,7 +683,9 @@ def test_arrays_of_every_element_type(type_name: str, data: bytes, expected: lis
             assert got == want
 
 
-@pytest.mark.parametrize("data", [b"", b"1,2", b"{1,2", b"{1,,2}", b"{1,2}}", b"{{1},2", b'{"a}', b"[1:2]{1,2}", b"{x}"])
+@pytest.mark.parametrize(
+    "data", [b"", b"1,2", b"{1,2", b"{1,,2}", b"{1,2}}", b"{{1},2", b'{"a}', b"[1:2]{1,2}", b"{x}"]
+)
 def test_malformed_array_is_a_conversion_error(data: bytes) -> None:
     with pytest.raises(ValueConversionError, match="_int4"):
         convert("_int4", data)
@@ -631,10 +706,7 @@ def pg_array(value: Any) -> str:
         return "NULL"
     text = str(value)
     needs_quotes = (
-        text == ""
-        or text.upper() == "NULL"
-        or any(c in text for c in '{},"\\')
-        or any(c.isspace() for c in text)
+        text == "" or text.upper() == "NULL" or any(c in text for c in '{},"\\') or any(c.isspace() for c in text)
     )
     if needs_quotes:
         return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -761,7 +833,7 @@ def test_citext_is_str() -> None:
 )
 def test_unknown_types_are_their_text(pg_type: PgType) -> None:
     convert_unknown = converter_for(pg_type)
-    assert convert_unknown(b"(1,\"a b\")") == '(1,"a b")'
+    assert convert_unknown(b'(1,"a b")') == '(1,"a b")'
     assert convert_unknown(b"\xffok") == "\\xffok"  # never an error, never dropped
 
 

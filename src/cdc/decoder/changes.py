@@ -48,11 +48,12 @@ from typing import Any, Final
 import structlog
 
 from cdc.decoder import pgoutput as pg
-from cdc.decoder.rows import Decline, RowParser, RowRenderer
 from cdc.decoder.errors import ChangeError
-from cdc.decoder.fast import compiled_fast_changes, row_parser as _row_parser
+from cdc.decoder.fast import compiled_fast_changes
+from cdc.decoder.fast import row_parser as _row_parser
+from cdc.decoder.rows import Decline, RowParser, RowRenderer
 from cdc.decoder.spool import Spool
-from cdc.decoder.streamed import DELETE, INSERT, NO_EVENTS, UPDATE, StreamedTransactions, Streamed
+from cdc.decoder.streamed import DELETE, INSERT, NO_EVENTS, UPDATE, Streamed, StreamedTransactions
 from cdc.decoder.types import (
     BUILTIN_TYPES,
     CATALOG_TEXT_TYPES,
@@ -163,9 +164,14 @@ class ChangeDecoder(StreamedTransactions):
             # The fast path compiled (cdc.decoder._changes): this method's work, _change's and change_event's
             # in one call; the same events, the same declines.
             self._fast_change = fast(  # type: ignore[method-assign]
-                self, self._reference_fast_change, ChangeEvent, (Op.CREATE, Op.UPDATE, Op.DELETE), _key_of,
-                _FAST_PATH_DECLINES, _NOTHING_UNCHANGED,
-            )  # fmt: skip
+                self,
+                self._reference_fast_change,
+                ChangeEvent,
+                (Op.CREATE, Op.UPDATE, Op.DELETE),
+                _key_of,
+                _FAST_PATH_DECLINES,
+                _NOTHING_UNCHANGED,
+            )
 
     def update_tables(self, tables: Mapping[str, TableInfo], types: Mapping[int, PgType]) -> None:
         """A reloaded table list; Relation messages that follow use it."""
@@ -314,7 +320,9 @@ class ChangeDecoder(StreamedTransactions):
                     log.warning("table_recreated", table=qualified, oid=message.relation_id)
                     self._ordinal += 1
                     if columns_event is not None:  # the new table's columns hold from the change after the marker
-                        self._then = RelationEvent(rel.schema, self._commit_lsn, self._ordinal + 1, self._xid, self._last_lsn)
+                        self._then = RelationEvent(
+                            rel.schema, self._commit_lsn, self._ordinal + 1, self._xid, self._last_lsn
+                        )
                     return TruncateEvent(
                         (rel.schema,), False, False, self._commit_lsn, lsn, self._xid, self._ordinal, self._commit_ts
                     )
@@ -458,7 +466,7 @@ class ChangeDecoder(StreamedTransactions):
                 f"a row of {rel.schema.qualified} has {len(values)} columns, its Relation message {len(rel.names)}"
             )
         row: Row = {}
-        for name, convert, raw in zip(rel.names, rel.converters, values):
+        for name, convert, raw in zip(rel.names, rel.converters, values, strict=False):
             if raw is None:
                 row[name] = None
             elif raw is pg.UNCHANGED:
@@ -520,7 +528,11 @@ class ChangeDecoder(StreamedTransactions):
         parse = self._parser(schema, names)
         rendered = getattr(parse, "rendered", False)
         log.info(
-            "relation", table=qualified, columns=len(columns), replica_identity=str(msg.replica_identity), rendered=rendered
+            "relation",
+            table=qualified,
+            columns=len(columns),
+            replica_identity=str(msg.replica_identity),
+            rendered=rendered,
         )
         key_is_identity = all(c.is_key == (c.name in info.key) for c in msg.columns)
         return _Relation(schema, names, tuple(converters), key_names, seq, parse, key_is_identity, rendered)

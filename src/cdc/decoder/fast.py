@@ -58,6 +58,6 @@ def row_parser(names: tuple[str, ...], converters: list[Callable[[bytes], Any]])
     lines.append("    return {" + ", ".join(f"{name!r}: v{i}" for i, name in enumerate(names)) + "}, pos")
     namespace: dict[str, Any] = {"Slow": Decline, "u32": _U32.unpack_from}
     namespace.update({f"c{i}": convert for i, convert in enumerate(converters)})
-    exec("\n".join(lines), namespace)  # noqa: S102 - the source is built here, names only through repr()
+    exec("\n".join(lines), namespace)
     parse: RowParser = namespace["parse"]
     return parse

@@ -63,7 +63,7 @@ class SpooledTransaction:
         self._aborted: set[int] = set()
         self._buffer_bytes = buffer_bytes
         try:
-            self._file: BinaryIO | None = open(path, "wb", buffering=buffer_bytes)  # noqa: SIM115 - kept open
+            self._file: BinaryIO | None = open(path, "wb", buffering=buffer_bytes)
         except OSError as e:
             raise SpoolError(_io_message("create", path, e)) from None
 
@@ -102,7 +102,7 @@ class SpooledTransaction:
         header = _RECORD
         header_size = header.size
         try:
-            reader = open(self.path, "rb", buffering=self._buffer_bytes)  # noqa: SIM115 - closed below
+            reader = open(self.path, "rb", buffering=self._buffer_bytes)
         except OSError as e:
             raise SpoolError(_io_message("read", self.path, e)) from None
         try:
@@ -155,7 +155,7 @@ class Spool:
         self._open: dict[int, SpooledTransaction] = {}
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            self._lock = open(directory / _LOCK_NAME, "a+b")  # noqa: SIM115 - held for the process's life
+            self._lock = open(directory / _LOCK_NAME, "a+b")
         except OSError as e:
             raise SpoolError(_io_message("create", directory, e)) from None
         try:

@@ -291,7 +291,7 @@ class ReplicationStream:
             raise ReplicationError(
                 f"slot {slot} is not a failover slot and could not be made one ({e}). Fix: run "
                 f"ALTER_REPLICATION_SLOT {slot} (FAILOVER true) on a replication connection as the slot's role "
-                "(psql \"dbname=<db> replication=database\"), or set source.slot_failover: false"
+                '(psql "dbname=<db> replication=database"), or set source.slot_failover: false'
             ) from e
         log.info("slot_failover_enabled", slot=slot)
 
@@ -430,9 +430,7 @@ class ReplicationStream:
         msg = _STATUS.pack(b"r", self._received, self._flushed, self._flushed, _now_pg_us(), 1 if reply else 0)
         try:
             if conn.put_copy_data(msg) != 1 or conn.flush() < 0:
-                raise ConnectionLost(
-                    f"cannot send a status update: {_error_text(conn, None)}"
-                )
+                raise ConnectionLost(f"cannot send a status update: {_error_text(conn, None)}")
         except psycopg.OperationalError as e:
             raise ConnectionLost(f"cannot send a status update: {e}") from None
         self._sent_flushed = self._flushed

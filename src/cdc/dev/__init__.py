@@ -76,8 +76,12 @@ def up(state_dir: Path, *, registry: bool = True, log: FilteringBoundLogger | No
             try:
                 registry_module.distribution(log)
             except registry_module.RegistryUnavailable as exc:
-                log.warning("dev.registry.unavailable", reason=str(exc).splitlines()[0], detail=str(exc),
-                            effect="schema_registry_url is None; Avro with a registry cannot be used")  # fmt: skip
+                log.warning(
+                    "dev.registry.unavailable",
+                    reason=str(exc).splitlines()[0],
+                    detail=str(exc),
+                    effect="schema_registry_url is None; Avro with a registry cannot be used",
+                )
                 want_registry = False
         early = pg_future.exception() if pg_future.done() else None
         if early is not None:
@@ -141,7 +145,9 @@ def status(state_dir: Path) -> dict[str, Any]:
         "kafka_bootstrap": kafka.bootstrap(kf["port"]) if isinstance(kf["port"], int) else None,
         "kafka_ssl_bootstrap": kafka.bootstrap(kf["ssl_port"]) if isinstance(kf["ssl_port"], int) else None,
         "kafka_ssl_ca_location": kf["ssl_ca_location"],
-        "schema_registry_url": registry_module.url(rg["port"]) if rg["running"] and isinstance(rg["port"], int) else None,
+        "schema_registry_url": registry_module.url(rg["port"])
+        if rg["running"] and isinstance(rg["port"], int)
+        else None,
         "postgres": pg,
         "kafka": kf,
         "schema_registry": rg,

@@ -371,7 +371,7 @@ def spawn(
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("ab") as out:
         out.write(start_header(args).encode())
-    proc = subprocess.run(  # noqa: S603 - fixed script, argv list
+    proc = subprocess.run(
         ["/bin/sh", "-c", _SPAWN_SH, "sh", str(log_file), *args],
         cwd=cwd,
         env=env,
@@ -435,9 +435,7 @@ def find_java() -> str:
 
 
 def java_major_version(java: str) -> int:
-    out = subprocess.run(  # noqa: S603
-        [java, "-version"], capture_output=True, text=True, check=False, timeout=60
-    )
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False, timeout=60)
     match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
     if not match:
         return 0
@@ -450,7 +448,9 @@ def java_major_version(java: str) -> int:
 def find_maven() -> str:
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise DevServiceError(f"Maven (mvn) is needed to fetch the Kafka jars from Maven Central. Install it: {MAVEN_INSTALL_HINT}")
+        raise DevServiceError(
+            f"Maven (mvn) is needed to fetch the Kafka jars from Maven Central. Install it: {MAVEN_INSTALL_HINT}"
+        )
     return mvn
 
 
@@ -500,12 +500,16 @@ def maven_fetch(
             started = time.monotonic()
             log.info("dev.maven_fetch", artifact=label, cache=str(target))
             cmd = [
-                mvn, "-B", "-q", "-Dstyle.color=never", "-f", str(work / "pom.xml"),
-                *goal, f"-DoutputDirectory={work / 'libs'}",
-            ]  # fmt: skip
-            proc = subprocess.run(  # noqa: S603
-                cmd, cwd=work, capture_output=True, text=True, check=False, timeout=1800
-            )
+                mvn,
+                "-B",
+                "-q",
+                "-Dstyle.color=never",
+                "-f",
+                str(work / "pom.xml"),
+                *goal,
+                f"-DoutputDirectory={work / 'libs'}",
+            ]
+            proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, check=False, timeout=1800)
             if proc.returncode != 0:
                 output = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
                 raise FetchError(f"Maven could not fetch {label} (exit {proc.returncode}):\n{output}")

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
 import secrets
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +45,14 @@ TEST_JVM = (f"-Xmx{HEAP}", "-XX:TieredStopAtLevel=1")
 # Connect as Kafka ships it (connect-standalone.sh's heap, kafka-run-class.sh's KAFKA_JVM_PERFORMANCE_OPTS),
 # with the full JIT: what a benchmark of a connector's throughput must run, not the tests' start-up settings.
 SHIPPED_JVM = (
-    "-Xms256M", "-Xmx2G", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:InitiatingHeapOccupancyPercent=35",
-    "-XX:+ExplicitGCInvokesConcurrent", "-Djava.awt.headless=true",
-)  # fmt: skip
+    "-Xms256M",
+    "-Xmx2G",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-Djava.awt.headless=true",
+)
 
 
 def pom_property(pom: str, name: str) -> str:
@@ -214,10 +219,17 @@ class ConnectWorker:
         worker.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
         (self.work_dir / "log4j2.properties").write_text(_log4j2(self.log_file))
         cmd = [
-            java, *self.jvm, "-XX:+ExitOnOutOfMemoryError", "-Xshare:auto",
-            self._tag, f"-Dlog4j2.configurationFile={self.work_dir / 'log4j2.properties'}",
-            "-cp", str(libs / "*"), MAIN, str(worker),
-        ]  # fmt: skip
+            java,
+            *self.jvm,
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Xshare:auto",
+            self._tag,
+            f"-Dlog4j2.configurationFile={self.work_dir / 'log4j2.properties'}",
+            "-cp",
+            str(libs / "*"),
+            MAIN,
+            str(worker),
+        ]
         started = time.monotonic()
         self.pid = _proc.spawn(cmd, log_file=self.work_dir / "connect.out", cwd=self.work_dir)
         try:
@@ -232,8 +244,13 @@ class ConnectWorker:
         except DevServiceError:
             self.stop()
             raise
-        self.log.info("dev.connect.started", pid=self.pid, port=self.port, version=worker_version(),
-                      seconds=round(time.monotonic() - started, 1))  # fmt: skip
+        self.log.info(
+            "dev.connect.started",
+            pid=self.pid,
+            port=self.port,
+            version=worker_version(),
+            seconds=round(time.monotonic() - started, 1),
+        )
         return self
 
     def _answers(self) -> bool:
@@ -245,11 +262,11 @@ class ConnectWorker:
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method)  # noqa: S310 - our own worker
+        req = urllib.request.Request(self.url + path, data=data, method=method)
         req.add_header("Content-Type", "application/json")
         req.add_header("Accept", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
+            with urllib.request.urlopen(req, timeout=30) as resp:
                 text = resp.read()
         except urllib.error.HTTPError as exc:
             raise ConnectError(f"Connect REST {method} {path}: HTTP {exc.code}: {exc.read()[:2000]!r}") from exc

@@ -182,9 +182,18 @@ def _format(java: str, libs: Path, state_dir: Path, cluster_id: str, log: Filter
     data = root_dir(state_dir) / "data"
     if (data / "meta.properties").exists():
         return
-    cmd = _java_cmd(java, libs, state_dir, "-Xmx256m", "kafka.tools.StorageTool", "format",
-                    f"--cluster-id={cluster_id}", "-c", str(_config_file(state_dir)))  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)  # noqa: S603
+    cmd = _java_cmd(
+        java,
+        libs,
+        state_dir,
+        "-Xmx256m",
+        "kafka.tools.StorageTool",
+        "format",
+        f"--cluster-id={cluster_id}",
+        "-c",
+        str(_config_file(state_dir)),
+    )
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
     if proc.returncode != 0:
         raise DevServiceError(f"Kafka storage format failed (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     log.info("dev.kafka.formatted", cluster_id=cluster_id, log_dir=str(data))
@@ -218,8 +227,10 @@ def up(state_dir: Path, log: FilteringBoundLogger) -> str:
     want_ssl = tls.available()
     if not want_ssl:
         log.warning("dev.kafka.no_ssl_listener", reason="openssl is not installed", effect="PLAINTEXT only")
-    if pid is not None and isinstance(service.get("broker_port"), int) and (
-        isinstance(service.get("ssl_port"), int) or not want_ssl
+    if (
+        pid is not None
+        and isinstance(service.get("broker_port"), int)
+        and (isinstance(service.get("ssl_port"), int) or not want_ssl)
     ):
         port = int(service["broker_port"])
         address = bootstrap(port)
@@ -274,14 +285,27 @@ def _start(
     (root / "log4j2.properties").write_text(_log4j2_properties(state_dir))
     _proc.write_json(
         _service_file(state_dir),
-        {"broker_port": broker_port, "controller_port": controller_port, "ssl_port": ssl_port,
-         "cluster_id": cluster_id, "version": version()},
-    )  # fmt: skip
+        {
+            "broker_port": broker_port,
+            "controller_port": controller_port,
+            "ssl_port": ssl_port,
+            "cluster_id": cluster_id,
+            "version": version(),
+        },
+    )
     _format(java, libs, state_dir, cluster_id, log)
 
     started = time.monotonic()
-    cmd = _java_cmd(java, libs, state_dir, f"-Xmx{HEAP}", "-Xms256m", "-XX:+ExitOnOutOfMemoryError",
-                    "kafka.Kafka", str(_config_file(state_dir)))  # fmt: skip
+    cmd = _java_cmd(
+        java,
+        libs,
+        state_dir,
+        f"-Xmx{HEAP}",
+        "-Xms256m",
+        "-XX:+ExitOnOutOfMemoryError",
+        "kafka.Kafka",
+        str(_config_file(state_dir)),
+    )
     with log_files(state_dir)[1].open("a") as server_log:  # so that tail() shows this start only
         server_log.write(_proc.start_header(cmd))
     pid = _proc.spawn(cmd, log_file=root / "kafka.out", cwd=root)
@@ -300,8 +324,15 @@ def _start(
         _proc.stop_pid(pid, _markers(state_dir), log, "kafka", timeout=10.0)
         _pid_file(state_dir).unlink(missing_ok=True)
         raise
-    log.info("dev.kafka.started", pid=pid, port=broker_port, controller_port=controller_port, ssl_port=ssl_port,
-             version=version(), seconds=round(time.monotonic() - started, 1))  # fmt: skip
+    log.info(
+        "dev.kafka.started",
+        pid=pid,
+        port=broker_port,
+        controller_port=controller_port,
+        ssl_port=ssl_port,
+        version=version(),
+        seconds=round(time.monotonic() - started, 1),
+    )
     return address
 
 

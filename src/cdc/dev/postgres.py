@@ -208,7 +208,7 @@ def _run_user(log: FilteringBoundLogger) -> _User | None:
     except KeyError:
         useradd = shutil.which("useradd") or "/usr/sbin/useradd"
         cmd = [useradd, "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", RUN_AS]
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)  # noqa: S603
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode != 0 and "already exists" not in proc.stderr:
             raise DevServiceError(
                 f"could not create the system user {RUN_AS!r} to run PostgreSQL as (initdb refuses root): "
@@ -237,9 +237,7 @@ def _run_as(cmd: list[str], user: _User | None, cwd: Path, timeout: float = 300)
     if user is not None:
         kwargs.update(user=user.uid, group=user.gid, extra_groups=[])
         env["USER"] = env["LOGNAME"] = user.name
-    return subprocess.run(  # noqa: S603
-        cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False, timeout=timeout, **kwargs
-    )
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False, timeout=timeout, **kwargs)
 
 
 def _postmaster_pid(state_dir: Path) -> tuple[int, int] | None:
@@ -350,7 +348,9 @@ def up(state_dir: Path, log: FilteringBoundLogger, settings: Mapping[str, str] |
     if user is not None:
         os.chmod(state_dir, 0o755)
         _proc.ensure_traversable(state_dir, log)
-        if root.stat().st_uid != user.uid or (data_dir(state_dir).exists() and data_dir(state_dir).stat().st_uid != user.uid):
+        if root.stat().st_uid != user.uid or (
+            data_dir(state_dir).exists() and data_dir(state_dir).stat().st_uid != user.uid
+        ):
             _chown_tree(root, user)
     _check_cluster_version(state_dir, postgres_bin)
     _initdb(state_dir, user, log)
@@ -398,7 +398,17 @@ def _start(
         out.write(_proc.start_header([postgres_bin, "-D", str(data_dir(state_dir)), f"(port {port})"]))
     if user is not None:
         os.chown(log_file(state_dir), user.uid, user.gid)
-    cmd = [pg_ctl, "start", "-D", str(data_dir(state_dir)), "-l", str(log_file(state_dir)), "-w", "-t", str(int(START_TIMEOUT_S))]
+    cmd = [
+        pg_ctl,
+        "start",
+        "-D",
+        str(data_dir(state_dir)),
+        "-l",
+        str(log_file(state_dir)),
+        "-w",
+        "-t",
+        str(int(START_TIMEOUT_S)),
+    ]
     proc = _run_as(cmd, user, root, timeout=START_TIMEOUT_S + 30)
     if proc.returncode != 0:
         raise DevServiceError(
@@ -437,7 +447,12 @@ def status(state_dir: Path) -> dict[str, Any]:
     if current is not None:
         pid, port = current
         return {"running": True, "pid": pid, "port": port, "log": str(log_file(state_dir))}
-    return {"running": False, "pid": None, "port": saved if isinstance(saved, int) else None, "log": str(log_file(state_dir))}
+    return {
+        "running": False,
+        "pid": None,
+        "port": saved if isinstance(saved, int) else None,
+        "log": str(log_file(state_dir)),
+    }
 
 
 def standby_of(

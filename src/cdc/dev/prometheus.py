@@ -142,9 +142,9 @@ def up(state: Path, targets: list[str]) -> str:
         return str(found["url"])
     server = Prometheus(state, targets)
     url = server.start(detach=True)
-    assert server._proc is not None  # noqa: SLF001 - its own process, kept by pid from here on
-    _DETACHED.append(server._proc)  # noqa: SLF001 - not collected (and warned about) while it runs
-    _pid_file(state).write_text(json.dumps({"pid": server._proc.pid, "url": url, "targets": targets}))  # noqa: SLF001
+    assert server._proc is not None
+    _DETACHED.append(server._proc)
+    _pid_file(state).write_text(json.dumps({"pid": server._proc.pid, "url": url, "targets": targets}))
     return url
 
 

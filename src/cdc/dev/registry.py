@@ -57,7 +57,9 @@ def _markers(state_dir: Path) -> list[str]:
 
 
 def version() -> str:
-    match = re.search(r"<artifactId>apicurio-registry-app</artifactId>\s*<version>([^<]+)</version>", _proc.package_text(POM))
+    match = re.search(
+        r"<artifactId>apicurio-registry-app</artifactId>\s*<version>([^<]+)</version>", _proc.package_text(POM)
+    )
     if match is None:
         raise DevServiceError(f"no apicurio-registry-app version in the packaged {POM}")
     return match.group(1)
@@ -100,7 +102,7 @@ def distribution(log: FilteringBoundLogger) -> Path:
 
 def _http_ok(target: str) -> bool:
     try:
-        with urllib.request.urlopen(target, timeout=3) as resp:  # noqa: S310 - http://127.0.0.1 only
+        with urllib.request.urlopen(target, timeout=3) as resp:
             return int(resp.status) == 200
     except (urllib.error.URLError, ConnectionError, TimeoutError):
         return False
@@ -127,8 +129,14 @@ def up(state_dir: Path, log: FilteringBoundLogger) -> str:
     pid = running(state_dir, log)
     if pid is not None and isinstance(service.get("port"), int):
         port = int(service["port"])
-        _proc.wait_ready(lambda: _answers(port), pid=pid, markers=_markers(state_dir),
-                         timeout=START_TIMEOUT_S, service="schema-registry", logs=[log_file(state_dir)])  # fmt: skip
+        _proc.wait_ready(
+            lambda: _answers(port),
+            pid=pid,
+            markers=_markers(state_dir),
+            timeout=START_TIMEOUT_S,
+            service="schema-registry",
+            logs=[log_file(state_dir)],
+        )
         log.info("dev.registry.reused", pid=pid, port=port)
         return url(port)
     if pid is not None:
@@ -179,14 +187,21 @@ def _start(state_dir: Path, java: str, major: int, launcher: Path, port: int, lo
     pid = _proc.spawn(cmd, log_file=log_file(state_dir), cwd=root)
     _pid_file(state_dir).write_text(f"{pid}\n")
     try:
-        _proc.wait_ready(lambda: _answers(port), pid=pid, markers=_markers(state_dir),
-                         timeout=START_TIMEOUT_S, service="schema-registry", logs=[log_file(state_dir)])  # fmt: skip
+        _proc.wait_ready(
+            lambda: _answers(port),
+            pid=pid,
+            markers=_markers(state_dir),
+            timeout=START_TIMEOUT_S,
+            service="schema-registry",
+            logs=[log_file(state_dir)],
+        )
     except DevServiceError:
         _proc.stop_pid(pid, _markers(state_dir), log, "schema-registry", timeout=10.0)
         _pid_file(state_dir).unlink(missing_ok=True)
         raise
-    log.info("dev.registry.started", pid=pid, port=port, version=version(),
-             seconds=round(time.monotonic() - started, 1))  # fmt: skip
+    log.info(
+        "dev.registry.started", pid=pid, port=port, version=version(), seconds=round(time.monotonic() - started, 1)
+    )
     return url(port)
 
 

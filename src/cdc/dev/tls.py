@@ -36,7 +36,7 @@ def available() -> bool:
 
 
 def _openssl(*args: str, cwd: Path) -> None:
-    proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=60)  # noqa: S603,S607
+    proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=60)
     if proc.returncode != 0:
         raise DevServiceError(f"openssl {args[0]} failed (exit {proc.returncode}): {proc.stderr.strip()}")
 
@@ -48,18 +48,51 @@ def ensure(directory: Path, *, common_name: str = "cdc-dev") -> Tls:
     if all(p.exists() for p in (tls.ca_cert, tls.server_cert, tls.server_key, tls.server_pem)):
         return tls
     if not available():
-        raise DevServiceError("openssl is not installed; it makes the dev services' TLS certificates (apt-get install openssl)")
+        raise DevServiceError(
+            "openssl is not installed; it makes the dev services' TLS certificates (apt-get install openssl)"
+        )
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
-    _openssl("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.crt", "-days", DAYS, "-subj", f"/CN={common_name} CA",
-             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-             cwd=directory)  # fmt: skip
+    _openssl(
+        "req",
+        "-x509",
+        *ec,
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        DAYS,
+        "-subj",
+        f"/CN={common_name} CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=directory,
+    )
     _openssl("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost", cwd=directory)
     (directory / "server.ext").write_text(
         "subjectAltName = DNS:localhost, IP:127.0.0.1\nextendedKeyUsage = serverAuth\n"
         "keyUsage = critical, digitalSignature, keyEncipherment\n"
     )
-    _openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", "leaf.crt", "-days", DAYS, "-extfile", "server.ext", cwd=directory)  # fmt: skip
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "leaf.crt",
+        "-days",
+        DAYS,
+        "-extfile",
+        "server.ext",
+        cwd=directory,
+    )
     os.chmod(tls.server_key, 0o600)
     leaf = (directory / "leaf.crt").read_text()
     tls.server_cert.write_text(leaf + tls.ca_cert.read_text())

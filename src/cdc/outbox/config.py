@@ -71,7 +71,7 @@ class OutboxExtra(_Section):
     column: str = Field(description="the column's name")
     placement: Literal["header", "envelope"] = Field(
         description="header: a record header (the value's text); envelope: a field of the value, which then "
-        "becomes {\"payload\": <payload>, <field>: <value>, ...}"
+        'becomes {"payload": <payload>, <field>: <value>, ...}'
     )
     name: str | None = Field(default=None, description="the header or field name (default: the column name)")
 
@@ -165,7 +165,9 @@ class OutboxConfig(_Section):
         description="where malformed outbox events go (on_error: dead_letter); placeholder {topic_prefix}. "
         "Unset: limits.dead_letter_topic if set, else <topic_prefix>.outbox.dead_letter",
     )
-    partitions: int | None = Field(default=None, ge=1, description="partitions of outbox topics (default: kafka.partitions)")
+    partitions: int | None = Field(
+        default=None, ge=1, description="partitions of outbox topics (default: kafka.partitions)"
+    )
     replication_factor: int | None = Field(default=None, ge=1, description="default: kafka.replication_factor")
     topic_config: dict[str, str] = Field(
         default_factory=dict,

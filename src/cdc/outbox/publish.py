@@ -106,8 +106,9 @@ def publish(
         statement = insert_statement(table, columns, tuple(extra))
         conn.execute(statement, (ident, aggregate_type, str(aggregate_id), event_type, body, *extra.values()))
     elif via == "message":
-        content = message_content(ident, aggregate_type, str(aggregate_id), event_type, payload,
-                                  {k: str(v) for k, v in extra.items()})
+        content = message_content(
+            ident, aggregate_type, str(aggregate_id), event_type, payload, {k: str(v) for k, v in extra.items()}
+        )
         conn.execute(MESSAGE_STATEMENT, (prefix, content))
     else:
         raise PublishError(f"via must be 'table' or 'message', not {via!r}")

@@ -45,9 +45,9 @@ import io
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from datetime import date, datetime
 from decimal import Decimal
+from enum import StrEnum
 from typing import Any, Final, Protocol, cast
 
 import fastavro
@@ -145,7 +145,9 @@ class SchemaRegistration(Protocol):
 class OutboxRouter:
     """Reads outbox events and builds their records. One per pipeline; not thread-safe."""
 
-    def __init__(self, settings: OutboxConfig, topic_prefix: str, *, registry: SchemaRegistration | None = None) -> None:
+    def __init__(
+        self, settings: OutboxConfig, topic_prefix: str, *, registry: SchemaRegistration | None = None
+    ) -> None:
         self._settings = settings
         self._topic_prefix = topic_prefix
         self._allowed = frozenset(settings.aggregate_types) if settings.aggregate_types is not None else None
@@ -190,8 +192,12 @@ class OutboxRouter:
                 reason, detail, ROUTE_TABLE, source, key, content, event.lsn, event.commit_lsn, event.xid, event.ordinal
             )
 
-        for role, column in (("aggregate_id", cols.aggregate_id), ("aggregate_type", cols.aggregate_type),
-                             ("type", cols.type), ("id", cols.id)):
+        for role, column in (
+            ("aggregate_id", cols.aggregate_id),
+            ("aggregate_type", cols.aggregate_type),
+            ("type", cols.type),
+            ("id", cols.id),
+        ):
             if not _text(row.get(column)):
                 return bad(_MISSING[role], f"column {column} ({role}) is NULL or empty")
         aggregate_type = _text(row[cols.aggregate_type])
@@ -208,7 +214,10 @@ class OutboxRouter:
             except UnicodeDecodeError:
                 return bad(MalformedReason.PAYLOAD_NOT_JSON, f"column {cols.payload} (payload) is not UTF-8 text")
         if not isinstance(raw, str):
-            return bad(MalformedReason.PAYLOAD_NOT_JSON, f"column {cols.payload} (payload) holds a {payload_type or type(raw).__name__}, not JSON text")
+            return bad(
+                MalformedReason.PAYLOAD_NOT_JSON,
+                f"column {cols.payload} (payload) holds a {payload_type or type(raw).__name__}, not JSON text",
+            )
         payload = raw.encode()
         if payload_type != "jsonb":  # jsonb holds nothing else; json and text may hold anything
             try:
@@ -263,7 +272,16 @@ class OutboxRouter:
 
         def bad(reason: MalformedReason, detail: str) -> Malformed:
             return Malformed(
-                reason, detail, ROUTE_MESSAGE, source, key, content, event.lsn, event.commit_lsn, event.xid, event.ordinal
+                reason,
+                detail,
+                ROUTE_MESSAGE,
+                source,
+                key,
+                content,
+                event.lsn,
+                event.commit_lsn,
+                event.xid,
+                event.ordinal,
             )
 
         if not event.transactional:
@@ -376,7 +394,9 @@ class OutboxRouter:
             "payload": event.payload.decode(),
         }
         for name, value in event.envelope:
-            datum[_avro_field(name)] = None if value is None else (value if isinstance(value, str) else orjson.dumps(value).decode())
+            datum[_avro_field(name)] = (
+                None if value is None else (value if isinstance(value, str) else orjson.dumps(value).decode())
+            )
         buffer = io.BytesIO()
         buffer.write(prefix)
         fastavro.schemaless_writer(buffer, parsed, datum)

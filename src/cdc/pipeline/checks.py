@@ -23,7 +23,6 @@ from cdc.catalog import (
 from cdc.columns import ColumnPolicy, ColumnPolicyError, policies
 from cdc.config import Config
 from cdc.selection import Selection
-
 from cdc.sink.kafka import SinkError, admin_client, check_reachable
 from cdc.sink.registry import RegistryClient
 from cdc.snapshot.modes import SlotState, inspect_slot
@@ -83,7 +82,7 @@ def service_problems(cfg: Config) -> list[str]:
     if cfg.format == "avro" and cfg.schema_registry is not None:
         try:
             RegistryClient.from_settings(cfg.schema_registry).check_reachable()
-        except Exception as e:  # noqa: BLE001 - whatever the client raises, it is the problem to print
+        except Exception as e:
             problems.append(str(e))
     return problems
 

@@ -24,9 +24,9 @@ from cdc.pipeline.reconnect import stream_with_retries
 from cdc.pipeline.reload import Reloader
 from cdc.pipeline.wiring import Components, wire
 from cdc.process import tune_gc
+from cdc.sink.errors import SerializationError
 from cdc.sink.kafka import SinkError
 from cdc.sink.registry import RegistryError
-from cdc.sink.errors import SerializationError
 from cdc.snapshot.errors import SnapshotError, SnapshotInterrupted
 from cdc.snapshot.service import Snapshots
 
@@ -115,7 +115,9 @@ class Daemon:
             self.stats.slot = self._slot_lag
             conninfo = self.config.source.conninfo()
             if FailoverWatch.wanted(conninfo):
-                watch = self._failover = FailoverWatch(conninfo, self.config.source.slot, self.config.source.failover_check_s)
+                watch = self._failover = FailoverWatch(
+                    conninfo, self.config.source.slot, self.config.source.failover_check_s
+                )
                 self.stats.standbys = lambda: watch.latest
                 watch.start()
 

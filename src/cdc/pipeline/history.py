@@ -30,7 +30,16 @@ from confluent_kafka import KafkaError, Producer
 from cdc.event import Event, PgType, RelationEvent, TableInfo, TableSchema
 from cdc.lsn import Lsn
 from cdc.pipeline.stages import Stage
-from cdc.schema_history import BEGINNING, TOPIC_SUFFIX, History, Position, SchemaHistoryError, SchemaVersion, decode, topic_for
+from cdc.schema_history import (
+    BEGINNING,
+    TOPIC_SUFFIX,
+    History,
+    Position,
+    SchemaHistoryError,
+    SchemaVersion,
+    decode,
+    topic_for,
+)
 from cdc.sink.delivery import Delivery, RetryableSinkError
 from cdc.sink.kafka import SinkError, read_to_end
 from cdc.sink.record import Record
@@ -60,7 +69,9 @@ def acknowledged_writer(producer_config: Mapping[str, Any], timeout: float = 30.
                 errors.append(str(err))
 
         for record in records:
-            producer.produce(record.topic, record.value, record.key, partition=record.partition or 0, on_delivery=delivered)
+            producer.produce(
+                record.topic, record.value, record.key, partition=record.partition or 0, on_delivery=delivered
+            )
         left = producer.flush(timeout)
         if left or errors:
             topics = sorted({r.topic for r in records})
@@ -111,8 +122,15 @@ class SchemaHistory:
                 history.add(version)
                 count += 1
 
-        read_to_end(bootstrap, extra, topic, group_id=f"cdc-schema-history-{topic_prefix}", what="the schema history topic",
-                    on_record=record, timeout=timeout)  # fmt: skip
+        read_to_end(
+            bootstrap,
+            extra,
+            topic,
+            group_id=f"cdc-schema-history-{topic_prefix}",
+            what="the schema history topic",
+            on_record=record,
+            timeout=timeout,
+        )
         log.info("schema_history_loaded", topic=topic, versions=count, tables=len(history.tables()))
         return cls(topic, history, write_now)
 
@@ -169,7 +187,6 @@ class SchemaHistory:
                 versions.append(version)
         return self._publish_now(versions, "schema_history_from_catalog")
 
-
     def publish_snapshot(self, tables: Iterable[TableSchema], point: Lsn) -> list[SchemaVersion]:
         """The columns an initial snapshot reads its rows with (the catalog in its exported snapshot),
         where they are not the version in force at its rows' position ``(point, ordinal >= 1)``: published
@@ -220,7 +237,12 @@ class SchemaHistoryStage(Stage):
             self._history.write_now([record])
         self._send(record, _WHAT)
         self._history.history.add(version)
-        log.info("schema_version_published", table=version.table, position=_position_text(position), columns=len(version.columns))
+        log.info(
+            "schema_version_published",
+            table=version.table,
+            position=_position_text(position),
+            columns=len(version.columns),
+        )
 
 
 def _position_text(position: Position) -> str:

@@ -233,7 +233,9 @@ class Pipeline:
         remaining = delivery.drain(self.config.shutdown_timeout_s)
         stream.confirm(delivery.acknowledged())
         stream.close()
-        log.info("stopped", confirmed=str(stream.flushed), undelivered=remaining, events=sum(self.stats.events.values()))
+        log.info(
+            "stopped", confirmed=str(stream.flushed), undelivered=remaining, events=sum(self.stats.events.values())
+        )
 
     def _recover(self, stream: ReplicationStream) -> None:
         """After a lost connection or an aborted Kafka transaction: deliver what was sent, then start afresh."""

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import structlog
@@ -22,11 +22,11 @@ from cdc.catalog import (
 )
 from cdc.config import Config, ConfigError, TableConfig, load_config
 from cdc.decoder.types import BUILTIN_TYPES
-from cdc.render.codec import TableRenderer
-from cdc.snapshot.errors import SnapshotRefused
 from cdc.pipeline.checks import column_policies
 from cdc.pipeline.wiring import Components, log_selection, rendering_of, topic_specs
+from cdc.render.codec import TableRenderer
 from cdc.sink.kafka import SinkError
+from cdc.snapshot.errors import SnapshotRefused
 
 log = structlog.get_logger("cdc.pipeline")
 
@@ -103,7 +103,6 @@ class Reloader:
             log.error("reload_rejected", error=str(e))
             return
         capture = self._c.capture
-        declared = capture.declared
         changed = changed_keys(capture.config.model_dump(exclude={"tables"}), new.model_dump(exclude={"tables"}))
         if changed:
             log.warning(
@@ -183,7 +182,9 @@ class Reloader:
             capture.policies.clear()
             capture.policies.update(policies)
             c.chain.invalidate()
-            c.decoder.set_renderer(TableRenderer(rendering_of(candidate, c.serializer, c.chain)))  # a table that gained a policy
+            c.decoder.set_renderer(
+                TableRenderer(rendering_of(candidate, c.serializer, c.chain))
+            )  # a table that gained a policy
             c.topics.ensure(topic_specs(candidate, tables, c.serializer, c.router))
             c.decoder.update_tables({**tables, **capture.outbox_tables}, types)
             snapshotted = c.snapshots.tables_changed(tables, types)

@@ -87,7 +87,11 @@ class OutboxStage(Stage):
                 f"{found.describe()} ({found.reason}); content {_clip(found.content)}. Nothing from this "
                 "transaction on is confirmed, so a restart meets it again. Fix: set outbox.on_error: dead_letter "
                 "(the default) to set such events aside and go on"
-                + ("; or allow the type in outbox.aggregate_types" if found.reason == "aggregate_type_not_allowed" else "")
+                + (
+                    "; or allow the type in outbox.aggregate_types"
+                    if found.reason == "aggregate_type_not_allowed"
+                    else ""
+                )
             )
         self._delivery.send(self.router.dead_letter(found, dead_letter_topic), f"outbox {found.source}")
         self._stats.outbox_dead_letters[found.reason] += 1

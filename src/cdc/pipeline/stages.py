@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import abc
 import re
-from dataclasses import replace
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any, Final
 
 from cdc.columns import ColumnPolicy
@@ -173,7 +173,9 @@ class SnapshotStage(Stage):
     releases its chunk's rows, which are delivered right there, inside the watermark's transaction.
     Watermark messages themselves are consumed, never published."""
 
-    def __init__(self, snapshots: Snapshots, send_rows: Callable[[list[ChangeEvent]], None], delivery: Delivery) -> None:
+    def __init__(
+        self, snapshots: Snapshots, send_rows: Callable[[list[ChangeEvent]], None], delivery: Delivery
+    ) -> None:
         self._on_event = snapshots.on_event
         # A row change's part of on_event without its dispatch and the reader check (both run at every
         # other event): the chain calls it per row, as this stage's row step.
@@ -226,7 +228,14 @@ class MessageFilter(Stage):
     transactional messages of this daemon's outbox prefix (the outbox stage routes them); a
     non-transactional one of that prefix passes on, to be refused by the outbox route."""
 
-    def __init__(self, include: Sequence[str] | None, exclude: Sequence[str], own: Sequence[str], outbox: str | None, stats: Stats) -> None:
+    def __init__(
+        self,
+        include: Sequence[str] | None,
+        exclude: Sequence[str],
+        own: Sequence[str],
+        outbox: str | None,
+        stats: Stats,
+    ) -> None:
         self._include = [re.compile(p) for p in include] if include is not None else None
         self._exclude = [re.compile(p) for p in exclude]
         self._own = frozenset(own)

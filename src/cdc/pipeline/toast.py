@@ -47,13 +47,13 @@ import psycopg
 import structlog
 from psycopg import sql
 
+from cdc.config import Config
 from cdc.decoder.stream import ConnectionLost
 from cdc.decoder.types import ValueConversionError, converter_for
-from cdc.config import Config
-from cdc.selection import entry_for
-from cdc.event import Column, ChangeEvent, Event, TableSchema, TxCommit, TypeKind
+from cdc.event import ChangeEvent, Column, Event, TableSchema, TypeKind
 from cdc.lsn import Lsn
-from cdc.values import UNCHANGED_TOAST, Infinity
+from cdc.selection import entry_for
+from cdc.values import Infinity
 
 log = structlog.get_logger("cdc.pipeline")
 
@@ -190,7 +190,7 @@ class ToastFill:
                     "toast_fill_row_gone",
                     table=name,
                     events=len(gone),
-                    first_key=dict(zip(key_names, gone[0])),
+                    first_key=dict(zip(key_names, gone[0], strict=True)),
                     note="deleted or re-keyed before it was read: these records keep toast.placeholder; the delete "
                     "that follows on the same key supersedes them",
                 )
@@ -219,8 +219,28 @@ _EPOCH_OFFSETS: Final[dict[str, str]] = {
 # Key types whose typed value's str() is text the type's input function reads back (bytea: see _key_text).
 _TEXT_KEYS: Final = frozenset(
     {
-        "int2", "int4", "int8", "oid", "numeric", "money", "text", "varchar", "bpchar", "name", "uuid", "bool",
-        "bytea", "float4", "float8", "inet", "cidr", "macaddr", "macaddr8", "bit", "varbit", "citext",
+        "int2",
+        "int4",
+        "int8",
+        "oid",
+        "numeric",
+        "money",
+        "text",
+        "varchar",
+        "bpchar",
+        "name",
+        "uuid",
+        "bool",
+        "bytea",
+        "float4",
+        "float8",
+        "inet",
+        "cidr",
+        "macaddr",
+        "macaddr8",
+        "bit",
+        "varbit",
+        "citext",
     }
 )
 
@@ -257,9 +277,9 @@ def _key_expression(column: Column, position: int) -> sql.Composable:
     if epoch is None:
         return sql.SQL("CAST({} AS {})").format(text, target)
     counted = sql.SQL(epoch).format(text)
-    return sql.SQL("CAST(CASE WHEN {t} IN ('infinity', '-infinity') THEN CAST({t} AS {ty}) ELSE {c} END AS {ty})").format(
-        t=text, ty=target, c=counted
-    )
+    return sql.SQL(
+        "CAST(CASE WHEN {t} IN ('infinity', '-infinity') THEN CAST({t} AS {ty}) ELSE {c} END AS {ty})"
+    ).format(t=text, ty=target, c=counted)
 
 
 _VISIBLE: Final = """
@@ -402,7 +422,9 @@ class SourceReader:
                 log.warning("toast_fill_type_changed", table=table.qualified, error=str(e))
         return found
 
-    def _visible_result(self, conn: psycopg.Connection[Any], query: bytes, params: list[Any], table: TableSchema) -> Any:
+    def _visible_result(
+        self, conn: psycopg.Connection[Any], query: bytes, params: list[Any], table: TableSchema
+    ) -> Any:
         """The query's result once its snapshot sees the events' transactions (a few milliseconds at most after
         the walsender sent them; ``replay_wait_s`` without it reconnects)."""
         deadline = time.monotonic() + self._replay_wait_s
@@ -492,11 +514,8 @@ def toast_exposure(
     return found
 
 
-
-
 def toast_mode(config: Config, table: str) -> str:
     """The ``toast`` mode in force for a table (schema.name): its entry's, else ``toast.mode``."""
     schema, _, name = table.partition(".")
     entry = entry_for(config.tables, schema, name)
     return (entry.toast if entry is not None else None) or config.toast.mode
-

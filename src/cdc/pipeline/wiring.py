@@ -37,22 +37,12 @@ from cdc.decoder.spool import Spool
 from cdc.decoder.stream import ReplicationStream
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.event import ChangeEvent, TableSchema
-from cdc.render.codec import TableRenderer, log_choice
-from cdc.render.rows import RowRendering
-from cdc.schema_history import topic_for as schema_history_topic
 from cdc.instance import InstanceLock
 from cdc.observe import Stats
 from cdc.outbox.route import OutboxRouter
-from cdc.pipeline.checks import column_policies, connect_source, source_checks
+from cdc.pipeline.checks import connect_source, source_checks
 from cdc.pipeline.history import SchemaHistory, SchemaHistoryStage, acknowledged_writer
 from cdc.pipeline.routing import OutboxStage, StandaloneMessages
-from cdc.pipeline.toast import (
-    SourceReader,
-    ToastCounts,
-    ToastFill,
-    toast_exposure,
-    toast_mode,
-)
 from cdc.pipeline.stages import (
     Chain,
     ColumnPolicyStage,
@@ -63,15 +53,25 @@ from cdc.pipeline.stages import (
     TransactionMetadataStage,
     emitted_prefix,
 )
+from cdc.pipeline.toast import (
+    SourceReader,
+    ToastCounts,
+    ToastFill,
+    toast_exposure,
+    toast_mode,
+)
+from cdc.render.codec import TableRenderer, log_choice
+from cdc.render.rows import RowRendering
+from cdc.schema_history import topic_for as schema_history_topic
 from cdc.selection import Selection, entry_for
 from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.delivery import AtLeastOnce, DeadLetters, Delivery, compiled_sender
 from cdc.sink.exactly_once import ExactlyOnce, read_position
+from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import TopicSpec, admin_client, check_reachable, ensure_topics, producer_config
 from cdc.sink.metadata import TransactionMetadata, heartbeat_topic, transaction_topic
-from cdc.sink.registry import RegistryClient
-from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.records import EventSerializer
+from cdc.sink.registry import RegistryClient
 from cdc.snapshot.modes import StartupPlan
 from cdc.snapshot.output import ConfiguredOutput
 from cdc.snapshot.plan import session_setup
@@ -150,7 +150,11 @@ def wire(
     with conn:
         checked = source_checks(conn, config, before_selection=lock.acquire)
         cfg, tables, boxes, publication, slot_state = (
-            checked.config, checked.tables, checked.boxes, checked.publication, checked.slot_state
+            checked.config,
+            checked.tables,
+            checked.boxes,
+            checked.publication,
+            checked.slot_state,
         )
         log_selection(checked.selection)
         stats.phase_done("source_checks")
@@ -167,13 +171,19 @@ def wire(
         capture.partitions.update(
             ensure_topics(
                 admin,
-                [*topic_specs(cfg, tables, serializer, router), TopicSpec(progress_topic, 1, cfg.kafka.replication_factor)],
+                [
+                    *topic_specs(cfg, tables, serializer, router),
+                    TopicSpec(progress_topic, 1, cfg.kafka.replication_factor),
+                ],
             )
         )
         stats.phase_done("kafka_topics")
         # Every table's column types are in the schema history before any of its records is written.
         history = SchemaHistory.load(
-            cfg.topic_prefix, cfg.kafka.bootstrap_servers, cfg.kafka.producer, write_now=acknowledged_writer(history_producer_config(cfg))
+            cfg.topic_prefix,
+            cfg.kafka.bootstrap_servers,
+            cfg.kafka.producer,
+            write_now=acknowledged_writer(history_producer_config(cfg)),
         )
         history.publish_catalog(conn, [*tables.values(), *boxes.values()], types)
         apply_publication(conn, publication)
@@ -279,7 +289,9 @@ def make_chain(
         for row in rows:
             if history_stage is not None and row.table is not announced:
                 announced = row.table
-                history_stage.observe(announced, (int(row.commit_lsn), row.ordinal), 0)  # the watermark's commit has no other rows
+                history_stage.observe(
+                    announced, (int(row.commit_lsn), row.ordinal), 0
+                )  # the watermark's commit has no other rows
             table = row.table.qualified
             policy = capture.policies.get(table)
             deliver.row(policy.apply(row) if policy is not None else row, table)
@@ -341,9 +353,11 @@ def make_snapshots(
         slot_failover=cfg.source.slot_failover,
         tables=capture.tables,
         output=ConfiguredOutput(
-            cfg, dict(capture.partitions), make_serializer,
+            cfg,
+            dict(capture.partitions),
+            make_serializer,
             progress_topic if cfg.delivery.mode == "exactly_once" else None,
-        ),  # fmt: skip
+        ),
         store=KafkaStore(cfg.kafka.bootstrap_servers, progress_topic, cfg.source.slot, extra=cfg.kafka.producer),
         types=types,
         topics_holding_records=holding,

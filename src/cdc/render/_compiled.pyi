@@ -20,5 +20,10 @@ class RowCodec:
     def __call__(self, buffer: bytes | bytearray | memoryview, pos: int) -> tuple[Any, int]: ...
     def copy_row(self, buffer: bytes | bytearray | memoryview) -> Any: ...
     def copy_record(
-        self, buffer: bytes | bytearray | memoryview, key_head: bytes, key_end: bytes, value_head: bytes, value_end: bytes
+        self,
+        buffer: bytes | bytearray | memoryview,
+        key_head: bytes,
+        key_end: bytes,
+        value_head: bytes,
+        value_end: bytes,
     ) -> tuple[bytes, bytes]: ...

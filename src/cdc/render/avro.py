@@ -22,6 +22,7 @@ from cdc.sink.avro_write import COMPILED_ERRORS, Write, write_long
 from cdc.sink.connect import Encoder
 from cdc.sink.typemap import TypeOptions, numeric_typmod, time_precision
 
+
 def _try_null(write: Write) -> bytes | None:
     """A field's encoding of NULL, or None when the field is required."""
     try:
@@ -111,7 +112,7 @@ def avro_row_rendering(
     nulls: list[bytes | None] = []
     direct: list[tuple[str, int] | None] = []
     tags: list[bytes] = []
-    for column, (name, field, encode, _) in zip(table.columns, value_fields, strict=True):
+    for column, (_name, field, encode, _) in zip(table.columns, value_fields, strict=True):
         write = value_writers[field]
         null = _try_null(write)
         nulls.append(null)

@@ -287,7 +287,7 @@ def _long_prefix(write: Callable[[Any], bytes], write_long: Callable[[int], byte
 def _string_prefix(write: Callable[[Any], bytes], write_long: Callable[[int], bytes]) -> bytes | None:
     """What ``write`` (a string field's writer, or a union's) puts before the string's length and text."""
     prefix = write("")[:-1]
-    if any(write(t) != prefix + write_long(len(t.encode())) + t.encode() for t in ("", "[null,\"0\"]", "x" * 200)):
+    if any(write(t) != prefix + write_long(len(t.encode())) + t.encode() for t in ("", '[null,"0"]', "x" * 200)):
         return None
     return prefix
 

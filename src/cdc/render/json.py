@@ -29,7 +29,6 @@ from cdc.render.text import (
 from cdc.sink.connect import ColumnField
 from cdc.sink.typemap import TypeOptions, numeric_typmod, time_precision
 
-
 _JSON_SPECIAL: Final = re.compile(rb'["\\\x00-\x1f]').search  # what orjson escapes in a string
 
 

@@ -134,7 +134,11 @@ def render_parser(rendering: RowRendering, parsers: Sequence[Callable[[bytes], A
         "fmt": rendering.row_format,
         "kfmt": rendering.key_format,
     }
-    lines = ["    if buf[pos] != %d or buf[pos + 1] != %d:" % (count >> 8, count & 0xFF), "        raise Slow", "    pos += 2"]
+    lines = [
+        f"    if buf[pos] != {count >> 8} or buf[pos + 1] != {count & 0xFF}:",
+        "        raise Slow",
+        "    pos += 2",
+    ]
     key_parts: list[str] = []
     for i in range(count):
         direct = rendering.render[i]
@@ -143,7 +147,12 @@ def render_parser(rendering: RowRendering, parsers: Sequence[Callable[[bytes], A
         namespace[f"c{i}"] = parsers[i]
         namespace[f"t{i}"] = rendering.typed[i]
         namespace[f"n{i}"] = null
-        lines += ["    kind = buf[pos]", "    if kind == 116:", "        start = pos + 5", "        pos = start + u32(buf, pos + 1)[0]"]
+        lines += [
+            "    kind = buf[pos]",
+            "    if kind == 116:",
+            "        start = pos + 5",
+            "        pos = start + u32(buf, pos + 1)[0]",
+        ]
         if direct is not None:
             namespace[f"r{i}"] = direct
             if j is None:
@@ -181,7 +190,7 @@ def render_parser(rendering: RowRendering, parsers: Sequence[Callable[[bytes], A
     lines.append(f"    return Row(fmt % ({values}), {typed_key}, kfmt % ({key_values})), pos")
     params = "".join(f", {name}={name}" for name in namespace)
     source = "\n".join([f"def parse(buf, pos{params}):", *lines])
-    exec(source, namespace)  # noqa: S102 - column names enter the source only through repr()
+    exec(source, namespace)
     parse: RowParser = namespace["parse"]
     parse.rendered = True  # type: ignore[attr-defined]  # the relation log says which path a table takes
     return parse

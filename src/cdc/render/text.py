@@ -16,6 +16,7 @@ from cdc.sink.encode import twos_complement
 from cdc.sink.errors import SerializationError
 from cdc.sink.typemap import TypeOptions, numeric_typmod, time_precision
 
+
 class RenderDeclined(ValueError):
     """A column's typed value could not be encoded: the typed path will raise the real error."""
 
@@ -125,5 +126,3 @@ def typed_renderer(write: Callable[[Any], bytes], encode: Encoder | None) -> Cal
             raise RenderDeclined(str(exc)) from exc
 
     return render
-
-

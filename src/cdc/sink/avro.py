@@ -57,9 +57,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
 from cdc.event import AnyRow, MessageEvent, TableSchema, TransactionBlock
+from cdc.render.avro import avro_row_rendering
 from cdc.render.codec import avro_records
 from cdc.render.rows import RowRendering, encoded
-from cdc.render.avro import avro_row_rendering
 from cdc.sink.avro_schema import avro_field_name, avro_name, avro_schema
 from cdc.sink.avro_write import COMPILED_ERRORS, Encoded, Unsupported, Write, compile_writer
 from cdc.sink.connect import (
@@ -316,7 +316,13 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         except Unsupported:
             pass
         return _Writer(
-            schema=schema, parsed=parsed, prefix=prefix, subject=subject, schema_id=schema_id, write=write, fields=fields
+            schema=schema,
+            parsed=parsed,
+            prefix=prefix,
+            subject=subject,
+            schema_id=schema_id,
+            write=write,
+            fields=fields,
         )
 
     def _truncate_writer(self, plan: _AvroPlan) -> _Writer:
@@ -333,7 +339,9 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         if self._message_key is None or self._message_value is None:
             topic = self._message_topic
             self._message_key = self._register(f"{topic}-key", avro_schema(MESSAGE_KEY_SCHEMA), "logical messages")
-            self._message_value = self._register(f"{topic}-value", avro_schema(MESSAGE_VALUE_SCHEMA), "logical messages")
+            self._message_value = self._register(
+                f"{topic}-value", avro_schema(MESSAGE_VALUE_SCHEMA), "logical messages"
+            )
         return self._message_key, self._message_value
 
     # --- bytes ------------------------------------------------------------------
@@ -351,7 +359,9 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         key_writers = plan.key.fields.get(avro_name(f"{plan.topic}.Key"))
         if value_writers is None or key_writers is None:
             return None
-        return avro_row_rendering(table, plan.value_fields, value_writers, plan.avro_key_fields, key_writers, self._opts)
+        return avro_row_rendering(
+            table, plan.value_fields, value_writers, plan.avro_key_fields, key_writers, self._opts
+        )
 
     def _row(self, plan: _AvroPlan, row: AnyRow | None, which: str) -> Any:
         rendered = encoded(row)
@@ -459,7 +469,12 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         return [Record(self._message_topic, key, body, headers)]
 
     def side_record(
-        self, topic: str, key_schema: ConnectSchema, key: dict[str, Any], value_schema: ConnectSchema, value: dict[str, Any]
+        self,
+        topic: str,
+        key_schema: ConnectSchema,
+        key: dict[str, Any],
+        value_schema: ConnectSchema,
+        value: dict[str, Any],
     ) -> Record:
         writers = self._side_writers
         out: list[bytes] = []
@@ -500,7 +515,9 @@ def _envelope_writer(
     except COMPILED_ERRORS:
         return None
 
-    def write(before: Any, after: Any, source: Any, op: str, now_ns: int, transaction: TransactionBlock | None = None) -> bytes:
+    def write(
+        before: Any, after: Any, source: Any, op: str, now_ns: int, transaction: TransactionBlock | None = None
+    ) -> bytes:
         return b"".join(
             (
                 prefix,
@@ -547,7 +564,9 @@ def _plain(value: Any, what: str) -> Any:
         return value
     datum = value.datum()
     if datum is _RENDERED:
-        raise SerializationError(f"{what}: a row rendered by the decoder did not fit its Avro schema (a bug; please report it)")
+        raise SerializationError(
+            f"{what}: a row rendered by the decoder did not fit its Avro schema (a bug; please report it)"
+        )
     return datum
 
 

@@ -140,5 +140,3 @@ def _default(spec: ConnectSchema) -> Any:
     if spec.type != "string":
         raise ValueError(f"no Avro default for a {spec.type} Connect default {spec.default!r}")
     return spec.default
-
-

@@ -78,9 +78,7 @@ def write_long(n: int) -> bytes:
         return cont[z & _MASK] + cont[(z >> 14) & _MASK] + last[z >> 28]
     if z < 1 << 56:
         return cont[z & _MASK] + cont[(z >> 14) & _MASK] + cont[(z >> 28) & _MASK] + last[z >> 42]
-    return (
-        cont[z & _MASK] + cont[(z >> 14) & _MASK] + cont[(z >> 28) & _MASK] + cont[(z >> 42) & _MASK] + last[z >> 56]
-    )
+    return cont[z & _MASK] + cont[(z >> 14) & _MASK] + cont[(z >> 28) & _MASK] + cont[(z >> 42) & _MASK] + last[z >> 56]
 
 
 def _write_int(n: Any) -> bytes:

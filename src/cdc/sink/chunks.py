@@ -32,8 +32,14 @@ class ChunkTransactions(Producing):
     ``check``, ``drain``, as ``BulkProducer``): rows whose JSON the server built go into the same
     transaction."""
 
-    def __init__(self, config: Mapping[str, Any], *, transactional_id: str, max_record_bytes: int,
-                 dead_letters: DeadLetters | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: Mapping[str, Any],
+        *,
+        transactional_id: str,
+        max_record_bytes: int,
+        dead_letters: DeadLetters | None = None,
+    ) -> None:
         conf = transactional_config(config, transactional_id)
         producer = Producer(conf, logger=librdkafka_logger())
         super().__init__(producer, max_record_bytes, dead_letters)

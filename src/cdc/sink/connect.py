@@ -11,7 +11,6 @@ from typing import Any, Final
 
 import orjson
 
-
 Encoder = Callable[[Any], Any]
 """A column value (as ``cdc.values`` defines it, never None) -> what the format writes."""
 
@@ -144,7 +143,9 @@ def truncate_key_schema(topic: str, key_members: Sequence[tuple[str, ConnectSche
     """The key struct of truncate markers, ``<topic>.TruncateKey``: the table's key fields, each optional (the
     marker's are all null). The same field names as the Key, so a consumer that maps key fields to columns
     (Debezium's JDBC sink with ``primary.key.mode=record_key``) finds no new column in a marker."""
-    return ConnectSchema("struct", None, name=f"{topic}.TruncateKey", fields=tuple((n, spec, True) for n, spec, _ in key_members))
+    return ConnectSchema(
+        "struct", None, name=f"{topic}.TruncateKey", fields=tuple((n, spec, True) for n, spec, _ in key_members)
+    )
 
 
 def schema_prefix(node: dict[str, Any]) -> bytes:

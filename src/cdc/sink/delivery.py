@@ -28,9 +28,9 @@ import orjson
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from cdc.compiled import reference_forced
 from cdc.event import TxBegin, TxCommit
 from cdc.lsn import Lsn
-from cdc.compiled import reference_forced
 from cdc.sink.kafka import ANY_PARTITION, AckTracker, DeliveryFailed, RecordTooLarge, SinkError, librdkafka_logger
 from cdc.sink.record import Record
 from cdc.sink.wire import DEAD_LETTER_REASON_HEADER
@@ -54,6 +54,7 @@ class Delivery(Protocol):
     def inflight_bytes(self) -> int: ...
     @property
     def inflight_records(self) -> int: ...
+
     dead_lettered: int
 
     def begin(self, tx: TxBegin) -> bool: ...  # False: already delivered, skip the transaction
@@ -238,9 +239,14 @@ class AtLeastOnce(Producing):
             # The per-record path compiled (cdc.sink._delivery): records of the common shape are produced and
             # acknowledged without a Python frame; it hands the others to send_reference.
             self._sender = sender_class(
-                self._producer.produce, self._producer.poll, max_record_bytes, self.send_reference, classify,
-                KafkaException, SinkError,
-            )  # fmt: skip
+                self._producer.produce,
+                self._producer.poll,
+                max_record_bytes,
+                self.send_reference,
+                classify,
+                KafkaException,
+                SinkError,
+            )
             self.send = self._sender.send  # type: ignore[method-assign]
 
     def begin(self, tx: TxBegin) -> bool:

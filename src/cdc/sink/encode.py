@@ -334,4 +334,3 @@ def interval_iso(value: Interval) -> str:
         if rest:
             seconds = "-" + seconds
     return f"P{years}Y{months}M{value.days}DT{hours}H{minutes}M{seconds}S"
-

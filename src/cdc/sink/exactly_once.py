@@ -64,7 +64,9 @@ def _digest(record: Record) -> str:
     return hashlib.sha256(record.topic.encode() + b"\0" + record.key).hexdigest()[:32]
 
 
-def read_position(bootstrap: str, extra: Mapping[str, Any], topic: str, slot: str, timeout: float = 30.0) -> Position | None:
+def read_position(
+    bootstrap: str, extra: Mapping[str, Any], topic: str, slot: str, timeout: float = 30.0
+) -> Position | None:
     """The last committed position of ``slot`` in the offsets topic, read as read_committed consumers see it."""
     key = slot.encode()
     found: list[Position] = []
@@ -73,11 +75,23 @@ def read_position(bootstrap: str, extra: Mapping[str, Any], topic: str, slot: st
         if record_key == key and value is not None:
             data = orjson.loads(value)
             records = data.get("records")
-            found.append(Position(Lsn(int(data["commit_lsn"])), Lsn(int(data["end_lsn"])),
-                                  int(records) if records is not None else None, data.get("last")))  # fmt: skip
+            found.append(
+                Position(
+                    Lsn(int(data["commit_lsn"])),
+                    Lsn(int(data["end_lsn"])),
+                    int(records) if records is not None else None,
+                    data.get("last"),
+                )
+            )
 
     read_to_end(
-        bootstrap, extra, topic, group_id=f"cdc-offsets-reader-{slot}", what="the offsets topic", on_record=record, timeout=timeout
+        bootstrap,
+        extra,
+        topic,
+        group_id=f"cdc-offsets-reader-{slot}",
+        what="the offsets topic",
+        on_record=record,
+        timeout=timeout,
     )
     return found[-1] if found else None
 
@@ -131,8 +145,12 @@ class ExactlyOnce(Producing):
         self.kafka_commits = 0
         self.skipped_transactions = 0
         self.splits = 0
-        log.info("exactly_once_resume", commit_lsn=str(self._committed.commit_lsn), end_lsn=str(self._committed.end_lsn),
-                 records=self._committed.records)  # fmt: skip
+        log.info(
+            "exactly_once_resume",
+            commit_lsn=str(self._committed.commit_lsn),
+            end_lsn=str(self._committed.end_lsn),
+            records=self._committed.records,
+        )
 
     @property
     def committed(self) -> Position:
@@ -140,7 +158,9 @@ class ExactlyOnce(Producing):
 
     def begin(self, tx: TxBegin) -> bool:
         committed = self._committed
-        if tx.commit_lsn < committed.commit_lsn or (tx.commit_lsn == committed.commit_lsn and committed.records is None):
+        if tx.commit_lsn < committed.commit_lsn or (
+            tx.commit_lsn == committed.commit_lsn and committed.records is None
+        ):
             self._skipping = True  # step 2: already in Kafka
             self.skipped_transactions += 1
             return False
@@ -150,7 +170,9 @@ class ExactlyOnce(Producing):
         self._source_records = 0
         self._drop = (committed.records or 0) if tx.commit_lsn == committed.commit_lsn else 0
         if self._drop:
-            log.info("exactly_once_resume_inside", xid=tx.xid, commit_lsn=str(tx.commit_lsn), records_in_kafka=self._drop)
+            log.info(
+                "exactly_once_resume_inside", xid=tx.xid, commit_lsn=str(tx.commit_lsn), records_in_kafka=self._drop
+            )
         if not self._open:
             self._begin_kafka()
         return True
@@ -210,7 +232,9 @@ class ExactlyOnce(Producing):
         position = Position(tx.commit_lsn, end_lsn, self._source_records, _digest(record))
         self._commit_kafka(position)
         self.splits += 1
-        log.info("kafka_transaction_split", xid=tx.xid, commit_lsn=str(tx.commit_lsn), records_in_kafka=self._source_records)
+        log.info(
+            "kafka_transaction_split", xid=tx.xid, commit_lsn=str(tx.commit_lsn), records_in_kafka=self._source_records
+        )
         self._begin_kafka()
 
     def _too_long(self) -> None:
@@ -267,8 +291,13 @@ class ExactlyOnce(Producing):
         assert (last is not None or inside is not None) and self._open
         if inside is not None:
             assert self._source_tx is not None
-            position = {"commit_lsn": int(inside.commit_lsn), "end_lsn": int(inside.end_lsn), "xid": self._source_tx.xid,
-                        "records": inside.records, "last": inside.last}  # fmt: skip
+            position = {
+                "commit_lsn": int(inside.commit_lsn),
+                "end_lsn": int(inside.end_lsn),
+                "xid": self._source_tx.xid,
+                "records": inside.records,
+                "last": inside.last,
+            }
         else:
             assert last is not None
             position = {"commit_lsn": int(last.commit_lsn), "end_lsn": int(last.end_lsn), "xid": last.xid}

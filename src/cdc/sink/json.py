@@ -32,8 +32,8 @@ from cdc.sink.connect import (
 )
 from cdc.sink.encode import b64
 from cdc.sink.errors import SerializationError
-from cdc.sink.record import Record
 from cdc.sink.fallback import json_fallback
+from cdc.sink.record import Record
 from cdc.sink.records import EventSerializer, column_where, position_headers, value_error
 from cdc.sink.typemap import column_schema, toast_placeholder
 from cdc.values import UNCHANGED_TOAST
@@ -247,7 +247,12 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         return plan.truncate_key
 
     def side_record(
-        self, topic: str, key_schema: ConnectSchema, key: dict[str, Any], value_schema: ConnectSchema, value: dict[str, Any]
+        self,
+        topic: str,
+        key_schema: ConnectSchema,
+        key: dict[str, Any],
+        value_schema: ConnectSchema,
+        value: dict[str, Any],
     ) -> Record:
         key_bytes, value_bytes = orjson.dumps(key), orjson.dumps(value)
         if self._schemas:
@@ -330,7 +335,9 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         try:
             body = orjson.dumps(payload)
         except orjson.JSONEncodeError as exc:
-            raise SerializationError(f"table {plan.table.qualified!r}: a value cannot be written as JSON: {exc}") from exc
+            raise SerializationError(
+                f"table {plan.table.qualified!r}: a value cannot be written as JSON: {exc}"
+            ) from exc
         if self._schemas:
             return plan.value_prefix + body + b"}"
         return body
@@ -399,8 +406,9 @@ def row_encoder(
             if fallback is not NO_FALLBACK:
                 lines.append(f"    else: v{i} = f{i}")
     lines.append("    return {" + ", ".join(f"{name!r}: v{i}" for i, (name, _, _) in enumerate(fields)) + "}")
-    lines[0] = "def encode(row, toast=toast" + "".join(f", e{i}=e{i}, p{i}=p{i}, f{i}=f{i}" for i in range(len(fields))) + "):"
-    exec("\n".join(lines), names)  # noqa: S102 - column names enter the source only through repr()
+    lines[0] = (
+        "def encode(row, toast=toast" + "".join(f", e{i}=e{i}, p{i}=p{i}, f{i}=f{i}" for i in range(len(fields))) + "):"
+    )
+    exec("\n".join(lines), names)
     encoder: Callable[[dict[str, Any]], dict[str, Any]] = names["encode"]
     return encoder
-

@@ -49,10 +49,13 @@ class _Entry:
         self.closed = False
 
 
+_NOTHING_ACKED = Lsn(0)
+
+
 class AckTracker:
     """Knows the highest LSN below which everything handed to Kafka is durable."""
 
-    def __init__(self, start: Lsn = Lsn(0)) -> None:
+    def __init__(self, start: Lsn = _NOTHING_ACKED) -> None:
         self._fifo: deque[_Entry] = deque()
         self._acked = start
         self.failure: str | None = None

@@ -17,20 +17,28 @@ from collections import Counter
 from typing import Any, Final, Protocol
 
 from cdc.event import TransactionBlock, TxBegin, TxCommit
-from cdc.sink.record import Record
 from cdc.sink.connect import ConnectSchema
+from cdc.sink.record import Record
 
 _STRING: Final = ConnectSchema("string", None)
 _INT64: Final = ConnectSchema("int64", None)
 
 HEARTBEAT_KEY_SCHEMA: Final = ConnectSchema(
-    "struct", None, name="io.debezium.connector.common.ServerNameKey", version=1, fields=(("serverName", _STRING, False),)
+    "struct",
+    None,
+    name="io.debezium.connector.common.ServerNameKey",
+    version=1,
+    fields=(("serverName", _STRING, False),),
 )
 HEARTBEAT_VALUE_SCHEMA: Final = ConnectSchema(
     "struct", None, name="io.debezium.connector.common.Heartbeat", version=1, fields=(("ts_ms", _INT64, False),)
 )
 TRANSACTION_KEY_SCHEMA: Final = ConnectSchema(
-    "struct", None, name="io.debezium.connector.common.TransactionMetadataKey", version=1, fields=(("id", _STRING, False),)
+    "struct",
+    None,
+    name="io.debezium.connector.common.TransactionMetadataKey",
+    version=1,
+    fields=(("id", _STRING, False),),
 )
 _EVENT_COLLECTION: Final = ConnectSchema(
     "struct",
@@ -58,7 +66,12 @@ class SideFormat(Protocol):
     """What writes a side record in the configured format (``EventSerializer`` does)."""
 
     def side_record(
-        self, topic: str, key_schema: ConnectSchema, key: dict[str, Any], value_schema: ConnectSchema, value: dict[str, Any]
+        self,
+        topic: str,
+        key_schema: ConnectSchema,
+        key: dict[str, Any],
+        value_schema: ConnectSchema,
+        value: dict[str, Any],
     ) -> Record: ...
 
 
@@ -91,7 +104,13 @@ class TransactionMetadata:
         self._counts.clear()
         self._total = 0
         tid = self._tid = self._id(tx.xid, tx.commit_lsn)
-        value = {"status": "BEGIN", "id": tid, "event_count": None, "data_collections": None, "ts_ms": tx.commit_ts_us // 1000}
+        value = {
+            "status": "BEGIN",
+            "id": tid,
+            "event_count": None,
+            "data_collections": None,
+            "ts_ms": tx.commit_ts_us // 1000,
+        }
         return self._record(tid, value)
 
     def count(self, table: str) -> TransactionBlock:

@@ -72,7 +72,9 @@ def from_headers(headers: Iterable[tuple[str, bytes | str | None]] | None) -> Re
             continue
         text = value.decode("ascii", "replace") if isinstance(value, bytes) else value
         if not text.isdigit():
-            raise PositionError(f"header {name} is {text[:40]!r}, not a decimal LSN or number; fix what wrote the record")
+            raise PositionError(
+                f"header {name} is {text[:40]!r}, not a decimal LSN or number; fix what wrote the record"
+            )
         found[field] = int(text)
     return RecordPosition(**found)
 
@@ -112,7 +114,9 @@ def json_source(value: bytes) -> Mapping[str, Any]:
     try:
         data = orjson.loads(value)
     except orjson.JSONDecodeError as e:
-        raise PositionError(f"the value is not JSON ({e}); a JSON change record's value is a Debezium envelope") from None
+        raise PositionError(
+            f"the value is not JSON ({e}); a JSON change record's value is a Debezium envelope"
+        ) from None
     if isinstance(data, dict) and "payload" in data and "schema" in data:
         data = data["payload"]
     source = data.get("source") if isinstance(data, dict) else None

@@ -48,12 +48,12 @@ import structlog
 
 from cdc.event import (
     AnyRow,
-    TransactionBlock,
     ChangeEvent,
     Column,
     MessageEvent,
     Op,
     TableSchema,
+    TransactionBlock,
     TruncateEvent,
 )
 from cdc.render.rows import RowRendering
@@ -255,7 +255,9 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         topic = plan.topic
         if op is Op.CREATE or op is Op.READ:
             after, key = self._row_and_key(plan, event.after, "after")
-            return [Record(topic, key, self._envelope(plan, None, after, source, _OPS[op], now, event.transaction), headers)]
+            return [
+                Record(topic, key, self._envelope(plan, None, after, source, _OPS[op], now, event.transaction), headers)
+            ]
         if op is Op.DELETE:
             before, key = self._row_and_key(plan, event.before, "before")
             value = self._envelope(plan, before, None, source, "d", now, event.transaction)
@@ -271,30 +273,52 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
                     delete_headers = (*headers, (NEW_KEY_HEADER, new_payload))
                     create_headers = (*headers, (OLD_KEY_HEADER, old_payload))
                     return [
-                        Record(topic, old_key, self._envelope(plan, old_row, None, source, "d", now, event.transaction), delete_headers),
+                        Record(
+                            topic,
+                            old_key,
+                            self._envelope(plan, old_row, None, source, "d", now, event.transaction),
+                            delete_headers,
+                        ),
                         Record(topic, old_key, None, delete_headers),
-                        Record(topic, key, self._envelope(plan, None, new_row, source, "c", now, event.transaction), create_headers),
+                        Record(
+                            topic,
+                            key,
+                            self._envelope(plan, None, new_row, source, "c", now, event.transaction),
+                            create_headers,
+                        ),
                     ]
-            return [Record(topic, key, self._envelope(plan, old_row, new_row, source, "u", now, event.transaction), headers)]
-        raise SerializationError(f"a ChangeEvent cannot have op {op.value!r} (truncates and messages have their own events)")
+            return [
+                Record(topic, key, self._envelope(plan, old_row, new_row, source, "u", now, event.transaction), headers)
+            ]
+        raise SerializationError(
+            f"a ChangeEvent cannot have op {op.value!r} (truncates and messages have their own events)"
+        )
 
     def _truncate(self, event: TruncateEvent) -> list[Record]:
-        position = position_headers(event.lsn, event.commit_lsn, event.xid, event.ordinal, enabled=self.position_headers)
+        position = position_headers(
+            event.lsn, event.commit_lsn, event.xid, event.ordinal, enabled=self.position_headers
+        )
         headers = (*position, (TRUNCATE_HEADER, b"1"))
         now = self._clock_ns()
         records: list[Record] = []
         for table in event.tables:
             if self.skip_truncate is not None and self.skip_truncate(table):
-                _log.info("truncate_skipped", table=table.qualified, lsn=int(event.lsn), setting="tables[].truncate: skip")
+                _log.info(
+                    "truncate_skipped", table=table.qualified, lsn=int(event.lsn), setting="tables[].truncate: skip"
+                )
                 continue
             plan = self._plan(table)
             source = self._source(table, event.commit_ts_us, event.commit_lsn, event.lsn, event.xid, False)
             value = self._envelope(plan, None, None, source, "t", now)
             partitions = self._partitions_of(plan.topic)
             if partitions < 1:
-                raise SerializationError(f"topic {plan.topic!r} has {partitions} partitions: nowhere to put truncate markers")
+                raise SerializationError(
+                    f"topic {plan.topic!r} has {partitions} partitions: nowhere to put truncate markers"
+                )
             for partition in range(partitions):
-                records.append(Record(plan.topic, self._truncate_key(plan, partition), value, headers, partition=partition))
+                records.append(
+                    Record(plan.topic, self._truncate_key(plan, partition), value, headers, partition=partition)
+                )
         return records
 
     @abc.abstractmethod
@@ -303,7 +327,12 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
 
     @abc.abstractmethod
     def side_record(
-        self, topic: str, key_schema: ConnectSchema, key: dict[str, Any], value_schema: ConnectSchema, value: dict[str, Any]
+        self,
+        topic: str,
+        key_schema: ConnectSchema,
+        key: dict[str, Any],
+        value_schema: ConnectSchema,
+        value: dict[str, Any],
     ) -> Record:
         """A record of a side topic (heartbeats, transaction metadata: ``cdc.sink.metadata``) in this format,
         key and value each valid against its Connect schema."""
@@ -486,4 +515,3 @@ def position_headers(
         headers.append((TXID_HEADER, b"%d" % xid))
     headers.append((ORDINAL_HEADER, b"%d" % ordinal))
     return tuple(headers)
-

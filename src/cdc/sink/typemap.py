@@ -85,9 +85,24 @@ from cdc.sink.encode import (
 from cdc.sink.errors import SerializationError
 
 _PLAIN_STRING_TYPES: Final = frozenset(
-    {"text", "varchar", "bpchar", "name", "char", "inet", "cidr", "macaddr", "macaddr8",
-     "int4range", "numrange", "tsrange", "tstzrange", "daterange", "int8range"}
-)  # fmt: skip
+    {
+        "text",
+        "varchar",
+        "bpchar",
+        "name",
+        "char",
+        "inet",
+        "cidr",
+        "macaddr",
+        "macaddr8",
+        "int4range",
+        "numrange",
+        "tsrange",
+        "tstzrange",
+        "daterange",
+        "int8range",
+    }
+)
 _INT_ARRAY_ELEMENTS: Final = frozenset({"int2", "int4", "int8"})
 _MAX_DOMAIN_DEPTH: Final = 32
 
@@ -140,13 +155,13 @@ def column_schema(pg_type: PgType, modifier: int, opts: TypeOptions, key: bool, 
             return ConnectSchema("array", None, items=element, avro=avro)
 
         def encode_array(values: list[Any]) -> list[Any]:
-            return [
-                None if v is None else (encode_array(v) if type(v) is list else encode_element(v)) for v in values
-            ]
+            return [None if v is None else (encode_array(v) if type(v) is list else encode_element(v)) for v in values]
 
         return ConnectSchema("array", encode_array, items=element, avro=avro)
     if kind is TypeKind.ENUM:
-        return ConnectSchema("string", None, name="io.debezium.data.Enum", version=1, parameters=(("allowed", ",".join(base.labels)),))
+        return ConnectSchema(
+            "string", None, name="io.debezium.data.Enum", version=1, parameters=(("allowed", ",".join(base.labels)),)
+        )
     if kind is TypeKind.BASE and base.schema == "pg_catalog":
         spec = _builtin_spec(base.name, modifier, opts, key, where)
         if spec is not None:
@@ -251,7 +266,9 @@ def _builtin_spec(name: str, modifier: int, opts: TypeOptions, key: bool, where:
         case "bytea":
             return ConnectSchema("bytes", bytea)
         case "uuid":
-            return ConnectSchema("string", None, name="io.debezium.data.Uuid", version=1, avro=str)  # orjson writes UUIDs
+            return ConnectSchema(
+                "string", None, name="io.debezium.data.Uuid", version=1, avro=str
+            )  # orjson writes UUIDs
         case "json" | "jsonb":
             return ConnectSchema("string", None, name="io.debezium.data.Json", version=1)
         case "xml":
@@ -268,10 +285,16 @@ def _builtin_spec(name: str, modifier: int, opts: TypeOptions, key: bool, where:
             return ConnectSchema("int64", None, name="io.debezium.time.MicroTime", version=1)
         case "timestamp":
             if not adaptive:
-                return ConnectSchema("string", timestamp_iso, name="io.debezium.time.IsoTimestamp", version=1, avro=timestamp_iso)
+                return ConnectSchema(
+                    "string", timestamp_iso, name="io.debezium.time.IsoTimestamp", version=1, avro=timestamp_iso
+                )
             if time_precision(modifier) <= 3:
-                return ConnectSchema("int64", timestamp_ms, name="io.debezium.time.Timestamp", version=1, avro=timestamp_ms)
-            return ConnectSchema("int64", timestamp_us, name="io.debezium.time.MicroTimestamp", version=1, avro=timestamp_us)
+                return ConnectSchema(
+                    "int64", timestamp_ms, name="io.debezium.time.Timestamp", version=1, avro=timestamp_ms
+                )
+            return ConnectSchema(
+                "int64", timestamp_us, name="io.debezium.time.MicroTimestamp", version=1, avro=timestamp_us
+            )
         case "timestamptz":
             encoder = zoned_timestamp(time_precision(modifier))
             return ConnectSchema("string", encoder, name="io.debezium.time.ZonedTimestamp", version=1, avro=encoder)
@@ -280,14 +303,23 @@ def _builtin_spec(name: str, modifier: int, opts: TypeOptions, key: bool, where:
             return ConnectSchema("string", zoned, name="io.debezium.time.ZonedTime", version=1, avro=zoned)
         case "interval":
             if opts.interval_handling == "string" or key:
-                return ConnectSchema("string", interval_iso, name="io.debezium.time.Interval", version=1, avro=interval_iso)
-            return ConnectSchema("int64", interval_micros, name="io.debezium.time.MicroDuration", version=1, avro=interval_micros)
+                return ConnectSchema(
+                    "string", interval_iso, name="io.debezium.time.Interval", version=1, avro=interval_iso
+                )
+            return ConnectSchema(
+                "int64", interval_micros, name="io.debezium.time.MicroDuration", version=1, avro=interval_micros
+            )
         case "bit" | "varbit":
             if modifier == 1:
                 return ConnectSchema("boolean", bit_bool, avro=bit_bool)
             length = str(modifier) if modifier > 0 else str(INT32_MAX)
             return ConnectSchema(
-                "bytes", bits, name="io.debezium.data.Bits", version=1, parameters=(("length", length),), avro=bits_bytes
+                "bytes",
+                bits,
+                name="io.debezium.data.Bits",
+                version=1,
+                parameters=(("length", length),),
+                avro=bits_bytes,
             )
         case "point":
             return ConnectSchema(
@@ -296,10 +328,14 @@ def _builtin_spec(name: str, modifier: int, opts: TypeOptions, key: bool, where:
                 name="io.debezium.data.geometry.Point",
                 version=1,
                 doc="Geometry (POINT)",
-                fields=(("x", DOUBLE_NODE, False), ("y", DOUBLE_NODE, False),
-                        ("wkb", BYTES_NODE, True), ("srid", INT32, True)),
+                fields=(
+                    ("x", DOUBLE_NODE, False),
+                    ("y", DOUBLE_NODE, False),
+                    ("wkb", BYTES_NODE, True),
+                    ("srid", INT32, True),
+                ),
                 avro=point_avro,
-            )  # fmt: skip
+            )
     if name in _PLAIN_STRING_TYPES:
         return STRING
     return None
@@ -316,4 +352,3 @@ def toast_placeholder(pg_type: PgType, spec: ConnectSchema, text: str) -> Any:
             return list(text.encode())
         return [text]
     return text
-

@@ -8,7 +8,6 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-
 WATERMARK_PREFIX: Final = "cdc.wm"
 """The logical message prefix of watermarks; such messages are the coordinator's, never published.
 

@@ -61,7 +61,7 @@ def _end(copy: psycopg.Copy, pgconn: Any) -> None:
     results = []
     while (result := pgconn.get_result()) is not None:
         results.append(result)
-    copy._finished = True  # noqa: SLF001 - the Copy must not read again on exit
+    copy._finished = True
     if len(results) != 1:
         raise psycopg.ProgrammingError("you cannot mix COPY with other operations")
     if results[0].status != pq.ExecStatus.COMMAND_OK:

@@ -39,11 +39,30 @@ _CONTROL: Final[dict[bytes, bytes]] = {
 # so their fields skip the escape check (the common columns of a table: keys, numbers, times).
 _PLAIN_TYPES: Final = frozenset(
     {
-        "bool", "int2", "int4", "int8", "oid", "float4", "float8", "numeric", "money",
-        "date", "time", "timetz", "timestamp", "timestamptz", "interval", "uuid",
-        "inet", "cidr", "macaddr", "macaddr8", "bit", "varbit",
+        "bool",
+        "int2",
+        "int4",
+        "int8",
+        "oid",
+        "float4",
+        "float8",
+        "numeric",
+        "money",
+        "date",
+        "time",
+        "timetz",
+        "timestamp",
+        "timestamptz",
+        "interval",
+        "uuid",
+        "inet",
+        "cidr",
+        "macaddr",
+        "macaddr8",
+        "bit",
+        "varbit",
     }
-)  # fmt: skip
+)
 
 
 class CopyFormatError(ValueError):
@@ -137,9 +156,11 @@ def row_parser(columns: Sequence[Column], *, where: str = "") -> RowParser:
     return parse
 
 
-def _locate(line: bytes, names: Sequence[str], converters: Sequence[Callable[[bytes], Any]], where: str) -> CopyFormatError:
+def _locate(
+    line: bytes, names: Sequence[str], converters: Sequence[Callable[[bytes], Any]], where: str
+) -> CopyFormatError:
     """The slow path after a conversion error: which column it was, for the message."""
-    for name, convert, raw in zip(names, converters, split_line(line)):
+    for name, convert, raw in zip(names, converters, split_line(line), strict=False):
         if raw is None:
             continue
         try:

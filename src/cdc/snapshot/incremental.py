@@ -347,7 +347,21 @@ class IncrementalCoordinator:
                 if key in touched:
                     continue
                 ordinal += 1
-                out.append(change_event(read, schema, None, row, commit_lsn, message.lsn, message.xid, ordinal, ts, True, _NOTHING_UNCHANGED))
+                out.append(
+                    change_event(
+                        read,
+                        schema,
+                        None,
+                        row,
+                        commit_lsn,
+                        message.lsn,
+                        message.xid,
+                        ordinal,
+                        ts,
+                        True,
+                        _NOTHING_UNCHANGED,
+                    )
+                )
         window.emitted = len(out)
         window.dropped = len(rows) - len(out)
         window.hw_lsn = message.commit_lsn or message.lsn

@@ -50,25 +50,15 @@ from cdc.catalog import TableInfo
 from cdc.decoder.stream import ReplicationStream
 from cdc.event import PgType, TableSchema, TruncateEvent, TxBegin, TxCommit
 from cdc.lsn import Lsn
+from cdc.sink.kafka import SinkError
 from cdc.snapshot.config import SnapshotConfig
 from cdc.snapshot.errors import SnapshotError, SnapshotImportError, SnapshotInterrupted
+from cdc.snapshot.messages import ChunkDone, ChunkSkipped, ChunkTask, Failed, Ready, Report, Rows
 from cdc.snapshot.output import COORDINATOR, OutputFactory
 from cdc.snapshot.plan import Chunk, Chunking, SnapshotTable, TablePlan, describe_table, plan_table, session_setup
 from cdc.snapshot.progress import ProgressTracker
-from cdc.sink.kafka import SinkError
 from cdc.snapshot.state import InitialStatus, SnapshotState, chunk_key
-from cdc.snapshot.worker import (
-    ChunkDone,
-    ChunkSkipped,
-    ChunkTask,
-    Failed,
-    Ready,
-    Report,
-    Rows,
-    WorkerSpec,
-    import_snapshot,
-    run_worker,
-)
+from cdc.snapshot.worker import WorkerSpec, import_snapshot, run_worker
 
 log = structlog.get_logger("cdc.snapshot")
 
@@ -191,9 +181,19 @@ class InitialSnapshot:
                     self._described([t.schema for t in tables.values()], point)
                 chunks = [(tables[p.table], c) for p in plans.values() for c in p.chunks()]
                 count = max(1, min(self._settings.workers, len(chunks)))
-                spec = WorkerSpec(0, self._conninfo, name, self._output, point, xid, time.time_ns() // 1000,
-                                  self._log_format, self._log_level, self._settings.server_json,
-                                  record_chunks=self._with_slot)  # fmt: skip
+                spec = WorkerSpec(
+                    0,
+                    self._conninfo,
+                    name,
+                    self._output,
+                    point,
+                    xid,
+                    time.time_ns() // 1000,
+                    self._log_format,
+                    self._log_level,
+                    self._settings.server_json,
+                    record_chunks=self._with_slot,
+                )
                 workers = self._start_workers(spec, count, reports)
             finally:
                 exporter.close()  # every reader imported the snapshot (or never will)
@@ -282,7 +282,10 @@ class InitialSnapshot:
             tasks: multiprocessing.queues.Queue[ChunkTask | None] = self._context.Queue()
             worker_spec = dataclasses.replace(spec, worker_id=wid)
             process = self._context.Process(
-                target=run_worker, args=(worker_spec, os.getpid(), tasks, reports), name=f"cdc-snapshot-{wid}", daemon=True
+                target=run_worker,
+                args=(worker_spec, os.getpid(), tasks, reports),
+                name=f"cdc-snapshot-{wid}",
+                daemon=True,
             )
             process.start()
             workers[wid] = (process, tasks)
@@ -388,8 +391,12 @@ class InitialSnapshot:
                 if report.reason == "dropped":
                     dropped.add(report.table)
                     self._progress.set_state(report.table, "dropped")
-                    log.error("snapshot_table_dropped", table=report.table, error=report.message,
-                              fix="remove the table from 'tables'; the start-up checks refuse it until then")  # fmt: skip
+                    log.error(
+                        "snapshot_table_dropped",
+                        table=report.table,
+                        error=report.message,
+                        fix="remove the table from 'tables'; the start-up checks refuse it until then",
+                    )
                 else:
                     if plans[report.table].chunking is Chunking.CTID:
                         raise SnapshotError(
@@ -399,8 +406,12 @@ class InitialSnapshot:
                         )
                     deferred.add(report.table)
                     self._progress.set_state(report.table, "deferred")
-                    log.warning("snapshot_table_deferred", table=report.table, reason=report.message,
-                                then="finished with DBLog while streaming")  # fmt: skip
+                    log.warning(
+                        "snapshot_table_deferred",
+                        table=report.table,
+                        reason=report.message,
+                        then="finished with DBLog while streaming",
+                    )
             elif isinstance(report, Failed):
                 where = f" ({report.table}, chunk {report.index})" if report.table is not None else ""
                 raise SnapshotError(
@@ -413,8 +424,13 @@ class InitialSnapshot:
                     continue
                 del workers[wid]
                 lost = assigned.pop(wid, [])
-                log.error("snapshot_worker_died", worker=wid, exitcode=process.exitcode,
-                          chunks=[t.chunk.id for t in lost], workers_left=len(workers))  # fmt: skip
+                log.error(
+                    "snapshot_worker_died",
+                    worker=wid,
+                    exitcode=process.exitcode,
+                    chunks=[t.chunk.id for t in lost],
+                    workers_left=len(workers),
+                )
                 for task, copied in self._committed_by(wid, lost):
                     lost.remove(task)
                     rows += copied
@@ -433,8 +449,13 @@ class InitialSnapshot:
         if complete:
             self._state.set_initial(InitialStatus.DONE, consistent_point=str(point), rows=rows, dropped=sorted(dropped))
         else:
-            self._state.set_initial(InitialStatus.COPYING, consistent_point=str(point), rows=rows,
-                                    dropped=sorted(dropped), deferred=sorted(deferred))  # fmt: skip
+            self._state.set_initial(
+                InitialStatus.COPYING,
+                consistent_point=str(point),
+                rows=rows,
+                dropped=sorted(dropped),
+                deferred=sorted(deferred),
+            )
         self._state.flush()
         return rows, complete, dropped, server_json_rows, rendered_rows
 

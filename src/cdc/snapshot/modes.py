@@ -111,7 +111,9 @@ def decide(
     if mode is SnapshotMode.NO_DATA:
         return StartupPlan(baseline=not covered, reason="no_data")
     if initial_status in (InitialStatus.PENDING, InitialStatus.COPYING):
-        new = tuple(sorted(t for t, oid in tables.items() if covered.get(t) != oid and initial_status == InitialStatus.COPYING))
+        new = tuple(
+            sorted(t for t, oid in tables.items() if covered.get(t) != oid and initial_status == InitialStatus.COPYING)
+        )
         return StartupPlan(resume=True, new_tables=new, reason="initial_interrupted")
     if initial_status is None and not covered:
         return StartupPlan(baseline=True, reason="slot_without_snapshot_record")
@@ -133,16 +135,20 @@ def inspect_slot(conn: psycopg.Connection[Any], slot: str) -> SlotState:
     logged (``slot_invalidated``) with the server's reason where it gives one (PostgreSQL 17+)."""
     reason = "invalidation_reason" if conn.info.server_version >= 170000 else "NULL"
     row = conn.execute(
-        f"SELECT plugin, database, wal_status, {reason} FROM pg_replication_slots WHERE slot_name = %s",  # noqa: S608
+        f"SELECT plugin, database, wal_status, {reason} FROM pg_replication_slots WHERE slot_name = %s",
         (slot,),
     ).fetchone()
     if row is None:
         return SlotState.MISSING
     plugin, database, wal_status, invalidation = row
     if plugin != "pgoutput":
-        raise StartupError(f"slot {slot} exists with plugin {plugin}; this connector needs pgoutput. Use another slot name.")
+        raise StartupError(
+            f"slot {slot} exists with plugin {plugin}; this connector needs pgoutput. Use another slot name."
+        )
     if database != conn.info.dbname:
-        raise StartupError(f"slot {slot} belongs to database {database}, not {conn.info.dbname}. Use another slot name.")
+        raise StartupError(
+            f"slot {slot} belongs to database {database}, not {conn.info.dbname}. Use another slot name."
+        )
     if wal_status != "lost":
         return SlotState.PRESENT
     log.warning(

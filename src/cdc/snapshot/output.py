@@ -32,7 +32,15 @@ from cdc.sink.kafka import producer_config
 from cdc.sink.record import Record
 from cdc.snapshot.state import chunk_record
 
-__all__ = ["COORDINATOR", "ConfiguredOutput", "JsonKafkaOutput", "Output", "OutputFactory", "RecordDelivery", "Serializer"]
+__all__ = [
+    "COORDINATOR",
+    "ConfiguredOutput",
+    "JsonKafkaOutput",
+    "Output",
+    "OutputFactory",
+    "RecordDelivery",
+    "Serializer",
+]
 
 
 class Serializer(Protocol):
@@ -119,9 +127,14 @@ class JsonKafkaOutput:
         delivery = AtLeastOnce(dict(self.producer), max_record_bytes=self.max_record_bytes, dead_letters=dead)
         by_table = policies(self.tables, self.mask_fixed_value, self.mask_salt)
         return Output(
-            serializer, delivery, _transform(by_table), frozenset(by_table),
-            BulkProducer(self.producer), self.max_record_bytes, render_rows=self.render_rows,
-        )  # fmt: skip
+            serializer,
+            delivery,
+            _transform(by_table),
+            frozenset(by_table),
+            BulkProducer(self.producer),
+            self.max_record_bytes,
+            render_rows=self.render_rows,
+        )
 
 
 @dataclass(frozen=True)
@@ -162,18 +175,32 @@ class ConfiguredOutput:
         by_table = policies(cfg.tables, cfg.masking.fixed_value, salt)
         if self.transactional:
             assert self.progress_topic is not None
-            chunks = ChunkTransactions(producer, transactional_id=self._transactional_id(worker),
-                                       max_record_bytes=cfg.limits.max_record_bytes, dead_letters=dead)  # fmt: skip
+            chunks = ChunkTransactions(
+                producer,
+                transactional_id=self._transactional_id(worker),
+                max_record_bytes=cfg.limits.max_record_bytes,
+                dead_letters=dead,
+            )
             return Output(
-                serializer, chunks, _transform(by_table), frozenset(by_table), chunks,
-                cfg.limits.max_record_bytes, partial(chunk_record, self.progress_topic, cfg.source.slot),
+                serializer,
+                chunks,
+                _transform(by_table),
+                frozenset(by_table),
+                chunks,
+                cfg.limits.max_record_bytes,
+                partial(chunk_record, self.progress_topic, cfg.source.slot),
                 cfg.decoder.render_rows,
-            )  # fmt: skip
+            )
         delivery = AtLeastOnce(producer, max_record_bytes=cfg.limits.max_record_bytes, dead_letters=dead)
         return Output(
-            serializer, delivery, _transform(by_table), frozenset(by_table), BulkProducer(producer),
-            cfg.limits.max_record_bytes, render_rows=cfg.decoder.render_rows,
-        )  # fmt: skip
+            serializer,
+            delivery,
+            _transform(by_table),
+            frozenset(by_table),
+            BulkProducer(producer),
+            cfg.limits.max_record_bytes,
+            render_rows=cfg.decoder.render_rows,
+        )
 
 
 def _transform(by_table: Mapping[str, ColumnPolicy]) -> Transform | None:

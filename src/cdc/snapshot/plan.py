@@ -109,8 +109,10 @@ class KeyRange:
     upper: KeyValue | None
 
     def to_json(self) -> dict[str, Any]:
-        return {"lower": list(self.lower) if self.lower is not None else None,
-                "upper": list(self.upper) if self.upper is not None else None}  # fmt: skip
+        return {
+            "lower": list(self.lower) if self.lower is not None else None,
+            "upper": list(self.upper) if self.upper is not None else None,
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KeyRange:
@@ -205,7 +207,9 @@ def describe_table(conn: Connection, info: TableInfo, types: Mapping[int, PgType
         (info.oid,),
     ).fetchall()
     # Generated columns only where the publication sends them (PostgreSQL 18, publish_generated_columns).
-    attrs = [a[:5] for a in attrs if (a[0] in info.published_columns if info.published_columns is not None else not a[5])]
+    attrs = [
+        a[:5] for a in attrs if (a[0] in info.published_columns if info.published_columns is not None else not a[5])
+    ]
     known: dict[int, PgType] = {**BUILTIN_TYPES, **(types or {})}
     missing = {int(a[1]) for a in attrs if int(a[1]) not in known}
     if missing:
@@ -215,9 +219,7 @@ def describe_table(conn: Connection, info: TableInfo, types: Mapping[int, PgType
     not_null: set[str] = set()
     for name, type_oid, typmod, attnotnull, type_text in attrs:
         pg_type = known.get(type_oid) or PgType(type_oid, f"oid:{type_oid}", TypeKind.UNKNOWN)
-        columns.append(
-            Column(name, pg_type, int(typmod), key=name in info.key, nullable=name not in info.not_null)
-        )
+        columns.append(Column(name, pg_type, int(typmod), key=name in info.key, nullable=name not in info.not_null))
         sql_types[name] = str(type_text)
         if attnotnull:
             not_null.add(name)
@@ -303,9 +305,7 @@ def _estimate(conn: Connection, oid: int) -> tuple[int, int, int]:
     estimated, never_analyzed, pages, total_pages = int(row[0]), bool(row[1]), int(row[2]), int(row[3])
     if never_analyzed:
         if total_pages <= 20_000:  # up to ~160 MB: count exactly
-            counted = conn.execute(
-                sql.SQL("SELECT count(*) FROM {}").format(_relation(conn, oid))
-            ).fetchone()
+            counted = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(_relation(conn, oid))).fetchone()
             estimated = int(counted[0]) if counted else 0
         else:
             estimated = max(estimated, total_pages * 60)
@@ -345,7 +345,9 @@ def _sample_boundaries(conn: Connection, table: SnapshotTable, pages: int, chunk
         """
     ).format(
         outputs=sql.SQL(", ").join(outputs),
-        casts=sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(k, o) for k, o in zip(key_cols, outputs)),
+        casts=sql.SQL(", ").join(
+            sql.SQL("{}::text AS {}").format(k, o) for k, o in zip(key_cols, outputs, strict=True)
+        ),
         keys=sql.SQL(", ").join(key_cols),
         table=sql.Identifier(table.schema.schema, table.schema.name),
         sample=sample,
@@ -421,7 +423,9 @@ def max_key(conn: Connection, table: SnapshotTable) -> KeyValue | None:
     cols = [sql.Identifier(k) for k in table.chunk_key]
     row = conn.execute(
         sql.SQL("SELECT {} FROM {} ORDER BY {} LIMIT 1").format(
-            sql.SQL(", ").join(sql.SQL("{}::text AS {}").format(c, sql.Identifier(f"__cdc_k{i}")) for i, c in enumerate(cols)),
+            sql.SQL(", ").join(
+                sql.SQL("{}::text AS {}").format(c, sql.Identifier(f"__cdc_k{i}")) for i, c in enumerate(cols)
+            ),
             sql.Identifier(table.schema.schema, table.schema.name),
             sql.SQL(", ").join(sql.SQL("{} DESC").format(c) for c in cols),
         )
@@ -431,7 +435,9 @@ def max_key(conn: Connection, table: SnapshotTable) -> KeyValue | None:
 
 def same_columns(a: TableSchema, b: TableSchema) -> bool:
     """Whether two schemas of a table have the same columns (names, types, modifiers) in the same order."""
-    return [(c.name, c.type.oid, c.modifier) for c in a.columns] == [(c.name, c.type.oid, c.modifier) for c in b.columns]
+    return [(c.name, c.type.oid, c.modifier) for c in a.columns] == [
+        (c.name, c.type.oid, c.modifier) for c in b.columns
+    ]
 
 
 def key_names(columns: Sequence[Column]) -> tuple[str, ...]:

@@ -92,7 +92,9 @@ class ProgressTracker:
 
     # -- feeding --------------------------------------------------------------------------------
 
-    def add_table(self, table: str, rows_estimated: int, chunks_total: int, *, chunks_done: int = 0, rows_done: int = 0) -> None:
+    def add_table(
+        self, table: str, rows_estimated: int, chunks_total: int, *, chunks_done: int = 0, rows_done: int = 0
+    ) -> None:
         with self._lock:
             self._tables[table] = _Table("planned", rows_done, max(rows_estimated, 0), chunks_done, chunks_total)
 

@@ -46,12 +46,18 @@ from cdc.event import PgType, TableSchema
 from cdc.lsn import Lsn
 from cdc.snapshot.config import SnapshotConfig
 from cdc.snapshot.copytext import CopyFormatError, RowParser, row_parser, split_line
-from cdc.snapshot.state import StoreError
 from cdc.snapshot.errors import SnapshotError, SnapshotRefused
-from cdc.snapshot.incremental import WATERMARK_PREFIX, IncrementalCoordinator, Outcome, Window, XidSnapshot, watermark_content
+from cdc.snapshot.incremental import (
+    WATERMARK_PREFIX,
+    IncrementalCoordinator,
+    Outcome,
+    Window,
+    XidSnapshot,
+    watermark_content,
+)
 from cdc.snapshot.plan import Chunk, SnapshotTable, chunk_select, describe_table, max_key, session_setup
 from cdc.snapshot.progress import ProgressTracker
-from cdc.snapshot.state import Job, JobRange, JobReason, JobStatus, SnapshotState
+from cdc.snapshot.state import Job, JobRange, JobReason, JobStatus, SnapshotState, StoreError
 
 log = structlog.get_logger("cdc.snapshot")
 
@@ -61,7 +67,11 @@ _RECONNECT_S = 2.0
 
 
 def new_job(
-    table: SnapshotTable | TableInfo, reason: JobReason, ranges: list[JobRange] | None = None, *, job_id: str | None = None
+    table: SnapshotTable | TableInfo,
+    reason: JobReason,
+    ranges: list[JobRange] | None = None,
+    *,
+    job_id: str | None = None,
 ) -> Job:
     name = table.name if isinstance(table, SnapshotTable) else table.qualified
     return Job(
@@ -287,8 +297,13 @@ class IncrementalReader:
             return
         if self._progress_job.get(job.table) != job.id:  # a new snapshot of the table counts from its start
             self._progress_job[job.table] = job.id
-            self._progress.add_table(job.table, _estimate(conn, job.oid), len(job.ranges),
-                                     chunks_done=sum(r.done for r in job.ranges), rows_done=job.rows)  # fmt: skip
+            self._progress.add_table(
+                job.table,
+                _estimate(conn, job.oid),
+                len(job.ranges),
+                chunks_done=sum(r.done for r in job.ranges),
+                rows_done=job.rows,
+            )
         log.info("snapshot_job_running", job=job.id, table=job.table, reason=job.reason, ranges=len(job.ranges))
         while not self._stop.is_set():
             current = next((r for r in job.ranges if not r.done), None)
@@ -298,8 +313,14 @@ class IncrementalReader:
             try:
                 self._chunk(conn, job, current)
             except _Rekeyed as e:
-                log.warning("snapshot_job_rekeyed", job=job.id, table=job.table, old_key=list(job.key),
-                            new_key=list(e.key), then="the table is read again from its first key")  # fmt: skip
+                log.warning(
+                    "snapshot_job_rekeyed",
+                    job=job.id,
+                    table=job.table,
+                    old_key=list(job.key),
+                    new_key=list(e.key),
+                    then="the table is read again from its first key",
+                )
                 job.ranges = [JobRange(None, None)]
                 job.key = e.key
             except psycopg.errors.UndefinedTable:
@@ -320,7 +341,9 @@ class IncrementalReader:
             log.info("snapshot_job_done", job=job.id, table=job.table, rows=job.rows)
         elif status == JobStatus.DONE:
             # Its last chunk may still wait for confirmation: record "done" with it.
-            self._unconfirmed.append(_Unconfirmed(self._unconfirmed[-1].end_lsn if self._unconfirmed else Lsn(0), job.copy()))
+            self._unconfirmed.append(
+                _Unconfirmed(self._unconfirmed[-1].end_lsn if self._unconfirmed else Lsn(0), job.copy())
+            )
             self._progress.set_state(job.table, "done")
             log.info("snapshot_job_done", job=job.id, table=job.table, rows=job.rows)
         else:
@@ -335,7 +358,9 @@ class IncrementalReader:
             table = describe_table(conn, info, self._types)
             current.upper = current.upper if current.upper is not None else max_key(conn, table)
             current.resolved = True
-            if current.upper is None and not self._in_transactions:  # the table is empty: later rows come through the stream
+            if (
+                current.upper is None and not self._in_transactions
+            ):  # the table is empty: later rows come through the stream
                 current.done = True
                 return
         limit = self._settings.incremental_chunk_rows
@@ -423,8 +448,13 @@ class IncrementalReader:
             waited += 0.5
             self._persist_confirmed(conn)
             if waited % 30 == 0:
-                log.warning("snapshot_window_waiting", table=window.table, window=window.id, waited_s=waited,
-                            hint="the pipeline must stream with messages enabled and pass every event to the snapshot")  # fmt: skip
+                log.warning(
+                    "snapshot_window_waiting",
+                    table=window.table,
+                    window=window.id,
+                    waited_s=waited,
+                    hint="the pipeline must stream with messages enabled and pass every event to the snapshot",
+                )
 
     # -- progress and signals -------------------------------------------------------------------
 
@@ -459,9 +489,17 @@ class IncrementalReader:
             signals = conn.execute(
                 sql.SQL("SELECT id::text, type::text, data::text FROM {}").format(sql.Identifier(schema, name))
             ).fetchall()
-        except (psycopg.errors.UndefinedColumn, psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable) as e:
-            log.error("snapshot_signal_table_unreadable", table=self._settings.signal_table, error=str(e).strip(),
-                      fix="the signal table needs columns id, type, data (see cdc.snapshot.signals) and SELECT for this role")  # fmt: skip
+        except (
+            psycopg.errors.UndefinedColumn,
+            psycopg.errors.InsufficientPrivilege,
+            psycopg.errors.UndefinedTable,
+        ) as e:
+            log.error(
+                "snapshot_signal_table_unreadable",
+                table=self._settings.signal_table,
+                error=str(e).strip(),
+                fix="the signal table needs columns id, type, data (see cdc.snapshot.signals) and SELECT for this role",
+            )
             return
         for signal_id, kind, data in signals:
             if self._state.signal_handled(str(signal_id)):
@@ -477,7 +515,10 @@ class IncrementalReader:
                 row = conn.execute("SELECT to_regclass(%s)", (sql.Identifier(schema, name).as_string(conn),)).fetchone()
                 if row is None or row[0] is None:
                     return 0
-                ids = [str(r[0]) for r in conn.execute(sql.SQL("SELECT id::text FROM {}").format(sql.Identifier(schema, name)))]
+                ids = [
+                    str(r[0])
+                    for r in conn.execute(sql.SQL("SELECT id::text FROM {}").format(sql.Identifier(schema, name)))
+                ]
         except psycopg.Error as e:
             log.warning("snapshot_signal_table_unreadable", table=self._settings.signal_table, error=str(e).strip())
             return 0
@@ -499,8 +540,11 @@ class IncrementalReader:
                 raise ValueError("data-collections must be a non-empty list of table names")
             snapshot_type = str(payload.get("type", "incremental")).lower()
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            self._reject(signal_id, f"malformed execute-snapshot data ({e}): expected "
-                                    '{"data-collections": ["schema.table", ...], "type": "incremental"}')  # fmt: skip
+            self._reject(
+                signal_id,
+                f"malformed execute-snapshot data ({e}): expected "
+                '{"data-collections": ["schema.table", ...], "type": "incremental"}',
+            )
             return
         target = payload.get("connector")
         if target is not None and target != self._slot:
@@ -543,4 +587,3 @@ class IncrementalReader:
 def _estimate(conn: psycopg.Connection[Any], oid: int) -> int:
     row = conn.execute("SELECT GREATEST(reltuples, 0)::bigint FROM pg_class WHERE oid = %s", (oid,)).fetchone()
     return int(row[0]) if row else 0
-

@@ -29,6 +29,7 @@ from cdc.catalog import TableInfo
 from cdc.decoder.stream import ReplicationStream
 from cdc.event import ChangeEvent, Event, PgType, TableSchema
 from cdc.lsn import Lsn
+from cdc.sink.record import Record
 from cdc.snapshot.config import SnapshotConfig, SnapshotMode
 from cdc.snapshot.errors import SnapshotError, SnapshotRefused
 from cdc.snapshot.incremental import IncrementalCoordinator
@@ -38,7 +39,6 @@ from cdc.snapshot.output import COORDINATOR, OutputFactory
 from cdc.snapshot.plan import Chunking, describe_table
 from cdc.snapshot.progress import ProgressTracker, SnapshotProgress
 from cdc.snapshot.reader import IncrementalReader, new_job
-from cdc.sink.record import Record
 from cdc.snapshot.state import InitialStatus, Job, JobRange, JobReason, MemoryStore, ProgressStore, SnapshotState
 
 log = structlog.get_logger("cdc.snapshot")

@@ -39,9 +39,7 @@ class SignalTableError(Exception):
 
 def signal_table_statements(signal_table: str, role: str) -> str:
     """What a role that may create tables runs once, so that ``role`` can request snapshots."""
-    return (
-        f"CREATE TABLE {signal_table} {LAYOUT}; GRANT SELECT, INSERT ON {signal_table} TO {role};"
-    )
+    return f"CREATE TABLE {signal_table} {LAYOUT}; GRANT SELECT, INSERT ON {signal_table} TO {role};"
 
 
 def ensure_signal_table(conn: psycopg.Connection[Any], signal_table: str) -> None:
@@ -89,14 +87,14 @@ def snapshot_settings(config: Any) -> SnapshotConfig:
 
 
 def _cmd_snapshot(args: argparse.Namespace) -> int:
-    from cdc.config import ConfigError, load_config  # noqa: PLC0415 - the CLI imports lazily
+    from cdc.config import ConfigError, load_config
 
     try:
         config = load_config(args.config)
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return 2
-    from cdc.selection import selects  # noqa: PLC0415
+    from cdc.selection import selects
 
     captured = sorted(t.selector for t in config.tables)
     names = [t if "." in t else f"public.{t}" for t in args.tables]

@@ -169,4 +169,3 @@ def json_query(table: SnapshotTable, parts: ReadParts, settings: JsonSettings) -
         sql.SQL("CASE WHEN NOT ({}) THEN {} END").format(covered, sql.Identifier(c.name)) for c in schema.columns
     )
     return JsonQuery(table, parts, sql.SQL(", ").join(fields))
-

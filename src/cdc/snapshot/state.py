@@ -35,7 +35,6 @@ import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from cdc.lsn import Lsn
-from cdc.sink.record import Record
 from cdc.sink.kafka import (
     SinkError,
     TopicSpec,
@@ -46,6 +45,7 @@ from cdc.sink.kafka import (
     read_to_end,
     watermarks,
 )
+from cdc.sink.record import Record
 from cdc.snapshot.plan import KeyRange, KeyValue, TablePlan
 
 log = structlog.get_logger(__name__)
@@ -139,7 +139,9 @@ class KafkaStore:
     def _producer_for_puts(self) -> Producer:
         if self._producer is None:
             conf = connection_settings(self._extra)
-            conf.update({"bootstrap.servers": self._bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+            conf.update(
+                {"bootstrap.servers": self._bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 5}
+            )
             self._producer = Producer(conf, logger=librdkafka_logger())
         return self._producer
 
@@ -185,7 +187,9 @@ class KafkaStore:
             producer = self._producer_for_puts()
             while True:
                 try:
-                    producer.produce(self._topic, payload, (self._prefix + key).encode(), partition=0, on_delivery=delivered)
+                    producer.produce(
+                        self._topic, payload, (self._prefix + key).encode(), partition=0, on_delivery=delivered
+                    )
                     break
                 except BufferError:
                     producer.poll(0.05)
@@ -194,7 +198,9 @@ class KafkaStore:
     def flush(self, timeout: float = 30.0) -> None:
         with self._lock:
             if self._producer is not None and self._producer.flush(timeout):
-                raise StoreError(f"snapshot progress was not acknowledged by Kafka ({self._topic}) within {timeout:.0f}s")
+                raise StoreError(
+                    f"snapshot progress was not acknowledged by Kafka ({self._topic}) within {timeout:.0f}s"
+                )
         if self._failure is not None:
             raise StoreError(self._failure)
 
@@ -213,7 +219,9 @@ def chunk_record(topic: str, slot: str, table: str, index: int, rows: int) -> Re
     return progress_record(topic, slot, chunk_key(table, index), {"rows": rows})
 
 
-def topics_holding_records(bootstrap_servers: str, extra: Mapping[str, Any], topics: Iterable[str], timeout: float = 30.0) -> set[str]:
+def topics_holding_records(
+    bootstrap_servers: str, extra: Mapping[str, Any], topics: Iterable[str], timeout: float = 30.0
+) -> set[str]:
     """Which of these topics already hold records (a new initial snapshot must first mark them truncated)."""
     conf = connection_settings(extra)
     conf.update({"bootstrap.servers": bootstrap_servers, "group.id": "cdc-snapshot-probe", "enable.auto.commit": False})
@@ -322,8 +330,13 @@ class JobRange:
         def key(v: Any) -> KeyValue | None:
             return tuple(str(x) for x in v) if v is not None else None
 
-        return cls(key(data.get("lower")), key(data.get("upper")), key(data.get("last")),
-                   bool(data.get("resolved")), bool(data.get("done")))  # fmt: skip
+        return cls(
+            key(data.get("lower")),
+            key(data.get("upper")),
+            key(data.get("last")),
+            bool(data.get("resolved")),
+            bool(data.get("done")),
+        )
 
 
 @dataclass(slots=True)

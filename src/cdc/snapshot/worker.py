@@ -51,10 +51,10 @@ import structlog
 from psycopg import sql
 
 from cdc import log as logsetup
-from cdc.event import Op, TxBegin, TxCommit, change_event
-from cdc.lsn import Lsn
 from cdc.decoder.rows import Decline
 from cdc.decoder.types import PARSE_ERRORS, ValueConversionError, parser_for
+from cdc.event import Op, TxBegin, TxCommit, change_event
+from cdc.lsn import Lsn
 from cdc.process import tune_gc
 from cdc.render import codec
 from cdc.render.rows import CopyRecord, CopyRowParser
@@ -66,9 +66,12 @@ from cdc.sink.records import EventSerializer, position_headers
 from cdc.sink.wire import ORDINAL_HEADER
 from cdc.snapshot.copyout import line_calls, lines
 from cdc.snapshot.copytext import CopyFormatError, RowParser, row_parser, unescape
+from cdc.snapshot.messages import ChunkDone, ChunkSkipped, ChunkTask, Failed, Ready, Report, Rows
 from cdc.snapshot.output import Output, OutputFactory, Serializer
-from cdc.snapshot.send import RenderedChunk, chosen as _chosen_send, implementation as send_implementation
-from cdc.snapshot.plan import LEAVES, Chunk, SnapshotTable, chunk_select, session_setup
+from cdc.snapshot.plan import LEAVES, SnapshotTable, chunk_select, session_setup
+from cdc.snapshot.send import RenderedChunk
+from cdc.snapshot.send import chosen as _chosen_send
+from cdc.snapshot.send import implementation as send_implementation
 from cdc.snapshot.sqljson import JsonQuery, json_query
 
 _NOTHING_UNCHANGED: frozenset[str] = frozenset()
@@ -99,59 +102,6 @@ class WorkerSpec:
     record_chunks: bool = True  # exactly once: a chunk's transaction ends with its progress record (not without a slot)
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkTask:
-    table: SnapshotTable
-    chunk: Chunk
-    ordinal_base: int  # ordinals of this chunk's events are ordinal_base + 1, + 2, ...
-
-
-# --- what a worker reports ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Ready:
-    worker: int
-    error: str | None  # None: the snapshot is imported
-
-
-@dataclass(frozen=True, slots=True)
-class Rows:
-    worker: int
-    table: str
-    rows: int
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkDone:
-    worker: int
-    table: str
-    index: int
-    rows: int
-    server_json: bool = False  # read with server-built JSON
-    rendered: bool = False  # read through the row codec (rows it declined took the typed path)
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkSkipped:
-    worker: int
-    table: str
-    index: int
-    reason: str  # dropped, rewritten
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    worker: int
-    table: str | None
-    index: int | None
-    message: str
-
-
-Report = Ready | Rows | ChunkDone | ChunkSkipped | Failed
-
-
 class _Skip(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
@@ -170,8 +120,12 @@ def import_snapshot(conn: psycopg.Connection[Any], snapshot_name: str) -> None:
     conn.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(snapshot_name)))
 
 
-def run_worker(spec: WorkerSpec, parent_pid: int, tasks: multiprocessing.queues.Queue[ChunkTask | None],
-               reports: multiprocessing.queues.Queue[Report]) -> None:  # fmt: skip
+def run_worker(
+    spec: WorkerSpec,
+    parent_pid: int,
+    tasks: multiprocessing.queues.Queue[ChunkTask | None],
+    reports: multiprocessing.queues.Queue[Report],
+) -> None:
     """The worker process's main function."""
     _die_with_parent()
     if os.getppid() != parent_pid:
@@ -299,9 +253,15 @@ def _reader(table: SnapshotTable, output: Output, spec: WorkerSpec, server_json:
             if isinstance(serializer, JsonSerializer) and output.bulk is not None:
                 parts = serializer.read_parts(table.schema, spec.commit_ts_us, spec.consistent_point, spec.xid)
                 record = codec.copy_record(row_rendering, converters, unescape)
-    log.info("snapshot_table_reader", worker=spec.worker_id, table=table.name, server_json=query is not None,
-             rendered=render is not None, codec=codec.IMPLEMENTATION,
-             loop=send_implementation() if record is not None else None)  # fmt: skip
+    log.info(
+        "snapshot_table_reader",
+        worker=spec.worker_id,
+        table=table.name,
+        server_json=query is not None,
+        rendered=render is not None,
+        codec=codec.IMPLEMENTATION,
+        loop=send_implementation() if record is not None else None,
+    )
     return _Reader(table, parse, query, render, parts, record)
 
 
@@ -355,7 +315,9 @@ def _copy_chunk(
                 if row is None:
                     row = parse(bytes(data[:-1]))
                 ordinal += 1
-                event = change_event(read_op, schema, None, row, point, point, xid, ordinal, ts, True, _NOTHING_UNCHANGED)
+                event = change_event(
+                    read_op, schema, None, row, point, point, xid, ordinal, ts, True, _NOTHING_UNCHANGED
+                )
                 for record in records(transform(event) if transform is not None else event):
                     send(record, describe)
                 n += 1
@@ -464,7 +426,9 @@ def _copy_chunk_json(
                 key, after, rest = line.split(b"\t", 2)
                 if key == b"\\N":  # not covered by the SQL: the columns follow as COPY text
                     row = parse(rest[:-1])
-                    event = change_event(read_op, schema, None, row, point, point, xid, ordinal, ts, True, _NOTHING_UNCHANGED)
+                    event = change_event(
+                        read_op, schema, None, row, point, point, xid, ordinal, ts, True, _NOTHING_UNCHANGED
+                    )
                     for record in records(transform(event) if transform is not None else event):
                         delivery.send(record, table.name)
                     continue
@@ -535,8 +499,9 @@ def _copy_chunk_rendered(
     reported = 0
 
     def declined(data: Any, ordinal: int) -> None:  # the typed path reads it, and raises what is wrong with it
-        event = change_event(Op.READ, schema, None, parse(bytes(data[:-1])), point, point, xid, ordinal, ts, True,
-                             _NOTHING_UNCHANGED)  # fmt: skip
+        event = change_event(
+            Op.READ, schema, None, parse(bytes(data[:-1])), point, point, xid, ordinal, ts, True, _NOTHING_UNCHANGED
+        )
         for typed in records(transform(event) if transform is not None else event):
             delivery.send(typed, table.name)
 
@@ -555,14 +520,35 @@ def _copy_chunk_rendered(
         delivery.begin(TxBegin(xid or 0, point, ts))
         with conn.cursor().copy(chunk_select(table, task.chunk)) as copy:
             get, read, end = line_calls(copy)
-            n = _send_rendered(RenderedChunk(
-                get=get, read=read, end=end, record=record, key_head=parts.key_head, key_end=parts.key_end,
-                value_head=parts.value_head, value_middle=parts.value_middle, value_end=parts.value_end,
-                times=parts.times, clock=time.time_ns, produce=bulk.produce, wait=bulk.wait, topic=topic,
-                limit=output.max_record_bytes, headers=position, with_ordinal=with_ordinal,
-                ordinal_header=ORDINAL_HEADER, ordinal=task.ordinal_base, declines=_DECLINES, declined=declined,
-                oversized=oversized, progress=progress, progress_every=_PROGRESS_EVERY, clock_every=_CLOCK_EVERY,
-            ))  # fmt: skip
+            n = _send_rendered(
+                RenderedChunk(
+                    get=get,
+                    read=read,
+                    end=end,
+                    record=record,
+                    key_head=parts.key_head,
+                    key_end=parts.key_end,
+                    value_head=parts.value_head,
+                    value_middle=parts.value_middle,
+                    value_end=parts.value_end,
+                    times=parts.times,
+                    clock=time.time_ns,
+                    produce=bulk.produce,
+                    wait=bulk.wait,
+                    topic=topic,
+                    limit=output.max_record_bytes,
+                    headers=position,
+                    with_ordinal=with_ordinal,
+                    ordinal_header=ORDINAL_HEADER,
+                    ordinal=task.ordinal_base,
+                    declines=_DECLINES,
+                    declined=declined,
+                    oversized=oversized,
+                    progress=progress,
+                    progress_every=_PROGRESS_EVERY,
+                    clock_every=_CLOCK_EVERY,
+                )
+            )
         _end_chunk(output, spec, task, n)
     _drain_chunk(output, task, wid, n - reported, reports)
     return n

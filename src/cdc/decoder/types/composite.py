@@ -138,4 +138,3 @@ def array_parser(element: Parser, delimiter: bytes) -> Parser:
         return value
 
     return parse
-

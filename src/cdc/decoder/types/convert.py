@@ -65,10 +65,27 @@ decimal.InvalidOperation is an ArithmeticError)."""
 
 _TEXT_TYPES: Final = frozenset(
     {
-        "text", "varchar", "bpchar", "name", "char", "json", "jsonb", "xml", "jsonpath",
-        "inet", "cidr", "macaddr", "macaddr8", "lseg", "path", "box", "polygon", "line", "circle",
+        "text",
+        "varchar",
+        "bpchar",
+        "name",
+        "char",
+        "json",
+        "jsonb",
+        "xml",
+        "jsonpath",
+        "inet",
+        "cidr",
+        "macaddr",
+        "macaddr8",
+        "lseg",
+        "path",
+        "box",
+        "polygon",
+        "line",
+        "circle",
     }
-)  # fmt: skip
+)
 
 _BUILTIN_PARSERS: Final[dict[str, Parser]] = {
     "bool": parse_bool,

@@ -7,7 +7,7 @@ times are microseconds since midnight; see ``cdc.values`` for the contract.
 from __future__ import annotations
 
 import re
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from typing import Final
 
 from cdc.values import Infinity, Interval, TimeTz
@@ -93,7 +93,7 @@ def _year(digits: bytes, bc: bytes | None) -> int:
 
 _EPOCH_ORDINAL: Final = 719163  # date(1970, 1, 1).toordinal()
 _EPOCH: Final = datetime(1970, 1, 1)
-_EPOCH_UTC: Final = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH_UTC: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _ONE_US: Final = timedelta(microseconds=1)
 _DOT: Final = 0x2E
 
@@ -104,11 +104,7 @@ _COMMON_PREFIX: Final = b"0000-00-00 00:00:00"
 
 def _common_shape(data: bytes) -> bool:
     """``YYYY-MM-DD HH:MM:SS...`` in years 1000-9999 AD: ``datetime`` parses those in C."""
-    return (
-        data[:19].translate(_DIGITS_TO_ZERO) == _COMMON_PREFIX
-        and data[0] != 0x30
-        and not data.endswith(b" BC")
-    )
+    return data[:19].translate(_DIGITS_TO_ZERO) == _COMMON_PREFIX and data[0] != 0x30 and not data.endswith(b" BC")
 
 
 def parse_date(data: bytes) -> int | Infinity:
@@ -265,4 +261,3 @@ def parse_interval(data: bytes) -> Interval:
             days += amount
         i += 2
     return Interval(months, days, micros)
-
