@@ -118,7 +118,7 @@ def _cmd_search(args: argparse.Namespace) -> int:
     """Query a search index the Spark jobs built (spark/ must be beside the package: a checkout)."""
     spark_dir = Path(__file__).resolve().parents[2] / "spark"
     sys.path.insert(0, str(spark_dir))
-    from cdc_views import declared  # type: ignore[import-not-found]
+    from cdc_views import declared  # spark/ (on mypy_path; at run time on sys.path)
 
     fields = [f.strip() for f in args.fields.split(",")] if args.fields else None
     warehouse = Path(args.warehouse)

@@ -356,8 +356,8 @@ def _spark_rebuild(bootstrap: str, dsn: str, state: Path) -> bool:
     against the database; search the index."""
     spark_dir = Path(__file__).resolve().parents[2] / "spark"  # the jobs live beside the package in the checkout
     sys.path.insert(0, str(spark_dir))
-    from cdc_views.demo import rebuild_and_verify  # type: ignore[import-not-found]  # spark/, not installed
-    from cdc_views.tables import Encoding  # type: ignore[import-not-found]
+    from cdc_views.demo import rebuild_and_verify  # spark/ (on mypy_path; at run time on sys.path)
+    from cdc_views.tables import Encoding
 
     section = load_config(state / "demo.yaml").spark  # the declarations file the demo's cdc.yaml names
     log.info("demo_spark_rebuild_starting", declarations=section.file)
