@@ -327,7 +327,7 @@ class DeliveryConfig(_Section):
 
 
 class _ValueEncoding(_Section):
-    """How values of some types are written: Debezium's settings of the same names (cdc.sink.serialize)."""
+    """How values of some types are written: Debezium's settings of the same names (cdc.sink.json, .avro)."""
 
     decimal_handling: Literal["precise", "string", "double"] = Field(
         default="precise",
