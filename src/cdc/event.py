@@ -15,14 +15,12 @@ from cdc.lsn import Lsn
 
 
 class Op(enum.StrEnum):
-    """Debezium's operation codes."""
+    """Debezium's operation codes of a row change (a truncate, ``t``, and a message, ``m``, are events of their own)."""
 
     CREATE = "c"
     UPDATE = "u"
     DELETE = "d"
     READ = "r"  # snapshot read
-    TRUNCATE = "t"
-    MESSAGE = "m"
 
 
 class TypeKind(enum.Enum):

@@ -296,7 +296,6 @@ class JobReason(StrEnum):
     NEW_TABLE = "new_table"  # Snapshots: a table captured after the initial snapshot (start-up or reload)
     SIGNAL = "signal"  # IncrementalReader: an accepted signal-table row asking for a snapshot
     REQUEST = "request"  # Snapshots.request (no caller in the daemon today)
-    REWRITTEN = "rewritten"  # a value of the record format; no code path creates it today
 
 
 @dataclass(slots=True)
