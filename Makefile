@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed
 
 # pip install builds the compiled row codec (setup.py: Cython, optional; without a C compiler the
 # install succeeds and the daemon runs on the pure-Python codec, saying so at start-up).
-$(STAMP): pyproject.toml setup.py src/cdc/render/_compiled.pyx src/cdc/render/_envelope.pyx src/cdc/sink/_delivery.pyx src/cdc/decoder/_changes.pyx src/cdc/snapshot/_send.pyx scripts/system-deps.sh spark/jars-pom.xml
+$(STAMP): pyproject.toml setup.py src/cdc/render/_compiled.pyx src/cdc/sink/_envelope.pyx src/cdc/sink/_delivery.pyx src/cdc/decoder/_changes.pyx src/cdc/snapshot/_send.pyx scripts/system-deps.sh spark/jars-pom.xml
 	bash scripts/system-deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip

@@ -1,14 +1,14 @@
-"""The compiled row codec (``cdc.render._compiled``, the JSON and Avro envelopes around its rows,
-``cdc.render._envelope``, the at-least-once delivery's per-record path, ``cdc.sink._delivery``, and the
-decoder's fast path, ``cdc.decoder._changes``, and the snapshot's loop of a rendered JSON chunk,
-``cdc.snapshot._send``),
-optional extensions: everything else is in pyproject.toml.
+"""The compiled row codec (``cdc.render._compiled``), the JSON and Avro envelopes around its rows
+(``cdc.sink._envelope``), the at-least-once delivery's per-record path (``cdc.sink._delivery``), the
+decoder's fast path (``cdc.decoder._changes``) and the snapshot's loop of a rendered JSON chunk
+(``cdc.snapshot._send``): optional extensions (``cdc.compiled`` loads each, or its pure-Python reference);
+everything else is in pyproject.toml.
 
 Cython is a build requirement (pyproject.toml), so ``pip install`` (editable or not) compiles the
 ``.pyx`` modules on a machine with a C compiler and Python's headers. Where one fails (no compiler, no
 headers, no Cython in a build without isolation, a module Cython cannot translate) the install still
 succeeds without it, with a warning naming it, and the daemon runs on that module's pure-Python reference
-and says so at start-up (the ``row_codec`` event, ``cdc.render.codec``).
+and says so at start-up (the ``row_codec`` event, ``cdc.compiled``).
 """
 
 import sys
@@ -63,7 +63,7 @@ def _skipped(exc: BaseException, what: str) -> None:
 # module's users take their pure-Python reference where that module is missing).
 EXTENSIONS = (
     ("cdc.render._compiled", "src/cdc/render/_compiled.pyx"),
-    ("cdc.render._envelope", "src/cdc/render/_envelope.pyx"),
+    ("cdc.sink._envelope", "src/cdc/sink/_envelope.pyx"),
     ("cdc.sink._delivery", "src/cdc/sink/_delivery.pyx"),
     ("cdc.decoder._changes", "src/cdc/decoder/_changes.pyx"),
     ("cdc.snapshot._send", "src/cdc/snapshot/_send.pyx"),

@@ -44,11 +44,10 @@ FIRST = ("spark", "podman")
 def pytest_report_header(config: pytest.Config) -> str:
     """Which row codec and envelopes this session's processes (the daemons it starts included) run on:
     the compiled ones, or the pure-Python reference (CDC_PURE_PYTHON=1, or the compiled module not built)."""
-    from cdc.render import codec
+    from cdc.compiled import CHOSEN, ROLES
 
-    if codec._COMPILED is not None:
-        return "row codec: compiled (cdc.render._compiled, cdc.render._envelope)"
-    return f"row codec: pure-Python reference ({codec._WHY_NOT})"
+    chosen = ", ".join(f"{role} {CHOSEN.implementation(role)}" for role in ROLES)
+    return f"compiled extensions (cdc.compiled): {chosen}" + "".join(f"; {why}" for why in set(CHOSEN.missing.values()))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -60,7 +59,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
-    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no type hints: its base is Any
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid)
 

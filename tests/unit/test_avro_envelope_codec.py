@@ -1,5 +1,5 @@
-"""The compiled Avro envelope (``cdc.render._envelope.AvroRecords``) against the reference
-(``EventSerializer.records`` of the Avro serializer): the same events in, the same records out, byte for byte
+"""The compiled Avro envelope (``cdc.sink._envelope.AvroRecords``) against the reference
+(``EventSerializer.reference_records`` of the Avro serializer): the same events in, the same records out, byte for byte
 (topic, key, value in the Confluent wire format, headers, partition), the same errors, and the same schemas
 registered under the same subjects in the same order.
 
@@ -23,13 +23,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdc.compiled import FORCE_REFERENCE_ENV
 from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.pgoutput import UNCHANGED
 from cdc.event import ChangeEvent, Event, TableInfo, TransactionBlock
 from cdc.lsn import Lsn
-from cdc.render import codec
 from cdc.render.codec import TableRenderer
 from cdc.render.rows import RenderedRow
+from cdc.sink import envelopes
 from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.errors import SerializationError
 from cdc.sink.records import EventSerializer
@@ -38,14 +39,14 @@ from tests.support.envelope_workload import account, two_transactions, variants
 from tests.support.pgoutput import begin, commit, delete, insert, relation, tuple_data, update
 
 try:
-    from cdc.render import _envelope
+    from cdc.sink import _envelope
 except ImportError as exc:  # pragma: no cover - the reference's run, or a broken build
-    if os.environ.get(codec.FORCE_REFERENCE_ENV, "") in ("", "0"):
+    if os.environ.get(FORCE_REFERENCE_ENV, "") in ("", "0"):
         raise ImportError(
             f"the compiled envelope is not built ({exc}): build it (pip install -e ., or python setup.py "
             "build_ext --inplace), or set CDC_PURE_PYTHON=1 to run the suite on the reference alone"
         ) from exc
-    pytest.skip(f"{codec.FORCE_REFERENCE_ENV} is set and the compiled envelope is not built", allow_module_level=True)
+    pytest.skip(f"{FORCE_REFERENCE_ENV} is set and the compiled envelope is not built", allow_module_level=True)
 
 NUMERIC = numeric_typmod(12, 2)
 # relation id -> (table, columns as a Relation message gives them, replica identity)
@@ -152,16 +153,22 @@ def compare(events: Sequence[Event], headers: bool, clock_start: int = CLOCK, fi
     """Both over ``events``: the same records, byte for byte, and the same registrations; how many events the
     compiled envelope wrote itself."""
     reference, reference_registry = new_serializer(headers, counter(clock_start), first_id)
-    expected = serialize(lambda e: EventSerializer.records(reference, e), events)
+    expected = serialize(lambda e: EventSerializer.reference_records(reference, e), events)
     clock = counter(clock_start)
     compiled_side, compiled_registry = new_serializer(headers, clock, first_id)
     handed: list[Any] = []
 
     def fallback(event: Any) -> Any:
         handed.append(event)
-        return EventSerializer.records(compiled_side, event)
+        return EventSerializer.reference_records(compiled_side, event)
 
-    records = codec.compiled_avro_records(compiled_side, fallback, clock_ns=clock)
+    records = envelopes.avro_records(
+        compiled_side,
+        _envelope.AvroRecords,
+        clock_ns=clock,
+        source_fields=compiled_side.source_fields,
+        reference=fallback,
+    )
     assert isinstance(records, _envelope.AvroRecords)
     got = serialize(records, events)
     assert got == expected
@@ -246,16 +253,20 @@ def test_a_table_announced_again_and_tables_interleaved_in_one_transaction_keep_
 
 def test_the_chooser_gives_the_compiled_envelope_unless_the_reference_is_forced() -> None:
     ser, _ = new_serializer(False, lambda: CLOCK)
-    forced = os.environ.get(codec.FORCE_REFERENCE_ENV, "") not in ("", "0")
+    forced = os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0")
     assert isinstance(ser.records, _envelope.AvroRecords) is not forced
     events = [e for e in decode(workload()[:3]) if isinstance(e, ChangeEvent)]
-    assert ser.records(events[0]) == EventSerializer.records(new_serializer(False, lambda: CLOCK)[0], events[0])
+    assert ser.records(events[0]) == EventSerializer.reference_records(
+        new_serializer(False, lambda: CLOCK)[0], events[0]
+    )
 
 
 def test_the_position_headers_switched_after_the_serializer_was_made_are_followed() -> None:
     events = [e for e in decode(workload()[:3]) if isinstance(e, ChangeEvent)]
     ser, _ = new_serializer(False, lambda: CLOCK)
-    records = codec.compiled_avro_records(ser, ser.records, clock_ns=lambda: CLOCK)
+    records = envelopes.avro_records(
+        ser, _envelope.AvroRecords, clock_ns=lambda: CLOCK, source_fields=ser.source_fields
+    )
     assert records(events[0])[0].headers == ()
     ser.position_headers = True
     assert [name for name, _ in records(events[0])[0].headers] == [
@@ -279,7 +290,9 @@ def test_a_clock_beyond_an_avro_long_is_the_same_error_on_both_sides() -> None:
     for start in (2**63 - 2_000_000, 2**64, -(2**63) - 1):
         assert compare(events, False, clock_start=start, first_id=3) == 6
     ser, _ = new_serializer(False, lambda: 2**63)
-    records = codec.compiled_avro_records(ser, lambda e: EventSerializer.records(ser, e), clock_ns=lambda: 2**63)
+    records = envelopes.avro_records(
+        ser, _envelope.AvroRecords, clock_ns=lambda: 2**63, source_fields=ser.source_fields
+    )
     change = next(e for e in events if isinstance(e, ChangeEvent))
     with pytest.raises(SerializationError, match="beyond what an Avro long holds"):
         records(change)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import cdc.sink.avro as avro_module
 from cdc.decoder.types import BUILTIN_TYPES
-from cdc.event import Column, Op, TableSchema, TruncateEvent, change_event
+from cdc.event import ChangeEvent, Column, Op, TableSchema, TruncateEvent, change_event
 from cdc.lsn import Lsn
 from cdc.sink.avro import _RENDERED, AvroSerializer, AvroSettings, _write, _Writer
 from cdc.sink.avro_write import Encoded, Unsupported, compile_writer, write_long
@@ -46,8 +46,8 @@ def schema_and_datum(draw: st.DrawFn, depth: int = 0, names: list[int] | None = 
         if isinstance(inner, list):  # no union directly inside a union
             return inner, value
         null_first = draw(st.booleans())
-        datum = None if draw(st.booleans()) else value
-        return (["null", inner] if null_first else [inner, "null"]), datum
+        chosen = None if draw(st.booleans()) else value
+        return (["null", inner] if null_first else [inner, "null"]), chosen
     if kind == "array":
         item = draw(st.sampled_from(sorted(PRIMITIVES)))
         values = draw(st.lists(st.one_of(st.none(), PRIMITIVES[item]), max_size=5))
@@ -189,7 +189,7 @@ def test_the_serializers_records_are_the_same_without_compiled_writers(monkeypat
         "blob": b"\x00\xff",
     }
     empty = dict.fromkeys(row) | {"id": 8}
-    events = [
+    events: list[ChangeEvent | TruncateEvent] = [
         change_event(Op.CREATE, schema, None, row, Lsn(100), Lsn(90), 5, 1, 1_700_000_000_000_000, False, frozenset()),
         change_event(
             Op.UPDATE, schema, None, empty, Lsn(100), Lsn(95), 5, 2, 1_700_000_000_000_000, False, frozenset()
@@ -215,8 +215,8 @@ def test_the_serializers_records_are_the_same_without_compiled_writers(monkeypat
     ]
     compiled = serializer()
     fast = [compiled.records(e) for e in events]
-    assert all(w.write is not None for w in (compiled._plan(schema).key, compiled._plan(schema).value) if w is not None)
-    assert compiled._plan(schema).envelope is not None  # change events went through the envelope's own writer
+    assert all(w.write is not None for w in (compiled.plan(schema).key, compiled.plan(schema).value) if w is not None)
+    assert compiled.plan(schema).write_envelope is not None  # change events went through the envelope's own writer
 
     def unsupported(schema: Any) -> Any:
         raise Unsupported("off for the comparison")
@@ -288,7 +288,7 @@ def test_rendered_rows_through_the_envelope_writer_are_fastavros_records_of_the_
     rendered = feed(ChangeDecoder(TABLES, {}, renderer=TableRenderer(compiled.row_rendering)), *payloads)
     assert type(rendered[0].after) is RenderedRow and type(rendered[1].before) is RenderedRow
     fast = [compiled.records(e) for e in rendered]
-    assert compiled._plan(rendered[0].table).envelope is not None
+    assert compiled.plan(rendered[0].table).write_envelope is not None
 
     def unsupported(schema: Any) -> Any:
         raise Unsupported("off for the comparison")

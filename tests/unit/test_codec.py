@@ -13,6 +13,7 @@ The compiled module must be there: without it these tests fail (collection error
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdc.compiled import BUILD_FIX, FORCE_REFERENCE_ENV, Choice, load, log_choice
 from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.pgoutput import UNCHANGED, Unchanged
 from cdc.decoder.rows import Decline, RowParser
@@ -39,15 +41,16 @@ from tests.unit.test_avro import FakeRegistry
 try:
     from cdc.render import _compiled
 except ImportError as exc:  # pragma: no cover - the reference's run, or a broken build
-    if os.environ.get(codec.FORCE_REFERENCE_ENV, "") in ("", "0"):
+    if os.environ.get(FORCE_REFERENCE_ENV, "") in ("", "0"):
         raise ImportError(
             f"the compiled row codec is not built ({exc}): build it (pip install -e ., or "
             "python -m Cython.Build.Cythonize -i src/cdc/render/_compiled.pyx), or set CDC_PURE_PYTHON=1 "
             "to run the suite on the reference alone"
         ) from exc
-    pytest.skip(f"{codec.FORCE_REFERENCE_ENV} is set and the compiled codec is not built", allow_module_level=True)
+    pytest.skip(f"{FORCE_REFERENCE_ENV} is set and the compiled codec is not built", allow_module_level=True)
 
 BY = {t.name: t for t in BUILTIN_TYPES.values()}
+compiled_parser = functools.partial(codec.compiled_parser, row_codec=_compiled.RowCodec)  # whatever the chooser says
 MOOD = PgType(90001, "mood", TypeKind.ENUM, "public", labels=("sad", "ok", "happy"))
 POSINT = PgType(90003, "posint", TypeKind.DOMAIN, "public", element=BY["int4"])
 CUSTOM = [
@@ -257,7 +260,7 @@ def run(
             ]
         except Exception as exc:
             out.append((type(exc).__name__, str(exc)))
-    compiled = [isinstance(rel.parse, _compiled.RowCodec) for rel in decoder._relations.values()]
+    compiled = [isinstance(rel.parse, _compiled.RowCodec) for rel in decoder._tx.relations.values()]
     return out, rows, compiled
 
 
@@ -266,7 +269,7 @@ def compare(table: TableInfo, columns: Any, identity: bytes, payloads: Sequence[
     rendered = {}
     for label, new in serializers():
         reference, ref_rows, ref_compiled = run(render_parser, new, table, columns, identity, payloads)
-        compiled, rows, is_compiled = run(codec.compiled_parser, new, table, columns, identity, payloads)
+        compiled, rows, is_compiled = run(compiled_parser, new, table, columns, identity, payloads)
         assert compiled == reference, label
         assert rows == ref_rows, label
         assert ref_compiled == [False] and is_compiled == [True], label  # the codec under test did run
@@ -435,7 +438,7 @@ def test_random_rows_of_the_direct_types_render_the_same_in_both(cols: list[Any]
     ]
     label, new = serializers()[fmt]
     reference = run(render_parser, new, table, columns, b"d", payloads)
-    compiled = run(codec.compiled_parser, new, table, columns, b"d", payloads)
+    compiled = run(compiled_parser, new, table, columns, b"d", payloads)
     assert compiled[:2] == reference[:2], label
     assert reference[2] == [False] and compiled[2] == [True]
 
@@ -485,11 +488,13 @@ def test_malformed_tuples_fail_or_decline_alike(data: st.DataObject) -> None:
         assert isinstance(row, RenderedRow)
         return (row.data, row.key_data, row.key, end)
 
-    assert outcome(codec.compiled_parser(rendering, parsers)) == outcome(render_parser(rendering, parsers))
+    assert outcome(codec.compiled_parser(rendering, parsers, row_codec=_compiled.RowCodec)) == outcome(
+        render_parser(rendering, parsers)
+    )
 
 
 def test_the_chooser_names_the_codec_it_runs() -> None:
-    forced = os.environ.get(codec.FORCE_REFERENCE_ENV, "") not in ("", "0")
+    forced = os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0")
     assert codec.IMPLEMENTATION == ("reference" if forced else "compiled")
     assert codec.format_pieces(b'{"a%%b":%b,"c":%b}') == (b'{"a%b":', b',"c":', b"}")
     assert codec.format_pieces(b"%b%b") == (b"", b"", b"")
@@ -499,26 +504,42 @@ def test_the_environment_variable_forces_the_reference_and_the_start_up_log_says
     import subprocess
     import sys
 
-    script = "from cdc.render import codec; print(codec.IMPLEMENTATION)"
-    env = {**os.environ, codec.FORCE_REFERENCE_ENV: "1"}
+    script = "from cdc.render import codec; print(codec.IMPLEMENTATION)"  # what the chooser made of the variable
+    env = {**os.environ, FORCE_REFERENCE_ENV: "1"}
     forced = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
-    env.pop(codec.FORCE_REFERENCE_ENV)
+    env.pop(FORCE_REFERENCE_ENV)
     chosen = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     assert (forced.stdout.strip(), chosen.stdout.strip()) == ("reference", "compiled")
 
 
-def test_a_missing_compiled_codec_is_a_warning_that_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_missing_compiled_codec_is_a_warning_that_names_the_fix() -> None:
     from structlog.testing import capture_logs
 
-    monkeypatch.delenv(codec.FORCE_REFERENCE_ENV, raising=False)
-    monkeypatch.setattr(codec, "_COMPILED", None)
-    monkeypatch.setattr(codec, "_WHY_NOT", "cdc.render._compiled is not built: no module")
+    missing = Choice(False, {}, {"row_codec": "cdc.render._compiled is not built: no module"})
     with capture_logs() as logs:
-        codec.log_choice()
+        log_choice(choice=missing)
     assert [(e["event"], e["log_level"], e["implementation"]) for e in logs] == [
         ("row_codec_not_compiled", "warning", "reference")
     ]
-    assert "C compiler" in logs[0]["fix"]
+    assert logs[0]["fix"] == BUILD_FIX and "C compiler" in BUILD_FIX
+    assert (logs[0]["decoder"], logs[0]["delivery"], logs[0]["snapshot"]) == ("reference", "reference", "reference")
+
+
+def test_the_start_up_line_names_each_compiled_extension_once() -> None:
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        log_choice(choice=load(force_reference=False))
+        log_choice(choice=load(force_reference=True))
+    compiled, forced = logs
+    assert (compiled["event"], compiled["implementation"], compiled["module"]) == (
+        "row_codec",
+        "compiled",
+        _compiled.__file__,
+    )
+    assert {compiled[k] for k in ("json_envelope", "avro_envelope", "decoder", "delivery", "snapshot")} == {"compiled"}
+    assert (forced["event"], forced["log_level"], forced["implementation"]) == ("row_codec", "info", "reference")
+    assert forced["reason"] == f"{FORCE_REFERENCE_ENV} is set"
 
 
 def test_a_buffer_other_than_bytes_parses_as_bytes_do() -> None:
@@ -532,6 +553,6 @@ def test_a_buffer_other_than_bytes_parses_as_bytes_do() -> None:
     assert rendering is not None
     parsers = [int, bytes.decode]
     data = b"I" + tuple_data(b"5", b"text")
-    compiled = codec.compiled_parser(rendering, parsers)
+    compiled = codec.compiled_parser(rendering, parsers, row_codec=_compiled.RowCodec)
     expected = render_parser(rendering, parsers)(data, 1)
     assert compiled(data, 1) == compiled(memoryview(data), 1) == compiled(bytearray(data), 1) == expected

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdc.compiled import FORCE_REFERENCE_ENV
 from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.rows import Decline
 from cdc.decoder.types import parser_for
@@ -32,11 +33,11 @@ from tests.support.pgoutput import relation, tuple_data
 from tests.unit.test_codec import CASES, DIRECT, OIDS, TEXTS, TYPES, serializers
 
 try:
-    from cdc.render import _compiled  # noqa: F401 - present, or the reference's run
+    from cdc.render import _compiled
 except ImportError:  # pragma: no cover
-    if os.environ.get(codec.FORCE_REFERENCE_ENV, "") in ("", "0"):
+    if os.environ.get(FORCE_REFERENCE_ENV, "") in ("", "0"):
         raise
-    pytest.skip(f"{codec.FORCE_REFERENCE_ENV} is set and the compiled codec is not built", allow_module_level=True)
+    pytest.skip(f"{FORCE_REFERENCE_ENV} is set and the compiled codec is not built", allow_module_level=True)
 
 _ESCAPES = {0x5C: b"\\\\", 0x08: b"\\b", 0x0C: b"\\f", 0x0A: b"\\n", 0x0D: b"\\r", 0x09: b"\\t", 0x0B: b"\\v"}
 
@@ -96,7 +97,7 @@ def as_record(got: Any) -> Any:
 
 def from_tuple(rendering: RowRendering, parsers: Any, texts: tuple[bytes | None, ...]) -> Any:
     """What the streaming path's compiled codec makes of the same values in a pgoutput tuple."""
-    parse = codec.compiled_parser(rendering, parsers)
+    parse = codec.compiled_parser(rendering, parsers, row_codec=_compiled.RowCodec)
     return outcome(lambda data: parse(data, 0)[0], tuple_data(*texts))
 
 
@@ -110,9 +111,9 @@ def check(table: TableInfo, columns: Any, rows: list[tuple[bytes | None, ...]]) 
         if rendering is None:
             continue
         parsers = [parser_for(c.type) for c in schema.columns]
-        compiled = codec.compiled_copy_parser(rendering, parsers, unescape)
+        compiled = codec.compiled_copy_parser(rendering, parsers, unescape, row_codec=_compiled.RowCodec)
         reference = render_copy_parser(rendering, parsers, unescape)
-        compiled_record = codec.compiled_copy_record(rendering, parsers, unescape)
+        compiled_record = codec.compiled_copy_record(rendering, parsers, unescape, row_codec=_compiled.RowCodec)
         reference_record = render_copy_record(rendering, parsers, unescape)
         for texts in rows:
             line = copy_line(*texts)
@@ -180,7 +181,7 @@ def test_malformed_lines_fail_or_decline_alike(data: st.DataObject) -> None:
     for _ in range(data.draw(st.integers(0, 3))):
         if line:
             line[data.draw(st.integers(0, len(line) - 1))] = data.draw(st.sampled_from(b"\t\\N\n0a-.x"))
-    compiled = codec.compiled_copy_parser(rendering, parsers, unescape)
+    compiled = codec.compiled_copy_parser(rendering, parsers, unescape, row_codec=_compiled.RowCodec)
     reference = render_copy_parser(rendering, parsers, unescape)
 
     def declined(parse: Callable[[bytes], Any]) -> Any:  # either way the worker's typed path takes the line
@@ -198,7 +199,7 @@ def test_malformed_lines_fail_or_decline_alike(data: st.DataObject) -> None:
         except (Decline, ValueError):
             return "declined"
 
-    compiled_record = codec.compiled_copy_record(rendering, parsers, unescape)
+    compiled_record = codec.compiled_copy_record(rendering, parsers, unescape, row_codec=_compiled.RowCodec)
     assert record_declined(compiled_record) == record_declined(render_copy_record(rendering, parsers, unescape))
     assert record_declined(compiled_record) == as_record(declined(compiled))
 
@@ -207,7 +208,7 @@ def test_the_chooser_gives_the_compiled_copy_parser_unless_the_reference_is_forc
     table = TableInfo("public", "t", 16384, "d", ("id",), ("id",), frozenset({"id"}))
     schema, ser = schema_of(table, ((1, "id", 20, -1),), serializers()[0][1])
     parse = codec.copy_parser(ser.row_rendering(schema), [int], unescape)
-    forced = os.environ.get(codec.FORCE_REFERENCE_ENV, "") not in ("", "0")
+    forced = os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0")
     assert (type(getattr(parse, "__self__", None)).__name__ == "RowCodec") is not forced
     assert parse(b"5\n").data == b'{"id":5}'
     record = codec.copy_record(ser.row_rendering(schema), [int], unescape)

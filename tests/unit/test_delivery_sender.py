@@ -19,14 +19,14 @@ from confluent_kafka import KafkaError, KafkaException
 from cdc.event import TxBegin, TxCommit
 from cdc.lsn import Lsn
 from cdc.sink import delivery as delivery_module
-from cdc.sink.delivery import AtLeastOnce, compiled_sender
+from cdc.sink.delivery import COMPILED_SENDER, AtLeastOnce
 from cdc.sink.kafka import ANY_PARTITION, DeliveryFailed, RecordTooLarge, SinkError
 from cdc.sink.record import Record
 
 try:
     from cdc.sink._delivery import Sender
 except ImportError as exc:  # pragma: no cover - a build without the compiled modules
-    if compiled_sender() is not None or not os.environ.get("CDC_PURE_PYTHON"):
+    if COMPILED_SENDER is not None or not os.environ.get("CDC_PURE_PYTHON"):
         raise ImportError(f"the compiled sender is not built ({exc}): pip install -e . builds it") from exc
     pytest.skip("cdc.sink._delivery is not built and CDC_PURE_PYTHON is set", allow_module_level=True)
 
@@ -78,9 +78,8 @@ class Producer:
 def play(compiled: bool, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The script on one implementation: everything it observed, in order."""
     monkeypatch.setattr(delivery_module, "Producer", Producer)
-    # each side chosen here, whatever CDC_PURE_PYTHON says: the comparison runs in both of the suite's modes
-    monkeypatch.setattr(delivery_module, "compiled_sender", lambda: Sender if compiled else None)
-    d = AtLeastOnce({}, max_record_bytes=100)
+    # each side handed here, whatever CDC_PURE_PYTHON says: the comparison runs in both of the suite's modes
+    d = AtLeastOnce({}, max_record_bytes=100, sender=Sender if compiled else None)
     assert (d._sender is not None) == compiled
     producer: Producer = d._producer  # type: ignore[assignment]
     seen: list[Any] = []

@@ -1,4 +1,4 @@
-"""The compiled JSON envelope (``cdc.render._envelope``) against the reference (``EventSerializer.records`` of
+"""The compiled JSON envelope (``cdc.sink._envelope``) against the reference (``EventSerializer.reference_records`` of
 the JSON serializer): the same events in, the same records out, byte for byte (topic, key, value, headers,
 partition), and the same errors.
 
@@ -23,13 +23,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdc.compiled import FORCE_REFERENCE_ENV
 from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.pgoutput import UNCHANGED
 from cdc.event import ChangeEvent, Event, TableInfo, TransactionBlock
 from cdc.lsn import Lsn
-from cdc.render import codec
 from cdc.render.codec import TableRenderer
 from cdc.render.rows import RenderedRow
+from cdc.sink import envelopes
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.records import EventSerializer
 from tests.support.accounts import numeric_typmod
@@ -37,14 +38,14 @@ from tests.support.envelope_workload import account, two_transactions, variants
 from tests.support.pgoutput import begin, commit, delete, insert, relation, tuple_data, update
 
 try:
-    from cdc.render import _envelope
+    from cdc.sink import _envelope
 except ImportError as exc:  # pragma: no cover - the reference's run, or a broken build
-    if os.environ.get(codec.FORCE_REFERENCE_ENV, "") in ("", "0"):
+    if os.environ.get(FORCE_REFERENCE_ENV, "") in ("", "0"):
         raise ImportError(
             f"the compiled JSON envelope is not built ({exc}): build it (pip install -e ., or python setup.py "
             "build_ext --inplace), or set CDC_PURE_PYTHON=1 to run the suite on the reference alone"
         ) from exc
-    pytest.skip(f"{codec.FORCE_REFERENCE_ENV} is set and the compiled envelope is not built", allow_module_level=True)
+    pytest.skip(f"{FORCE_REFERENCE_ENV} is set and the compiled envelope is not built", allow_module_level=True)
 
 NUMERIC = numeric_typmod(12, 2)
 # relation id -> (table, columns as a Relation message gives them, replica identity)
@@ -133,16 +134,18 @@ def serialize(records: Callable[[Any], Any], events: Sequence[Event]) -> list[An
 def compare(events: Sequence[Event], schemas: bool, headers: bool, clock_start: int = CLOCK) -> int:
     """Both over ``events``: the same records, byte for byte; how many events the compiled envelope wrote itself."""
     reference = new_serializer(schemas, headers, counter(clock_start))
-    expected = serialize(lambda e: EventSerializer.records(reference, e), events)
+    expected = serialize(lambda e: EventSerializer.reference_records(reference, e), events)
     clock = counter(clock_start)
     compiled_side = new_serializer(schemas, headers, clock)
     handed: list[Any] = []
 
     def fallback(event: Any) -> Any:
         handed.append(event)
-        return EventSerializer.records(compiled_side, event)
+        return EventSerializer.reference_records(compiled_side, event)
 
-    records = codec.compiled_json_records(compiled_side, fallback, schemas=schemas, clock_ns=clock)
+    records = envelopes.json_records(
+        compiled_side, _envelope.JsonRecords, schemas=schemas, clock_ns=clock, reference=fallback
+    )
     assert isinstance(records, _envelope.JsonRecords)
     got = serialize(records, events)
     assert got == expected
@@ -184,7 +187,7 @@ def test_transaction_blocks_are_written_compiled_as_the_reference_writes_them() 
     ]
     for schemas in (False, True):
         assert compare(blocks, schemas, True) == len(events) == 6
-    (record,) = EventSerializer.records(new_serializer(False, False, lambda: CLOCK), blocks[1])
+    (record,) = EventSerializer.reference_records(new_serializer(False, False, lambda: CLOCK), blocks[1])
     assert (
         record.value is not None
         and b'"transaction":{"id":"700:4097","total_order":2,"data_collection_order":1},"op":"c"' in record.value
@@ -221,16 +224,18 @@ def test_a_table_announced_again_and_tables_interleaved_in_one_transaction_keep_
 
 def test_the_chooser_gives_the_compiled_envelope_unless_the_reference_is_forced() -> None:
     ser = new_serializer(False, False, lambda: CLOCK)
-    forced = os.environ.get(codec.FORCE_REFERENCE_ENV, "") not in ("", "0")
+    forced = os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0")
     assert isinstance(ser.records, _envelope.JsonRecords) is not forced
     events = [e for e in decode(workload()[:3]) if isinstance(e, ChangeEvent)]
-    assert ser.records(events[0]) == EventSerializer.records(new_serializer(False, False, lambda: CLOCK), events[0])
+    assert ser.records(events[0]) == EventSerializer.reference_records(
+        new_serializer(False, False, lambda: CLOCK), events[0]
+    )
 
 
 def test_the_position_headers_switched_after_the_serializer_was_made_are_followed() -> None:
     events = [e for e in decode(workload()[:3]) if isinstance(e, ChangeEvent)]
     ser = new_serializer(False, False, lambda: CLOCK)
-    records = codec.compiled_json_records(ser, ser.records, schemas=False, clock_ns=lambda: CLOCK)
+    records = envelopes.json_records(ser, _envelope.JsonRecords, schemas=False, clock_ns=lambda: CLOCK)
     assert records(events[0])[0].headers == ()
     ser.position_headers = True
     assert [name for name, _ in records(events[0])[0].headers] == [

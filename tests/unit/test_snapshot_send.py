@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cdc.compiled import load
 from cdc.decoder.rows import Decline
 from cdc.snapshot import send
 
@@ -229,8 +230,8 @@ def test_both_loops_make_the_same_calls(
     assert rows == len(lines)
 
 
-def test_the_worker_takes_the_compiled_loop_unless_the_reference_is_forced(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("CDC_PURE_PYTHON", raising=False)
-    assert send.chosen() is compiled_send and send.implementation() == "compiled"
-    monkeypatch.setenv("CDC_PURE_PYTHON", "1")
-    assert send.chosen() is send.send_rendered and send.implementation() == "reference"
+def test_the_worker_takes_the_compiled_loop_unless_the_reference_is_forced() -> None:
+    forced = os.environ.get("CDC_PURE_PYTHON", "") not in ("", "0")
+    assert send.SEND_RENDERED is (send.send_rendered if forced else compiled_send)
+    assert load(force_reference=False).compiled("snapshot_send", "send_rendered") is compiled_send
+    assert load(force_reference=True).compiled("snapshot_send", "send_rendered") is None

@@ -18,5 +18,6 @@ class Sender:
         classify: Callable[[Any, str], Exception],
         kafka_exception: type[BaseException],
         sink_error: type[Exception],
+        any_partition: int,
     ) -> None: ...
     def send(self, record: Any, describe: str) -> None: ...

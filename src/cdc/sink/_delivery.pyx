@@ -7,10 +7,9 @@ of the common shape only: no headers, no partition, within the size limit. Every
 reference's path (``slow``), which counts in the delivery itself; ``AtLeastOnce`` adds the two counts.
 
 One ``Sender`` lives as long as its delivery; ``entry`` and ``failed`` are set at each source transaction's
-Begin (the tracker's entry, and the closure that fails that transaction's tracker).
+Begin (the tracker's entry, and the closure that fails that transaction's tracker). The module imports nothing
+of the package: what it needs of the Python side is handed to ``Sender`` (``cdc.compiled`` loads it).
 """
-
-from cdc.sink.kafka import ANY_PARTITION as _ANY_PARTITION
 
 
 cdef class _Delivered:
@@ -39,10 +38,11 @@ cdef class Sender:
     cdef public long long delivered
     cdef public object entry  # the open source transaction's tracker entry, or None
     cdef public object failed  # failed(err, msg): the reference's failure handling, bound to that transaction
-    cdef object produce, poll, slow, classify, kafka_exception, sink_error
+    cdef object produce, poll, slow, classify, kafka_exception, sink_error, any_partition
     cdef Py_ssize_t max_bytes
 
-    def __init__(self, produce, poll, Py_ssize_t max_bytes, slow, classify, kafka_exception, sink_error):
+    def __init__(self, produce, poll, Py_ssize_t max_bytes, slow, classify, kafka_exception, sink_error,
+                 any_partition):
         self.produce = produce
         self.poll = poll
         self.max_bytes = max_bytes
@@ -50,6 +50,7 @@ cdef class Sender:
         self.classify = classify  # classify(KafkaException, what) -> SinkError
         self.kafka_exception = kafka_exception
         self.sink_error = sink_error
+        self.any_partition = any_partition  # cdc.sink.kafka.ANY_PARTITION: the partitioner's choice
         self.entry = None
         self.failed = None
 
@@ -70,7 +71,7 @@ cdef class Sender:
         try:
             while True:
                 try:
-                    self.produce(topic, value, key, _ANY_PARTITION, report)  # positional: see delivery.py
+                    self.produce(topic, value, key, self.any_partition, report)  # positional: see delivery.py
                     break
                 except BufferError:
                     self.poll(0.05)

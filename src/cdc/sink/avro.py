@@ -48,7 +48,7 @@ import io
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import fastavro
 import fastavro.validation
@@ -56,9 +56,9 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
+from cdc.compiled import CHOSEN
 from cdc.event import AnyRow, MessageEvent, TableSchema, TransactionBlock
 from cdc.render.avro import avro_row_rendering
-from cdc.render.codec import avro_records
 from cdc.render.rows import RowRendering, encoded
 from cdc.sink.avro_schema import avro_field_name, avro_name, avro_schema
 from cdc.sink.avro_write import COMPILED_ERRORS, Encoded, Unsupported, Write, compile_writer
@@ -71,10 +71,12 @@ from cdc.sink.connect import (
     envelope_schema,
     truncate_key_schema,
 )
+from cdc.sink.envelopes import AvroEnvelope, avro_envelope, avro_records, envelope_writer
 from cdc.sink.errors import AVRO_LONG_MAX, AVRO_LONG_MIN, SerializationError, clock_beyond_avro_long
 from cdc.sink.record import Record
 from cdc.sink.records import (
     EventSerializer,
+    SourcePieces,
     column_where,
     position_headers,
     sequence_text,
@@ -84,12 +86,16 @@ from cdc.sink.registry import SchemaRegistry
 from cdc.sink.typemap import column_schema
 from cdc.values import UNCHANGED_TOAST
 
-__all__ = ["AvroSerializer", "AvroSettings", "decode_wire"]
+if TYPE_CHECKING:
+    from cdc.sink._envelope import AvroRecords
+
+__all__ = ["AvroSerializer", "AvroSettings", "AvroTablePlan", "decode_wire"]
 
 log = structlog.get_logger("cdc.sink.avro")
 
 MAGIC_BYTE: Final = 0
 _ENCODE_ERRORS: Final = (TypeError, ValueError, AttributeError, OverflowError)
+_COMPILED_ENVELOPE: Final[type[AvroRecords] | None] = CHOSEN.compiled("envelope", "AvroRecords")
 
 
 class AvroSettings(BaseModel):
@@ -131,7 +137,11 @@ class _Writer:
 
 
 @dataclass(frozen=True, slots=True)
-class _AvroPlan:
+class AvroTablePlan:
+    """Everything per table schema that does not change per row: topic, fields, registered schemas. The
+    compiled envelope (``cdc.sink._envelope.AvroRecords``) writes a row change of rendered rows from
+    ``envelope`` (None: the reference takes the table's events)."""
+
     table: TableSchema
     topic: str
     key_fields: tuple[_KeyHeaderField, ...]  # JSON key encoders: the key headers of a key change
@@ -142,7 +152,8 @@ class _AvroPlan:
     value: _Writer
     # (before, after, source, op, now_ns) -> the change event's record, field writers called in a row
     # instead of through a dict and the generic record writer; None: the generic path only
-    envelope: Callable[[Any, Any, Any, str, int, TransactionBlock | None], bytes] | None = None
+    write_envelope: Callable[[Any, Any, Any, str, int, TransactionBlock | None], bytes] | None = None
+    envelope: AvroEnvelope | None = None  # the constant pieces of its change records, for the compiled envelope
     truncate_key: ConnectSchema | None = None  # the truncate markers' key: the Key's fields, optional
     truncate_datum: dict[str, None] | None = None  # ... all null
 
@@ -161,7 +172,7 @@ def _placeholder(spec: ConnectSchema, text: str) -> Any:
     return _NO_PLACEHOLDER
 
 
-class AvroSerializer(EventSerializer[_AvroPlan]):
+class AvroSerializer(EventSerializer[AvroTablePlan]):
     """Events -> records in Avro with a schema registry. One per sink; not thread-safe."""
 
     def __init__(
@@ -171,7 +182,9 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         registry: SchemaRegistry,
         *,
         clock_ns: Callable[[], int] = time.time_ns,
+        envelope: type[AvroRecords] | None = _COMPILED_ENVELOPE,
     ) -> None:
+        """``envelope``: the compiled envelope (``cdc.compiled`` chose it), or None for the reference alone."""
         super().__init__(settings, partitions_of, clock_ns=clock_ns)
         self._settings = settings
         self._registry = registry
@@ -186,22 +199,27 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             ]
         except Unsupported:
             self._source_fields = None
-        # The per-row call, chosen by cdc.render.codec as in JsonSerializer: compiled, a row change of rendered
-        # rows is one call, every other event goes to the reference (EventSerializer.records).
-        self.records = avro_records(self, self.records, clock_ns=clock_ns)  # type: ignore[method-assign,assignment]
+        # As in JsonSerializer: compiled, a row change of rendered rows is one call, every other event goes to
+        # the reference (reference_records).
+        self.records = avro_records(self, envelope, clock_ns=clock_ns, source_fields=self.source_fields)
 
     @property
     def settings(self) -> AvroSettings:
         return self._settings
 
+    @property
+    def source_fields(self) -> dict[str, Write] | None:
+        """The compiled writers of the envelope's source record's fields; None: fastavro writes the block."""
+        return None if self._source_fields is None else dict(self._source_fields)
+
     def schemas(self, table: TableSchema) -> tuple[Any, Any]:
         """(key schema, value schema) of a table schema, as registered (the key is None without key columns)."""
-        plan = self._plan(table)
+        plan = self.plan(table)
         return (plan.key.schema if plan.key is not None else None), plan.value.schema
 
     # --- plans and schemas ------------------------------------------------------
 
-    def _build_plan(self, table: TableSchema) -> _AvroPlan:
+    def _build_plan(self, table: TableSchema) -> AvroTablePlan:
         topic = self.topic_name(table.schema, table.name)
         opts = self._opts
         field_owner: dict[str, str] = {}
@@ -242,7 +260,13 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             key_schema_id=key.schema_id if key is not None else None,
             value_schema_id=value.schema_id,
         )
-        return _AvroPlan(
+        envelope_name = avro_name(f"{topic}.Envelope")
+        fields = value.fields.get(envelope_name) if value.write is not None else None
+        write_envelope = envelope_writer(value.prefix, fields)
+        envelope = None
+        if key is not None and key_fields and write_envelope is not None:
+            envelope = avro_envelope(table, topic, key.prefix, value.prefix, fields)
+        return AvroTablePlan(
             table=table,
             topic=topic,
             key_fields=tuple(key_fields),
@@ -251,7 +275,8 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             value_record=avro_name(f"{topic}.Value"),
             key=key,
             value=value,
-            envelope=_envelope_writer(value, avro_name(f"{topic}.Envelope")),
+            write_envelope=write_envelope,
+            envelope=envelope,
             truncate_key=truncate_key_schema(topic, key_members),
             truncate_datum=dict.fromkeys(name for name, _, _ in key_members),
         )
@@ -266,24 +291,24 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         snapshot: bool,
     ) -> Any:
         """The source block, encoded once per transaction and table but for ``sequence`` and ``lsn``."""
-        if self._source_fields is None:
+        pieces = self.source_pieces(table, commit_ts_us, commit_lsn, xid, snapshot)
+        if pieces is None or pieces.write_sequence is None or pieces.write_lsn is None:
             return super()._source(table, commit_ts_us, commit_lsn, lsn, xid, snapshot)
-        _, head, write_sequence, middle, write_lsn, tail = self._source_cached(
-            table, commit_ts_us, commit_lsn, xid, snapshot
-        )
-        data = head + write_sequence(sequence_text(commit_lsn, lsn)) + middle + write_lsn(int(lsn)) + tail
+        sequence = pieces.write_sequence(sequence_text(commit_lsn, lsn))
+        data = pieces.head + sequence + pieces.middle + pieces.write_lsn(int(lsn)) + pieces.tail
         # The dict only if fastavro has to write the envelope (a datum the compiled writer refused).
         make = functools.partial(EventSerializer._source, self, table, commit_ts_us, commit_lsn, lsn, xid, snapshot)
         return Encoded(data, make=make)
 
-    def _source_pieces(
+    def _build_source_pieces(
         self, table: TableSchema, commit_ts_us: int, commit_lsn: int | None, xid: int | None, snapshot: bool
-    ) -> tuple[bytes, Write, bytes, Write, bytes]:
+    ) -> SourcePieces | None:
+        if self._source_fields is None:
+            return None
         value = super()._source(table, commit_ts_us, commit_lsn, 0, xid, snapshot)  # the LSN is not among the pieces
         pieces: list[bytes] = []
         writers: list[Write] = []
         current: list[bytes] = []
-        assert self._source_fields is not None
         for name, write in self._source_fields:
             if name in ("sequence", "lsn"):
                 pieces.append(b"".join(current))
@@ -293,7 +318,7 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
                 current.append(write(value[name]))
         pieces.append(b"".join(current))
         assert len(writers) == 2, "the source block has a sequence and an lsn"
-        return pieces[0], writers[0], pieces[1], writers[1], pieces[2]
+        return SourcePieces(table, pieces[0], pieces[1], pieces[2], write_sequence=writers[0], write_lsn=writers[1])
 
     def _register(self, subject: str, schema: Any, source: str) -> _Writer:
         try:
@@ -325,7 +350,7 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             fields=fields,
         )
 
-    def _truncate_writer(self, plan: _AvroPlan) -> _Writer:
+    def _truncate_writer(self, plan: AvroTablePlan) -> _Writer:
         writer = self._truncate_keys.get(plan.topic)
         if writer is None:
             assert plan.truncate_key is not None
@@ -350,7 +375,7 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         """Rows of ``table`` written by the decoder straight as the binary of its Value record (and its Key
         record), the columns of the direct types from their text; None when a schema is not compiled."""
         try:
-            plan = self._plan(table)
+            plan = self.plan(table)
         except SerializationError:
             return None
         if plan.key is None or plan.value.write is None or plan.key.write is None or not plan.avro_key_fields:
@@ -363,7 +388,7 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             table, plan.value_fields, value_writers, plan.avro_key_fields, key_writers, self._opts
         )
 
-    def _row(self, plan: _AvroPlan, row: AnyRow | None, which: str) -> Any:
+    def _row(self, plan: AvroTablePlan, row: AnyRow | None, which: str) -> Any:
         rendered = encoded(row)
         if rendered is not None:
             return Encoded(rendered.data, _RENDERED)
@@ -389,13 +414,13 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             raise _column_error(plan.table, column, row.get(column), exc) from exc
         return out
 
-    def _row_and_key(self, plan: _AvroPlan, row: AnyRow | None, which: str) -> tuple[Any, bytes]:
+    def _row_and_key(self, plan: AvroTablePlan, row: AnyRow | None, which: str) -> tuple[Any, bytes]:
         rendered = encoded(row)
         if rendered is None or plan.key is None:
             return self._row(plan, row, which), self._key(plan, row)
         return Encoded(rendered.data, _RENDERED), plan.key.prefix + rendered.key_data
 
-    def _key(self, plan: _AvroPlan, row: AnyRow | None) -> bytes:
+    def _key(self, plan: AvroTablePlan, row: AnyRow | None) -> bytes:
         rendered = encoded(row)
         if rendered is not None and plan.key is not None:
             return plan.key.prefix + rendered.key_data
@@ -421,7 +446,7 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
 
     def _envelope(
         self,
-        plan: _AvroPlan,
+        plan: AvroTablePlan,
         before: dict[str, Any] | None,
         after: dict[str, Any] | None,
         source: dict[str, Any],
@@ -429,7 +454,7 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         now_ns: int,
         transaction: TransactionBlock | None = None,
     ) -> bytes:
-        fast = plan.envelope
+        fast = plan.write_envelope
         if fast is not None:
             try:
                 return fast(before, after, source, op, now_ns, transaction)
@@ -451,7 +476,7 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
         }
         return _write(plan.value, payload, f"a change event of table {plan.table.qualified!r}")
 
-    def _truncate_key(self, plan: _AvroPlan, partition: int) -> bytes:
+    def _truncate_key(self, plan: AvroTablePlan, partition: int) -> bytes:
         return _write(self._truncate_writer(plan), dict(plan.truncate_datum or {}), "a truncate marker's key")
 
     def _message(self, event: MessageEvent) -> list[Record]:
@@ -485,7 +510,7 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
             out.append(_write(writer, datum, f"a record of {topic}"))
         return Record(topic, out[0], out[1])
 
-    def _no_placeholder(self, plan: _AvroPlan, column: str) -> SerializationError:
+    def _no_placeholder(self, plan: AvroTablePlan, column: str) -> SerializationError:
         return SerializationError(
             f"column {column!r} of table {plan.table.qualified!r}: an unchanged TOASTed value (the UPDATE did not "
             "change it, so the server did not send it) has no placeholder in this column's Avro type; "
@@ -494,45 +519,6 @@ class AvroSerializer(EventSerializer[_AvroPlan]):
 
 
 _RENDERED: Final = object()  # the datum of a row the decoder rendered: there is no typed one for fastavro
-
-
-_ENVELOPE_FIELDS: Final = ("before", "after", "source", "transaction", "op", "ts_ms", "ts_us", "ts_ns")
-
-
-def _envelope_writer(
-    writer: _Writer, name: str
-) -> Callable[[Any, Any, Any, str, int, TransactionBlock | None], bytes] | None:
-    """The change event envelope's writer, its eight fields' compiled writers called in schema order; None
-    when the schema was not compiled or its envelope has other fields. The bytes are the generic writer's
-    (tests/unit/test_avro_write.py compares them); the caller falls back to it when this raises."""
-    fields = writer.fields.get(name)
-    if writer.write is None or fields is None or tuple(fields) != _ENVELOPE_FIELDS:
-        return None
-    before_w, after_w, source_w, transaction_w, op_w, ms_w, us_w, ns_w = fields.values()
-    prefix = writer.prefix
-    try:
-        no_transaction = transaction_w(None)  # the envelope's transaction block, unless metadata is on
-    except COMPILED_ERRORS:
-        return None
-
-    def write(
-        before: Any, after: Any, source: Any, op: str, now_ns: int, transaction: TransactionBlock | None = None
-    ) -> bytes:
-        return b"".join(
-            (
-                prefix,
-                before_w(before),
-                after_w(after),
-                source.data if type(source) is Encoded else source_w(source),
-                no_transaction if transaction is None else transaction_w(transaction.as_dict()),
-                op_w(op),
-                ms_w(now_ns // 1_000_000),
-                us_w(now_ns // 1000),
-                ns_w(now_ns),
-            )
-        )
-
-    return write
 
 
 def _write(writer: _Writer, datum: dict[str, Any], what: str) -> bytes:

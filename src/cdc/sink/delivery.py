@@ -20,22 +20,28 @@ Exactly once: ``cdc.sink.exactly_once``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import orjson
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from cdc.compiled import reference_forced
+from cdc.compiled import CHOSEN
 from cdc.event import TxBegin, TxCommit
 from cdc.lsn import Lsn
 from cdc.sink.kafka import ANY_PARTITION, AckTracker, DeliveryFailed, RecordTooLarge, SinkError, librdkafka_logger
 from cdc.sink.record import Record
 from cdc.sink.wire import DEAD_LETTER_REASON_HEADER
 
+if TYPE_CHECKING:
+    from cdc.sink._delivery import Sender
+
 log = structlog.get_logger(__name__)
+
+COMPILED_SENDER: Final[type[Sender] | None] = CHOSEN.compiled("delivery", "Sender")
+"""The compiled per-record path of ``AtLeastOnce`` that ``cdc.compiled`` chose, or None (the reference)."""
 
 
 class RetryableSinkError(SinkError):
@@ -81,7 +87,7 @@ class Producing:
         self._bytes = 0
         self._records = 0
         self._delivered = 0
-        self._sender: Any = None
+        self._sender: Sender | None = None
         self.dead_lettered = 0
         self.failure: str | None = None
 
@@ -201,17 +207,6 @@ def _delivery_failed(err: KafkaError, msg: Message) -> str:
     )
 
 
-def compiled_sender() -> Any:
-    """``cdc.sink._delivery.Sender``, or None: not built, or the reference forced (``CDC_PURE_PYTHON``)."""
-    if reference_forced():
-        return None
-    try:
-        from cdc.sink._delivery import Sender
-    except ImportError:
-        return None
-    return Sender
-
-
 def classify(e: KafkaException, what: str) -> SinkError:
     err = e.args[0] if e.args else None
     if isinstance(err, KafkaError):
@@ -227,18 +222,27 @@ def classify(e: KafkaException, what: str) -> SinkError:
 class AtLeastOnce(Producing):
     """Idempotent producer; Postgres holds the durable position (the slot's confirmed LSN)."""
 
+    send: Callable[[Record, str], None]
+    """A record of the open source transaction to Kafka: ``send_reference``, or the compiled sender's ``send``
+    (``cdc.sink._delivery``), which produces and acknowledges the records of the common shape without a
+    Python frame and hands the others to ``send_reference``. An attribute, bound once by the pipeline."""
+
     def __init__(
-        self, config: Mapping[str, Any], *, max_record_bytes: int, dead_letters: DeadLetters | None = None
+        self,
+        config: Mapping[str, Any],
+        *,
+        max_record_bytes: int,
+        dead_letters: DeadLetters | None = None,
+        sender: type[Sender] | None = COMPILED_SENDER,
     ) -> None:
+        """``sender``: the compiled sender (``cdc.compiled`` chose it), or None for the reference alone."""
         super().__init__(Producer(dict(config), logger=librdkafka_logger()), max_record_bytes, dead_letters)
         self._tracker = AckTracker()
         self._entry: Any = None
         self._done: Any = ignore
-        sender_class = compiled_sender()
-        if sender_class is not None:
-            # The per-record path compiled (cdc.sink._delivery): records of the common shape are produced and
-            # acknowledged without a Python frame; it hands the others to send_reference.
-            self._sender = sender_class(
+        self.send = self.send_reference
+        if sender is not None:
+            self._sender = sender(
                 self._producer.produce,
                 self._producer.poll,
                 max_record_bytes,
@@ -246,8 +250,9 @@ class AtLeastOnce(Producing):
                 classify,
                 KafkaException,
                 SinkError,
+                ANY_PARTITION,
             )
-            self.send = self._sender.send  # type: ignore[method-assign]
+            self.send = self._sender.send
 
     def begin(self, tx: TxBegin) -> bool:
         entry = self._tracker.begin()
@@ -272,9 +277,9 @@ class AtLeastOnce(Producing):
             sender.entry, sender.failed = entry, failed
         return True
 
-    def send(self, record: Record, describe: str) -> None:
+    def send_reference(self, record: Record, describe: str) -> None:
         """In Python: every record where the compiled sender is not built (or CDC_PURE_PYTHON is set), and
-        the records it does not take (headers, a partition, oversized), as ``send_reference``."""
+        the records it does not take (headers, a partition, oversized)."""
         entry = self._entry
         if entry is None:
             raise SinkError(f"a record for {describe} arrived outside a source transaction")
@@ -284,8 +289,6 @@ class AtLeastOnce(Producing):
         except BaseException:  # not delivered after all: uncount it, and let the error go on
             entry.pending -= 1
             raise
-
-    send_reference = send  # the compiled sender's instance attribute ``send`` shadows the method, not this
 
     def send_outside(self, record: Record) -> None:
         self._produce(record, record.topic, ignore, critical=False)

@@ -11,14 +11,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 import cdc
+from cdc.compiled import CHOSEN
 from cdc.event import AnyRow, MessageEvent, Op, TableSchema, TransactionBlock
-from cdc.render.codec import json_records
 from cdc.render.json import json_row_rendering
 from cdc.render.rows import RowRendering, encoded
 from cdc.sink.connect import (
@@ -31,14 +31,20 @@ from cdc.sink.connect import (
     truncate_key_schema,
 )
 from cdc.sink.encode import b64
+from cdc.sink.envelopes import json_records
 from cdc.sink.errors import SerializationError
 from cdc.sink.fallback import json_fallback
 from cdc.sink.record import Record
-from cdc.sink.records import EventSerializer, column_where, position_headers, value_error
+from cdc.sink.records import EventSerializer, SourcePieces, column_where, position_headers, value_error
 from cdc.sink.typemap import column_schema, toast_placeholder
 from cdc.values import UNCHANGED_TOAST
 
-__all__ = ["JsonSerializer", "JsonSettings", "ReadParts"]
+if TYPE_CHECKING:
+    from cdc.sink._envelope import JsonRecords
+
+__all__ = ["JsonSerializer", "JsonSettings", "JsonTablePlan", "ReadParts"]
+
+_COMPILED_ENVELOPE: Final[type[JsonRecords] | None] = CHOSEN.compiled("envelope", "JsonRecords")
 
 
 class JsonSettings(BaseModel):
@@ -57,7 +63,11 @@ class JsonSettings(BaseModel):
 
 
 @dataclass(frozen=True, slots=True)
-class _TablePlan:
+class JsonTablePlan:
+    """Everything per table schema that does not change per row. The compiled envelope
+    (``cdc.sink._envelope.JsonRecords``) writes a row change of rendered rows from ``topic``, ``key_prefix``
+    and ``value_prefix`` (none when ``key_fields`` is empty: the reference raises that error)."""
+
     table: TableSchema
     topic: str
     fields: tuple[ColumnField, ...]
@@ -115,7 +125,7 @@ class ReadParts:
         return b'"ts_ms":%d,"ts_us":%d,"ts_ns":%d' % (now_ns // 1_000_000, now_ns // 1000, now_ns)
 
 
-class JsonSerializer(EventSerializer[_TablePlan]):
+class JsonSerializer(EventSerializer[JsonTablePlan]):
     """Events -> records in Debezium's JSON shape. One per sink; not thread-safe."""
 
     def __init__(
@@ -124,7 +134,9 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         partitions_of: Callable[[str], int],
         *,
         clock_ns: Callable[[], int] = time.time_ns,
+        envelope: type[JsonRecords] | None = _COMPILED_ENVELOPE,
     ) -> None:
+        """``envelope``: the compiled envelope (``cdc.compiled`` chose it), or None for the reference alone."""
         super().__init__(settings, partitions_of, clock_ns=clock_ns)
         self._settings = settings
         self._schemas = settings.schemas_enable
@@ -134,13 +146,9 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         if self._schemas:
             self._message_key_prefix = schema_prefix(MESSAGE_KEY_SCHEMA.node(False))
             self._message_value_prefix = schema_prefix(MESSAGE_VALUE_SCHEMA.node(False))
-        # The per-row call: the codec cdc.render.codec chose. Compiled, a row change of rendered rows is one
-        # call (plan, source block, key, envelope, headers, records) and every other event goes to the
-        # reference, EventSerializer.records, which this otherwise stays. An attribute, so that callers
-        # binding serializer.records once (the chain) call the compiled one directly.
-        self.records = json_records(  # type: ignore[method-assign,assignment]
-            self, self.records, schemas=self._schemas, clock_ns=clock_ns
-        )
+        # Compiled, a row change of rendered rows is one call (plan, source block, key, envelope, headers,
+        # records) and every other event goes to the reference, reference_records.
+        self.records = json_records(self, envelope, schemas=self._schemas, clock_ns=clock_ns)
 
     @property
     def settings(self) -> JsonSettings:
@@ -159,21 +167,21 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         xid: int | None,
         snapshot: bool,
     ) -> Any:
-        parts = self._source_cached(table, commit_ts_us, commit_lsn, xid, snapshot)
-        if parts[1] is None:  # the sentinel's digits occur elsewhere too (a database named so): no splicing
+        pieces = self.source_pieces(table, commit_ts_us, commit_lsn, xid, snapshot)
+        if pieces is None:  # the sentinel's digits occur elsewhere too (a database named so): no splicing
             return super()._source(table, commit_ts_us, commit_lsn, lsn, xid, snapshot)
         text = b"%d" % lsn
         # JSON text as bytes: _envelope splices it (orjson.Fragment when the envelope goes through orjson)
-        return parts[1] + text + parts[2] + text + parts[3]
+        return pieces.head + text + pieces.middle + text + pieces.tail
 
-    def _source_pieces(
+    def _build_source_pieces(
         self, table: TableSchema, commit_ts_us: int, commit_lsn: int | None, xid: int | None, snapshot: bool
-    ) -> tuple[Any, ...]:
+    ) -> SourcePieces | None:
         template = orjson.dumps(super()._source(table, commit_ts_us, commit_lsn, self._LSN_SENTINEL, xid, snapshot))
         pieces = template.split(b"%d" % self._LSN_SENTINEL)
-        return tuple(pieces) if len(pieces) == 3 else (None, None, None)
+        return SourcePieces(table, pieces[0], pieces[1], pieces[2]) if len(pieces) == 3 else None
 
-    def _build_plan(self, table: TableSchema) -> _TablePlan:
+    def _build_plan(self, table: TableSchema) -> JsonTablePlan:
         topic = self.topic_name(table.schema, table.name)
         opts = self._opts
         fields: list[ColumnField] = []
@@ -201,7 +209,7 @@ class JsonSerializer(EventSerializer[_TablePlan]):
             key = ConnectSchema("struct", None, name=f"{topic}.Key", fields=tuple(key_members))
             key_prefix = schema_prefix(key.node(False))
             truncate_key = schema_prefix(truncate_key_schema(topic, key_members).node(False)) + truncate_key + b"}"
-        return _TablePlan(
+        return JsonTablePlan(
             table=table,
             topic=topic,
             fields=tuple(fields),
@@ -216,7 +224,7 @@ class JsonSerializer(EventSerializer[_TablePlan]):
     def read_parts(self, table: TableSchema, commit_ts_us: int, lsn: int, xid: int | None) -> ReadParts:
         """The constant parts of the records of snapshot reads of ``table`` at ``lsn``, for a writer that has
         each row's ``after`` object and key object as JSON text already (the snapshot's server-built rows)."""
-        plan = self._plan(table)
+        plan = self.plan(table)
         source = _json_text(self._source(table, commit_ts_us, lsn, lsn, xid, True))
         return ReadParts(
             topic=plan.topic,
@@ -234,7 +242,7 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         values where a column's text maps straight to its JSON; None: the table cannot be keyed (the
         typed path raises that error at its first row)."""
         try:
-            plan = self._plan(table)
+            plan = self.plan(table)
         except SerializationError:
             return None
         if not plan.key_fields:
@@ -243,7 +251,7 @@ class JsonSerializer(EventSerializer[_TablePlan]):
             return None  # a key column that may be NULL: the typed path checks every key (_encode_key)
         return json_row_rendering(table, plan.fields, plan.key_fields, self._opts, plan.null_texts)
 
-    def _truncate_key(self, plan: _TablePlan, partition: int) -> bytes:
+    def _truncate_key(self, plan: JsonTablePlan, partition: int) -> bytes:
         return plan.truncate_key
 
     def side_record(
@@ -285,7 +293,7 @@ class JsonSerializer(EventSerializer[_TablePlan]):
 
     def _envelope(
         self,
-        plan: _TablePlan,
+        plan: JsonTablePlan,
         before: Any,  # None, a dict, or JSON text (bytes); so are after and source
         after: Any,
         source: Any,
@@ -342,7 +350,7 @@ class JsonSerializer(EventSerializer[_TablePlan]):
             return plan.value_prefix + body + b"}"
         return body
 
-    def _row(self, plan: _TablePlan, row: AnyRow | None, which: str) -> Any:
+    def _row(self, plan: JsonTablePlan, row: AnyRow | None, which: str) -> Any:
         rendered = encoded(row)
         if rendered is not None:
             return rendered.data  # JSON text: see _envelope
@@ -353,20 +361,20 @@ class JsonSerializer(EventSerializer[_TablePlan]):
         except (TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise value_error(plan.table, plan.fields, row, exc) from exc
 
-    def _key_payload(self, plan: _TablePlan, row: AnyRow | None) -> bytes:
+    def _key_payload(self, plan: JsonTablePlan, row: AnyRow | None) -> bytes:
         rendered = encoded(row)
         if rendered is not None:
             return rendered.key_data
         return super()._key_payload(plan, row)
 
-    def _key(self, plan: _TablePlan, row: AnyRow | None) -> bytes:
+    def _key(self, plan: JsonTablePlan, row: AnyRow | None) -> bytes:
         rendered = encoded(row)  # _key_payload's work inline: this runs once or twice per row
         payload = rendered.key_data if rendered is not None else super()._key_payload(plan, row)
         if self._schemas:
             return plan.key_prefix + payload + b"}"
         return payload
 
-    def _row_and_key(self, plan: _TablePlan, row: AnyRow | None, which: str) -> tuple[Any, bytes]:
+    def _row_and_key(self, plan: JsonTablePlan, row: AnyRow | None, which: str) -> tuple[Any, bytes]:
         rendered = encoded(row)
         if rendered is None:
             return self._row(plan, row, which), self._key(plan, row)

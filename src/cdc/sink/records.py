@@ -41,6 +41,7 @@ import abc
 import re
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, Generic, Protocol, TypeVar
 
 import orjson
@@ -124,6 +125,26 @@ _OPS: Final[dict[Op, str]] = {op: op.value for op in Op}
 
 _MAX_PLANS: Final = 4096
 
+Records = Callable[[ChangeEvent | TruncateEvent | MessageEvent], list[Record]]
+"""A serializer's ``records``: an event -> its records, in the order they must be produced."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourcePieces:
+    """The envelope's ``source`` block of one transaction and table, in a format's bytes, around its two
+    per-event fields (``sequence`` and ``lsn``, the only ones that change within a transaction and table):
+    ``head + <sequence> + middle + <lsn> + tail``. JSON writes both as the event's LSN in decimal digits
+    (``sequence`` is spliced inside its text, so the pieces end and start inside it); Avro writes them with
+    ``write_sequence`` and ``write_lsn``. The reference serializer and the compiled envelopes
+    (``cdc.sink._envelope``) splice the same pieces."""
+
+    table: TableSchema
+    head: bytes
+    middle: bytes
+    tail: bytes
+    write_sequence: Callable[[Any], bytes] | None = None  # Avro: the sequence field's writer
+    write_lsn: Callable[[Any], bytes] | None = None  # Avro: the lsn field's writer
+
 
 def column_where(table: TableSchema, column: Column) -> str:
     return f"column {column.name!r} of table {table.qualified!r}"
@@ -137,6 +158,12 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
     a format supplies the plan of a table and the bytes (``_build_plan``, ``_row``,
     ``_key``, ``_envelope``, ``_truncate_key``, ``_message``). One per sink; not thread-safe.
     """
+
+    records: Records
+    """The records of one event, in the order they must be produced: ``reference_records``, or the compiled
+    envelope a format was handed when it was built (``cdc.sink.envelopes``), which writes a row change of
+    rendered rows itself and hands every other event to ``reference_records``. An attribute, so that callers
+    binding ``serializer.records`` once (the chain) call the chosen one directly."""
 
     def __init__(
         self,
@@ -158,8 +185,10 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         self._database = settings.database
         self._placeholder = settings.unavailable_value
         self._plans_by_id: dict[int, tuple[TableSchema, PlanT]] = {}
-        # The source block's pieces per transaction and table (a format's _source_pieces), made once.
-        self._source_parts: dict[tuple[int, int | None, int | None, int, bool], tuple[Any, ...]] = {}
+        # The source block's pieces per transaction and table (a format's _build_source_pieces), made once.
+        self._source_parts: dict[
+            tuple[int, int | None, int | None, int, bool], tuple[TableSchema, SourcePieces | None]
+        ] = {}
         self._plans: dict[TableSchema, PlanT] = {}
         self._topic_owner: dict[str, tuple[str, str]] = {}
         self._message_topic = _TOPIC_CHARS.sub("_", f"{self._prefix}.message")
@@ -170,12 +199,13 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
             (COMMIT_LSN_HEADER, b""),
             (TXID_HEADER, b""),
         )
+        self.records = self.reference_records
 
     # --- topics and plans ---------------------------------------------------
 
     def topic_for(self, table: TableSchema) -> str:
         """``<prefix>.<schema>.<table>``; characters outside ``[a-zA-Z0-9._-]`` become ``_``."""
-        return self._plan(table).topic
+        return self.plan(table).topic
 
     def topic_name(self, schema: str, table: str) -> str:
         """The topic of table ``schema.table`` (for start-up, before a TableSchema exists).
@@ -192,7 +222,9 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
             )
         return topic
 
-    def _plan(self, table: TableSchema) -> PlanT:
+    def plan(self, table: TableSchema) -> PlanT:
+        """The format's plan of ``table`` (built once per table schema): what its records need that does not
+        change per row; the compiled envelopes read it too (``cdc.sink._envelope``)."""
         # By identity first: hashing a TableSchema walks all its columns. The entry holds the schema
         # object itself (not the plan's, which may be an equal one from before a reconnect), so an id
         # is never taken for another object's.
@@ -221,8 +253,8 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
 
     # --- events -------------------------------------------------------------
 
-    def records(self, event: ChangeEvent | TruncateEvent | MessageEvent) -> list[Record]:
-        """The records for one event, in the order they must be produced."""
+    def reference_records(self, event: ChangeEvent | TruncateEvent | MessageEvent) -> list[Record]:
+        """The records for one event, in the order they must be produced, in Python (see ``records``)."""
         if type(event) is ChangeEvent:
             return self._change(event)
         if type(event) is TruncateEvent:
@@ -232,7 +264,7 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
         raise TypeError(f"cannot serialize {type(event).__name__}")
 
     def _change(self, event: ChangeEvent) -> list[Record]:
-        plan = self._plan(event.table)
+        plan = self.plan(event.table)
         if not plan.key_fields:
             raise SerializationError(
                 f"table {event.table.qualified!r} has no key columns: its rows cannot be keyed on a "
@@ -307,7 +339,7 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
                     "truncate_skipped", table=table.qualified, lsn=int(event.lsn), setting="tables[].truncate: skip"
                 )
                 continue
-            plan = self._plan(table)
+            plan = self.plan(table)
             source = self._source(table, event.commit_ts_us, event.commit_lsn, event.lsn, event.xid, False)
             value = self._envelope(plan, None, None, source, "t", now)
             partitions = self._partitions_of(plan.topic)
@@ -389,25 +421,25 @@ class EventSerializer(abc.ABC, Generic[PlanT]):
             "origin_lsn": None,
         }
 
-    def _source_cached(
+    def source_pieces(
         self, table: TableSchema, commit_ts_us: int, commit_lsn: int | None, xid: int | None, snapshot: bool
-    ) -> tuple[Any, ...]:
-        """``(table, *self._source_pieces(...))``, made once per transaction and table: within one, only the
-        event's LSN changes in the source block."""
+    ) -> SourcePieces | None:
+        """The source block's pieces of a transaction and table (None: this format cannot splice it, the block is
+        written whole per event), made once per transaction and table."""
         key = (id(table), commit_lsn, xid, commit_ts_us, snapshot)
-        parts = self._source_parts.get(key)
-        if parts is None or parts[0] is not table:
-            parts = (table, *self._source_pieces(table, commit_ts_us, commit_lsn, xid, snapshot))
+        entry = self._source_parts.get(key)
+        if entry is None or entry[0] is not table:
+            entry = (table, self._build_source_pieces(table, commit_ts_us, commit_lsn, xid, snapshot))
             if len(self._source_parts) >= 256:
                 self._source_parts.clear()
-            self._source_parts[key] = parts
-        return parts
+            self._source_parts[key] = entry
+        return entry[1]
 
-    def _source_pieces(
+    def _build_source_pieces(
         self, table: TableSchema, commit_ts_us: int, commit_lsn: int | None, xid: int | None, snapshot: bool
-    ) -> tuple[Any, ...]:
-        """A format's source block around its per-event parts (see ``_source_cached``)."""
-        raise NotImplementedError
+    ) -> SourcePieces | None:
+        """A format's source block around its per-event parts (see ``source_pieces``); None: not spliced."""
+        return None
 
     def _key_payload(self, plan: PlanT, row: AnyRow | None) -> bytes:
         """The key as JSON text (``{"id":1}``): the JSON format's key payload, and every format's key headers."""

@@ -8,19 +8,19 @@ common case goes back to the worker through a callback: a line the codec decline
 it and raises what is wrong), an oversized record (the delivery's size limit and dead letters), the
 producer's full queue (``BufferError``: wait, then produce again), progress every ``progress_every`` rows.
 ``send_rendered`` is the reference; the compiled loop must make the same calls with the same arguments, in
-the same order (tests/unit/test_snapshot_send.py).
+the same order (tests/unit/test_snapshot_send.py). ``SEND_RENDERED`` is the one ``cdc.compiled`` chose.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
-from cdc.compiled import reference_forced
+from cdc.compiled import CHOSEN
 from cdc.render.rows import CopyRecord
 
-__all__ = ["RenderedChunk", "chosen", "send_rendered"]
+__all__ = ["SEND_RENDERED", "RenderedChunk", "send_rendered"]
 
 Headers = dict[str, str | bytes | None]
 
@@ -107,17 +107,8 @@ def send_rendered(chunk: RenderedChunk) -> int:
     return n
 
 
-def chosen() -> Callable[[RenderedChunk], int]:
-    """The compiled loop (``cdc.snapshot._send``), or the reference: not built, or ``CDC_PURE_PYTHON`` set."""
-    if not reference_forced():
-        try:
-            from cdc.snapshot._send import send_rendered as compiled
-        except ImportError:
-            pass
-        else:
-            return compiled
-    return send_rendered
-
-
-def implementation() -> str:
-    return "reference" if chosen() is send_rendered else "compiled"
+SEND_RENDERED: Final[Callable[[RenderedChunk], int]] = (
+    CHOSEN.compiled("snapshot_send", "send_rendered") or send_rendered
+)
+"""The chunk loop that runs: the compiled one (``cdc.snapshot._send``), or the reference (not built, or
+``CDC_PURE_PYTHON`` set)."""

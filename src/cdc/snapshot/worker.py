@@ -51,6 +51,7 @@ import structlog
 from psycopg import sql
 
 from cdc import log as logsetup
+from cdc.compiled import CHOSEN
 from cdc.decoder.rows import Decline
 from cdc.decoder.types import PARSE_ERRORS, ValueConversionError, parser_for
 from cdc.event import Op, TxBegin, TxCommit, change_event
@@ -69,9 +70,7 @@ from cdc.snapshot.copytext import CopyFormatError, RowParser, row_parser, unesca
 from cdc.snapshot.messages import ChunkDone, ChunkSkipped, ChunkTask, Failed, Ready, Report, Rows
 from cdc.snapshot.output import Output, OutputFactory, Serializer
 from cdc.snapshot.plan import LEAVES, SnapshotTable, chunk_select, session_setup
-from cdc.snapshot.send import RenderedChunk
-from cdc.snapshot.send import chosen as _chosen_send
-from cdc.snapshot.send import implementation as send_implementation
+from cdc.snapshot.send import SEND_RENDERED, RenderedChunk
 from cdc.snapshot.sqljson import JsonQuery, json_query
 
 _NOTHING_UNCHANGED: frozenset[str] = frozenset()
@@ -81,7 +80,6 @@ log = structlog.get_logger("cdc.snapshot.worker")
 __all__ = ["ChunkDone", "ChunkSkipped", "ChunkTask", "Failed", "Ready", "Rows", "WorkerSpec", "run_worker"]
 
 _PROGRESS_EVERY = 8192
-_send_rendered = _chosen_send()  # the rendered JSON chunk's loop: compiled, or its reference
 _DRAIN_TIMEOUT_S = 900.0
 
 
@@ -260,7 +258,7 @@ def _reader(table: SnapshotTable, output: Output, spec: WorkerSpec, server_json:
         server_json=query is not None,
         rendered=render is not None,
         codec=codec.IMPLEMENTATION,
-        loop=send_implementation() if record is not None else None,
+        loop=CHOSEN.implementation("snapshot_send") if record is not None else None,
     )
     return _Reader(table, parse, query, render, parts, record)
 
@@ -520,7 +518,7 @@ def _copy_chunk_rendered(
         delivery.begin(TxBegin(xid or 0, point, ts))
         with conn.cursor().copy(chunk_select(table, task.chunk)) as copy:
             get, read, end = line_calls(copy)
-            n = _send_rendered(
+            n = SEND_RENDERED(
                 RenderedChunk(
                     get=get,
                     read=read,

@@ -1,25 +1,24 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """The compiled envelopes of the JSON and Avro formats. JSON: a row change whose rows the decoder rendered, in; its Kafka
 records (topic, key bytes, value bytes: Debezium's envelope around the rows and the spliced source block,
-headers), out, in one call. Beside the reference (``EventSerializer.records`` of ``cdc.sink.json``), which
-it must match byte for byte (tests/unit/test_envelope_codec.py), and which it hands every other event:
+headers), out, in one call. Beside the reference (``EventSerializer.reference_records`` of ``cdc.sink.json``),
+which it must match byte for byte (tests/unit/test_envelope_codec.py), and which it hands every other event:
 typed rows, a key change, truncates, messages, a source block that cannot be spliced.
 
 ``AvroRecords`` does the same for the Avro format (``cdc.sink.avro``; tests/unit/test_avro_envelope_codec.py):
 the Confluent wire format around the envelope's Avro binary, its constant pieces (schema ids included) taken
-from the serializer's own plan, which alone registers schemas.
+from the serializer's own plan (``AvroTablePlan.envelope``, a ``cdc.sink.envelopes.AvroEnvelope``), which
+alone registers schemas.
 
-``JsonRecords(serializer, reference, ...)`` is called as ``records(event) -> list[Record]``; it reads from
-the serializer what it may change after it was made (``position_headers``) at each event, and takes the
-plan of a table (``_plan``) and the source block's pieces (``_source_cached``) from it once per table and
-transaction. ``cdc.render.codec`` chooses between this module and the reference.
+Both read the serializer through its public contracts only: ``plan(table)`` once per table, ``source_pieces(...)``
+(a ``cdc.sink.records.SourcePieces``) once per transaction and table, and ``position_headers`` at each event.
+``cdc.sink.envelopes`` builds them; ``cdc.compiled`` chooses between this module and the reference. The module
+imports nothing of the package: what it needs of the Python side is handed to its constructors.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
-
-from cdc.sink.errors import clock_beyond_avro_long
 
 # The envelope's constant text, between its parts (the template of cdc.sink.json._ENVELOPE_TEMPLATES).
 cdef bytes _BEFORE = b'{"before":'
@@ -68,7 +67,7 @@ cdef class _Records:
     table seen (``_source``; the format's ``_source_parts`` fetches them), and the position headers."""
 
     cdef object serializer
-    cdef object reference  # the serializer's own records (EventSerializer.records), for everything else
+    cdef object reference  # the serializer's reference_records, for everything else
     cdef object change_class  # ChangeEvent
     cdef object row_class  # RenderedRow
     cdef object record_class  # Record
@@ -189,7 +188,7 @@ cdef class JsonRecords(_Records):
         cdef object entry = self.plans.get(id(table))
         if entry is not None and (<tuple>entry)[0] is table:
             return <tuple>entry
-        plan = self.serializer._plan(table)
+        plan = self.serializer.plan(table)  # cdc.sink.json.JsonTablePlan
         if not plan.key_fields:
             return None  # the reference raises the error
         entry = (table, plan.topic, plan.key_prefix, plan.value_prefix)
@@ -199,10 +198,10 @@ cdef class JsonRecords(_Records):
         return <tuple>entry
 
     cdef bint _source_parts(self, table, commit_ts_us, commit_lsn, xid, bint snapshot) except -1:
-        parts = self.serializer._source_cached(table, commit_ts_us, commit_lsn, xid, snapshot)
-        if parts[1] is None:
+        pieces = self.serializer.source_pieces(table, commit_ts_us, commit_lsn, xid, snapshot)
+        if pieces is None:
             return False
-        self.s_head, self.s_middle, self.s_tail = parts[1], parts[2], parts[3]
+        self.s_head, self.s_middle, self.s_tail = pieces.head, pieces.middle, pieces.tail
         return True
 
     cdef bytes _value(self, tuple plan, before, after, bytes transaction, bytes op, const char* lsn_text,
@@ -335,18 +334,18 @@ cdef class AvroRecords(_Records):
     ``before``/``after`` unions (their branch bytes and the rows' binaries), the source block spliced around
     its two per-event fields (``sequence``, ``lsn``), the transaction union, ``op`` and the three clock
     fields. Each constant piece is taken from the serializer's own compiled field writers by
-    ``cdc.render.codec.avro_envelope_pieces`` (which checks them against the varints written here), so the
+    ``cdc.sink.envelopes.avro_envelope`` (which checks them against the varints written here), so the
     schemas, their ids and their registration stay the reference's.
     """
 
-    cdef object pieces  # codec.avro_envelope_pieces: plan -> the envelope's constant pieces, or None
+    cdef object clock_error  # clock_beyond_avro_long(ns): the reference's error for a clock past an Avro long
     cdef bytes seq_prefix, lsn_prefix  # the source's sequence and lsn fields before their values (union branch)
 
     def __init__(self, serializer, reference, change_class, row_class, record_class, ops, position_headers,
-                 header_names, clock, pieces, bytes seq_prefix, bytes lsn_prefix):
+                 header_names, clock, clock_error, bytes seq_prefix, bytes lsn_prefix):
         _Records.__init__(self, serializer, reference, change_class, row_class, record_class, ops, position_headers,
                           header_names, clock)
-        self.pieces = pieces
+        self.clock_error = clock_error
         self.seq_prefix = seq_prefix
         self.lsn_prefix = lsn_prefix
 
@@ -358,17 +357,22 @@ cdef class AvroRecords(_Records):
         cdef object entry = self.plans.get(id(table))
         if entry is not None and (<tuple>entry)[0] is table:
             return <tuple>(<tuple>entry)[1]
-        pieces = self.pieces(self.serializer._plan(table))
+        e = self.serializer.plan(table).envelope  # cdc.sink.envelopes.AvroEnvelope, or None
+        pieces = None if e is None else (
+            e.topic, e.key_prefix, e.value_prefix, e.before_null, e.before_branch, e.after_null, e.after_branch,
+            e.no_transaction, e.write_transaction, e.op_create, e.op_read, e.op_update, e.op_delete,
+            e.ts_ms_prefix, e.ts_us_prefix, e.ts_ns_prefix,
+        )
         if len(self.plans) >= _MAX_PLANS:
             self.plans.clear()
         self.plans[id(table)] = (table, pieces)
         return <tuple>pieces
 
     cdef bint _source_parts(self, table, commit_ts_us, commit_lsn, xid, bint snapshot) except -1:
-        if self.serializer._source_fields is None:
+        pieces = self.serializer.source_pieces(table, commit_ts_us, commit_lsn, xid, snapshot)
+        if pieces is None:
             return False
-        parts = self.serializer._source_cached(table, commit_ts_us, commit_lsn, xid, snapshot)
-        self.s_head, self.s_middle, self.s_tail = parts[1], parts[3], parts[5]
+        self.s_head, self.s_middle, self.s_tail = pieces.head, pieces.middle, pieces.tail
         return True
 
     cdef bytes _value(self, tuple plan, before, after, bytes transaction, bytes op, bint has_commit,
@@ -471,7 +475,7 @@ cdef class AvroRecords(_Records):
         cdef Py_ssize_t lsn_len = _digits(lsn_text, <uint64_t>lsn)
         clock = self.clock()
         if not -0x8000000000000000 <= clock <= 0x7FFFFFFFFFFFFFFF:
-            raise clock_beyond_avro_long(clock)  # the reference's error: ts_ns is an Avro long
+            raise self.clock_error(clock)  # the reference's error: ts_ns is an Avro long
         cdef int64_t now = clock
         headers = ()
         if self.serializer.position_headers:
