@@ -30,9 +30,9 @@ from cdc.catalog import (
     load_types,
 )
 from cdc.columns import ColumnPolicy
+from cdc.compiled import log_choice
 from cdc.config import Config, TableConfig
 from cdc.decoder.changes import ChangeDecoder
-from cdc.decoder.fast import compiled_fast_changes
 from cdc.decoder.spool import Spool
 from cdc.decoder.stream import ReplicationStream
 from cdc.decoder.types import BUILTIN_TYPES
@@ -60,12 +60,12 @@ from cdc.pipeline.toast import (
     toast_exposure,
     toast_mode,
 )
-from cdc.render.codec import TableRenderer, log_choice
+from cdc.render.codec import TableRenderer
 from cdc.render.rows import RowRendering
 from cdc.schema_history import topic_for as schema_history_topic
 from cdc.selection import Selection, entry_for
 from cdc.sink.avro import AvroSerializer, AvroSettings
-from cdc.sink.delivery import AtLeastOnce, DeadLetters, Delivery, compiled_sender
+from cdc.sink.delivery import AtLeastOnce, DeadLetters, Delivery
 from cdc.sink.exactly_once import ExactlyOnce, read_position
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import TopicSpec, admin_client, check_reachable, ensure_topics, producer_config
@@ -217,12 +217,7 @@ def wire(
         renderer=TableRenderer(rendering_of(cfg, serializer, chain)),
         announce_relations=True,  # the schema history stage publishes the types they announce
     )
-    # which row codec renders the rows, the decoder's fast path and the delivery's sender: compiled, or the reference
-    log_choice(
-        log,
-        decoder="compiled" if compiled_fast_changes() is not None else "reference",
-        delivery="compiled" if compiled_sender() is not None else "reference",
-    )
+    log_choice(log)  # what cdc.compiled chose for each compiled extension: compiled, or the reference
 
     def transport() -> ReplicationStream:
         return ReplicationStream(
