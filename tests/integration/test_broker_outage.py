@@ -16,6 +16,7 @@ import structlog
 
 from cdc.dev import kafka as dev_kafka
 from tests.support.connector import Connector, write_config
+from tests.support.db import scalar
 from tests.support.services import reader_of
 
 pytestmark = pytest.mark.integration
@@ -110,13 +111,15 @@ def _outage(
             dev_kafka.up(broker_dir, log)
 
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
-        end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+        end = scalar(conn.execute("SELECT pg_current_wal_lsn()::text"))
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            ok = conn.execute(
-                "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
-                (end, slot_name),
-            ).fetchone()[0]
+            ok = scalar(
+                conn.execute(
+                    "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                    (end, slot_name),
+                )
+            )
             if ok:
                 break
             assert daemon.proc.poll() is None, f"the daemon exited catching up:\n{daemon.output()}"
@@ -125,7 +128,7 @@ def _outage(
             raise AssertionError(
                 f"the slot did not confirm {end} within 120 s of the broker's return:\n{daemon.output()}"
             )
-        count = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+        count = scalar(conn.execute("SELECT count(*) FROM events"))
     assert daemon.stop() == 0, daemon.output()
 
     messages = consume_all([f"{topic_prefix}.public.events"], timeout=120.0)

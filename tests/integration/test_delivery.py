@@ -21,6 +21,7 @@ import pytest
 
 from cdc.sink.position import record_position
 from tests.support.connector import Connector, wait_confirmed, write_config
+from tests.support.db import scalar
 
 pytestmark = pytest.mark.integration
 
@@ -131,7 +132,7 @@ def test_sigkill_at_random_moments_of_a_workload(
     try:
         final.wait_streaming(pg_dsn, slot_name)
         with psycopg.connect(pg_dsn, autocommit=True) as conn:
-            end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+            end = scalar(conn.execute("SELECT pg_current_wal_lsn()::text"))
             wait_confirmed(pg_dsn, slot_name, end)
             rows = {r[0]: r[1] for r in conn.execute("SELECT id, version FROM items").fetchall()}
     finally:
@@ -218,7 +219,7 @@ def test_exactly_once_splits_a_source_transaction_over_the_kafka_timeout_and_res
         conn.execute("INSERT INTO items VALUES (0, 1, 'small')")
         conn.execute("INSERT INTO items SELECT i, 1, repeat('x', 100) FROM generate_series(1, %s) i", (BIG_ROWS,))
         conn.execute("UPDATE items SET version = 2 WHERE id = 0")
-        end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+        end = scalar(conn.execute("SELECT pg_current_wal_lsn()::text"))
     rng = random.Random(29)
     first.stop(signal.SIGKILL)
     splits = 0
@@ -292,7 +293,7 @@ def test_exactly_once_refuses_to_resume_inside_a_split_transaction_after_a_confi
     first.wait_streaming(pg_dsn, slot_name)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO items SELECT i, 1, 'x' FROM generate_series(1, %s) i", (rows,))
-        end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]
+        end = scalar(conn.execute("SELECT pg_current_wal_lsn()::text"))
     deadline = time.monotonic() + 60
     while not any(e.get("event") == "kafka_transaction_split" for e in first.log_events()):
         assert time.monotonic() < deadline and first.proc is not None and first.proc.poll() is None, first.output()

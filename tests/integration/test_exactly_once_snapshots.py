@@ -26,6 +26,7 @@ import pytest
 
 from cdc.snapshot.state import KafkaStore
 from tests.support.connector import Connector, write_config
+from tests.support.db import scalar
 from tests.support.snapshots import freeze_when
 
 pytestmark = pytest.mark.integration
@@ -93,11 +94,13 @@ def _finish(cfg: Path, tmp_path: Path, dsn: str, slot: str, store: KafkaStore) -
         assert time.monotonic() < deadline, f"the snapshot did not finish: {initial} {jobs}\n{final.output()[-4000:]}"
         time.sleep(0.5)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
+        end = scalar(conn.execute("SELECT pg_current_wal_lsn()::text"))
         deadline = time.monotonic() + 90
-        while not conn.execute(
-            "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s", (end, slot)
-        ).fetchone()[0]:  # type: ignore[index]
+        while not scalar(
+            conn.execute(
+                "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s", (end, slot)
+            )
+        ):
             assert time.monotonic() < deadline, f"the slot did not confirm {end}"
             time.sleep(0.2)
     assert final.stop() == 0, final.output()[-4000:]
@@ -283,13 +286,11 @@ def test_snapshot_workers_killed_mid_copy_leave_no_duplicate_and_no_open_transac
     pid = daemon.proc.pid
     try:
         for at_least in (4, 12):
-            freeze_when(
-                pid,
-                store.load,
-                lambda s, n=at_least: sum(k.startswith("chunk/") for k in s) >= n,
-                120,
-                f"{at_least} chunks copied",
-            )
+
+            def copied(s: dict[str, dict[str, Any]], n: int = at_least) -> bool:
+                return sum(k.startswith("chunk/") for k in s) >= n
+
+            freeze_when(pid, store.load, copied, 120, f"{at_least} chunks copied")
             workers = _workers_of(pid)
             assert len(workers) >= 2, workers
             os.kill(workers[0], signal.SIGKILL)

@@ -20,6 +20,7 @@ import structlog
 
 from cdc.dev import postgres as dev_postgres
 from tests.support.connector import Connector, write_config
+from tests.support.db import scalar
 from tests.support.pg18 import pg_version
 from tests.support.snapshots import assert_topic_equals_table
 
@@ -169,7 +170,7 @@ def test_the_daemon_resumes_on_the_promoted_standby_with_its_own_slot(
         writer.join(10)
         topic = f"{topic_prefix}.public.items"
         with psycopg.connect(dsn, autocommit=True) as conn:
-            last = conn.execute("SELECT max(id) FROM items").fetchone()[0]
+            last = scalar(conn.execute("SELECT max(id) FROM items"))
         deadline = time.monotonic() + 90
         first_seen: float | None = None
         while True:

@@ -7,7 +7,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 import pytest
@@ -15,6 +15,7 @@ import pytest
 from cdc.outbox import publish
 from cdc.sink.registry import RegistryClient
 from tests.support.connector import Connector, write_config
+from tests.support.db import scalar
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +73,7 @@ def read_until(consume_all: Any, topics: list[str], n: int, timeout: float = 60)
 def wait_confirmed(dsn: str, slot: str, timeout: float = 60) -> None:
     """Until the slot confirmed everything written so far: every event before now is in Kafka."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        target = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
+        target = scalar(conn.execute("SELECT pg_current_wal_lsn()"))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             row = conn.execute(
@@ -87,7 +88,8 @@ def wait_confirmed(dsn: str, slot: str, timeout: float = 60) -> None:
 def metrics(c: Connector) -> str:
     port = next(e["port"] for e in c.log_events() if e.get("event") == "http_listening")
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        return resp.read().decode()
+        body: bytes = resp.read()
+        return body.decode()
 
 
 def _report_missing_counters(consume_all: Any, topic: str, c: Connector, dsn: str) -> None:
@@ -97,7 +99,7 @@ def _report_missing_counters(consume_all: Any, topic: str, c: Connector, dsn: st
     for m in consume_all([topic], timeout=20.0):
         seen.setdefault(m.key().decode(), set()).add(json.loads(m.value())["n"])
     with psycopg.connect(dsn, autocommit=True) as conn:
-        final = dict(conn.execute("SELECT aggregate, n FROM counters").fetchall())
+        final: dict[str, int] = dict(conn.execute("SELECT aggregate, n FROM counters").fetchall())
     missing = {a: sorted(set(range(1, n + 1)) - seen.get(a, set())) for a, n in final.items()}
     noisy = [e for e in c.log_events() if e.get("level") in ("warning", "error", "critical")]
     print("missing (aggregate: versions):", {a: v for a, v in missing.items() if v})
@@ -152,11 +154,11 @@ def test_both_routes_atomic_with_the_transaction_in_commit_order_per_aggregate(
                 with psycopg.connect(dsn, autocommit=True) as conn:
                     for i in range(30):
                         a = aggregates[(w + i) % len(aggregates)]
-                        via = "message" if i % 3 == 0 else "table"
+                        via: Literal["table", "message"] = "message" if i % 3 == 0 else "table"
                         with conn.transaction():
-                            n = conn.execute(
-                                "UPDATE counters SET n = n + 1 WHERE aggregate = %s RETURNING n", (a,)
-                            ).fetchone()[0]  # type: ignore[index]
+                            n = scalar(
+                                conn.execute("UPDATE counters SET n = n + 1 WHERE aggregate = %s RETURNING n", (a,))
+                            )
                             publish(conn, "counter", a, "Bumped", {"n": n, "writer": w}, via=via, prefix=PREFIX)
             except BaseException as e:
                 errors.append(e)
@@ -321,7 +323,7 @@ def test_a_malformed_event_with_on_error_fail_stops_the_pipeline_naming_it(
     try:
         c.wait_streaming(dsn, slot_name)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            before = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]  # type: ignore[index]
+            before = scalar(conn.execute("SELECT pg_current_wal_lsn()"))
             if route == "table":
                 conn.execute(
                     "INSERT INTO outbox VALUES (gen_random_uuid(), 'order', '', 'T', '{}')"

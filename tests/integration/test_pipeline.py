@@ -13,6 +13,7 @@ import pytest
 
 from cdc.sink.position import RecordPosition, record_position
 from tests.support.connector import Connector, write_config
+from tests.support.db import scalar
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +53,7 @@ def replay(messages: list[Any]) -> dict[bytes, Any]:
 def wait_for(consume_all: Any, topics: list[str], predicate: Any, timeout: float = 60.0) -> list[Any]:
     deadline = time.monotonic() + timeout
     while True:
-        msgs = consume_all(topics, timeout=10.0)
+        msgs: list[Any] = consume_all(topics, timeout=10.0)
         if predicate(msgs) or time.monotonic() > deadline:
             return msgs
         time.sleep(0.3)
@@ -89,6 +90,7 @@ def test_insert_update_delete_become_envelopes_keyed_by_primary_key_with_a_tombs
     values = [json.loads(m.value()) if m.value() is not None else None for m in msgs]
     assert [v["op"] if v else None for v in values] == ["c", "u", "d", None]
     create, update, delete, tombstone = values
+    assert create is not None and update is not None and delete is not None
     assert create["before"] is None
     assert create["after"]["name"] == "Ada" and create["after"]["email"] == "ada@example.org"
     assert update["after"]["name"] == "Ada L."
@@ -176,13 +178,15 @@ def test_sigterm_stops_cleanly_and_confirms_the_last_commit(
     with psycopg.connect(shop, autocommit=True) as conn:
         for i in range(200):
             conn.execute("INSERT INTO orders VALUES (%s, 1, 'x')", (i,))
-        after_last = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+        after_last = scalar(conn.execute("SELECT pg_current_wal_lsn()"))
         wait_for(consume_all, [f"{topic_prefix}.public.orders"], lambda m: len(m) >= 200)
         assert c.stop(signal.SIGTERM, timeout=30) == 0
-        confirmed = conn.execute(
-            "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
-            (after_last, slot_name),
-        ).fetchone()[0]
+        confirmed = scalar(
+            conn.execute(
+                "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                (after_last, slot_name),
+            )
+        )
     assert confirmed, c.output()
     assert any(e.get("event") == "stopped" for e in c.log_events())
 

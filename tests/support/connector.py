@@ -14,6 +14,8 @@ from typing import Any
 import psycopg
 import yaml
 
+from tests.support.db import scalar
+
 
 def write_config(path: Path, **sections: Any) -> Path:
     """A configuration file; the HTTP endpoint listens on a free port unless the test says otherwise."""
@@ -141,7 +143,7 @@ def wait_confirmed(dsn: str, slot: str, target: str | None = None, timeout: floa
     deadline = time.monotonic() + timeout
     with psycopg.connect(dsn, autocommit=True) as conn:
         if target is None:
-            target = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()[0]  # type: ignore[index]
+            target = scalar(conn.execute("SELECT pg_current_wal_lsn()::text"))
         while time.monotonic() < deadline:
             row = conn.execute(
                 "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
