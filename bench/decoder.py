@@ -41,11 +41,11 @@ from cdc.catalog import describe_tables
 from cdc.config import TableConfig
 from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.rows import RowRenderer
-from cdc.decoder.stream import ReplicationStream, protocol_for
 from cdc.dev import postgres
 from cdc.event import ChangeEvent, TxCommit
 from cdc.lsn import Lsn
 from cdc.process import tune_gc
+from cdc.replication import ReplicationStream, protocol_for
 
 DB = "cdc_bench_decoder"
 TABLE = "public.bench_rows"

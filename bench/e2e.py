@@ -59,10 +59,10 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from cdc import dev
-from cdc.decoder.stream import protocol_for
 from cdc.event import TxBegin, TxCommit
 from cdc.lsn import Lsn
 from cdc.render.codec import TableRenderer
+from cdc.replication import protocol_for
 from cdc.sink.delivery import AtLeastOnce
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config

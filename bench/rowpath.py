@@ -58,8 +58,8 @@ def capture(rows: int, path: Path) -> None:
     import structlog
 
     from cdc import dev
-    from cdc.decoder.stream import ReplicationStream, protocol_for
     from cdc.lsn import Lsn
+    from cdc.replication import ReplicationStream, protocol_for
     from decoder import PUBLICATION, create_slots, setup_database, write_rows  # bench/decoder.py
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))

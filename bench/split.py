@@ -39,11 +39,11 @@ from cdc import dev
 from cdc.catalog import describe_tables
 from cdc.config import TableConfig
 from cdc.decoder.changes import ChangeDecoder
-from cdc.decoder.stream import ReplicationStream, protocol_for
 from cdc.event import ChangeEvent, TxBegin, TxCommit
 from cdc.lsn import Lsn
 from cdc.process import tune_gc
 from cdc.render.codec import TableRenderer
+from cdc.replication import ReplicationStream, protocol_for
 from cdc.sink.delivery import AtLeastOnce
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config

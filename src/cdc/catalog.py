@@ -15,10 +15,10 @@ import structlog
 from psycopg import sql
 
 from cdc.config import Config, TableConfig
-from cdc.decoder.stream import failover_refusal
 from cdc.event import PgType, TypeKind
 from cdc.event import TableInfo as TableInfo  # re-exported: the catalog builds it (describe_tables)
 from cdc.outbox.config import OutboxTable
+from cdc.replication import failover_refusal
 from cdc.selection import Selection, SelectionError, select_tables
 
 log = structlog.get_logger(__name__)

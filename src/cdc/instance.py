@@ -15,7 +15,7 @@ import psycopg
 import structlog
 
 from cdc.catalog import StartupError
-from cdc.decoder.stream import ConnectionLost
+from cdc.replication import ConnectionLost
 
 log = structlog.get_logger(__name__)
 

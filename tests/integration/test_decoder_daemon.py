@@ -17,9 +17,9 @@ import pytest
 import structlog
 from confluent_kafka import Consumer, TopicPartition
 
-from cdc.decoder.stream import ConnectionLost, ReplicationError, ReplicationStream, SlotGone
 from cdc.dev import postgres
 from cdc.lsn import Lsn
+from cdc.replication import ConnectionLost, ReplicationError, ReplicationStream, SlotGone
 from tests.support.connector import Connector, write_config
 
 pytestmark = pytest.mark.integration

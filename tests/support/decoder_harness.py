@@ -21,10 +21,10 @@ from cdc.catalog import TableInfo, apply_publication, column_type_oids, describe
 from cdc.config import TableConfig
 from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.spool import Spool
-from cdc.decoder.stream import ReplicationStream, protocol_for
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.event import ChangeEvent, Event, MessageEvent, PgType, TxBegin, TxCommit
 from cdc.lsn import Lsn
+from cdc.replication import ReplicationStream, protocol_for
 
 MARKER = "cdc.test.marker"
 

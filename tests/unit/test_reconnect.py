@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from cdc.decoder.stream import ConnectionLost
 from cdc.pipeline.reconnect import stream_with_retries
+from cdc.replication import ConnectionLost
 
 
 def test_a_stop_during_an_outage_ends_the_retries_at_once() -> None:

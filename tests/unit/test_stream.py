@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 from psycopg import pq
 
-from cdc.decoder.stream import (
+from cdc.replication import (
     ConnectionLost,
     ReplicationError,
     SlotBusy,

@@ -1,1 +1,1 @@
-"""From the replication connection to ChangeEvents: stream (transport), pgoutput (codec), changes (values)."""
+"""From replication payloads to ChangeEvents: pgoutput (codec), changes (values); the transport is cdc.replication."""

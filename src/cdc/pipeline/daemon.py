@@ -14,7 +14,6 @@ from cdc.config import Config, ConfigError, load_config
 from cdc.decoder import pgoutput
 from cdc.decoder.errors import ChangeError
 from cdc.decoder.spool import SpoolError
-from cdc.decoder.stream import ReplicationError
 from cdc.failover import FailoverWatch
 from cdc.instance import InstanceLock
 from cdc.observe import HttpEndpoint, SlotReading, Stats
@@ -24,6 +23,7 @@ from cdc.pipeline.reconnect import stream_with_retries
 from cdc.pipeline.reload import Reloader
 from cdc.pipeline.wiring import Components, wire
 from cdc.process import tune_gc
+from cdc.replication import ReplicationError
 from cdc.sink.errors import SerializationError
 from cdc.sink.kafka import SinkError
 from cdc.sink.registry import RegistryError

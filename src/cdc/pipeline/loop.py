@@ -25,11 +25,11 @@ import psycopg
 import structlog
 
 from cdc.config import Config
-from cdc.decoder.stream import ConnectionLost, ReplicationStream, protocol_for
 from cdc.event import ChangeEvent, Event, TxBegin, TxCommit
 from cdc.instance import InstanceLock
 from cdc.observe import Stats
 from cdc.pipeline.wiring import Components
+from cdc.replication import ConnectionLost, ReplicationStream, protocol_for
 from cdc.sink.delivery import RetryableSinkError
 from cdc.sink.kafka import DeliveryFailed
 from cdc.sink.metadata import Heartbeat

@@ -9,7 +9,7 @@ from typing import Final
 import structlog
 import tenacity
 
-from cdc.decoder.stream import ConnectionLost, SlotBusy
+from cdc.replication import ConnectionLost, SlotBusy
 from cdc.sink.delivery import RetryableSinkError
 
 log = structlog.get_logger("cdc.pipeline")

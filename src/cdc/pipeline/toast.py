@@ -48,10 +48,10 @@ import structlog
 from psycopg import sql
 
 from cdc.config import Config
-from cdc.decoder.stream import ConnectionLost
 from cdc.decoder.types import ValueConversionError, converter_for
 from cdc.event import ChangeEvent, Column, Event, TableSchema, TypeKind
 from cdc.lsn import Lsn
+from cdc.replication import ConnectionLost
 from cdc.selection import entry_for
 from cdc.values import Infinity
 

@@ -34,7 +34,6 @@ from cdc.compiled import log_choice
 from cdc.config import Config, TableConfig
 from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.spool import Spool
-from cdc.decoder.stream import ReplicationStream
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.event import ChangeEvent, TableSchema
 from cdc.instance import InstanceLock
@@ -62,6 +61,7 @@ from cdc.pipeline.toast import (
 )
 from cdc.render.codec import TableRenderer
 from cdc.render.rows import RowRendering
+from cdc.replication import ReplicationStream
 from cdc.schema_history import topic_for as schema_history_topic
 from cdc.selection import Selection, entry_for
 from cdc.sink.avro import AvroSerializer, AvroSettings

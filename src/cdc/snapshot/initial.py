@@ -47,9 +47,9 @@ import psycopg
 import structlog
 
 from cdc.catalog import TableInfo
-from cdc.decoder.stream import ReplicationStream
 from cdc.event import PgType, TableSchema, TruncateEvent, TxBegin, TxCommit
 from cdc.lsn import Lsn
+from cdc.replication import ReplicationStream
 from cdc.sink.kafka import SinkError
 from cdc.snapshot.config import SnapshotConfig
 from cdc.snapshot.errors import SnapshotError, SnapshotImportError, SnapshotInterrupted

@@ -26,9 +26,9 @@ import psycopg
 import structlog
 
 from cdc.catalog import TableInfo
-from cdc.decoder.stream import ReplicationStream
 from cdc.event import ChangeEvent, Event, PgType, TableSchema
 from cdc.lsn import Lsn
+from cdc.replication import ReplicationStream
 from cdc.sink.record import Record
 from cdc.snapshot.config import SnapshotConfig, SnapshotMode
 from cdc.snapshot.errors import SnapshotError, SnapshotRefused
