@@ -905,9 +905,9 @@ def test_an_unchanged_toast_value_without_an_avro_placeholder_asks_for_replica_i
 
 def test_settings_reject_unknown_fields_and_values() -> None:
     with pytest.raises(pydantic.ValidationError):
-        AvroSettings(topic_prefix="p", database="d", schemas_enable=True)  # type: ignore[call-arg]
+        AvroSettings(topic_prefix="p", database="d", schemas_enable=True)  # type: ignore[call-arg]  # refusal under test
     with pytest.raises(pydantic.ValidationError):
-        AvroSettings(topic_prefix="p", database="d", decimal_handling="float")  # type: ignore[arg-type]
+        AvroSettings(topic_prefix="p", database="d", decimal_handling="float")  # type: ignore[arg-type]  # refusal under test
     with pytest.raises(pydantic.ValidationError):
         AvroSettings(topic_prefix="", database="d")
 
@@ -924,4 +924,4 @@ def test_topics_are_the_json_serializers() -> None:
 def test_other_event_types_are_refused() -> None:
     s, _ = avro()
     with pytest.raises(TypeError):
-        s.records(object())  # type: ignore[arg-type]
+        s.records(object())  # type: ignore[arg-type]  # the refusal under test

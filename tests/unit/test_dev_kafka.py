@@ -20,7 +20,7 @@ def test_a_cluster_id_starting_with_a_dash_is_drawn_again(monkeypatch: pytest.Mo
     # 0xF8 encodes to '-' as the first URL-safe base64 character: kafka-storage would read it as an option
     # (CI failed once on exactly that: "argument --cluster-id/-t: expected one argument").
     drawn = _uuids(0xF8, 0xFB, 0x12)
-    monkeypatch.setattr(kafka.uuid, "uuid4", lambda: next(drawn))
+    monkeypatch.setattr(uuid, "uuid4", lambda: next(drawn))
 
     cluster_id = kafka._cluster_id()
 

@@ -5,12 +5,14 @@ rule or a panel names is one the daemon serves."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -54,12 +56,10 @@ PROMQL_WORDS = {
 }
 
 
-def _generate() -> object:
+def _generate() -> ModuleType:
     sys.path.insert(0, str(OBSERVABILITY))
     try:
-        import generate
-
-        return generate
+        return importlib.import_module("generate")
     finally:
         sys.path.remove(str(OBSERVABILITY))
 
@@ -112,7 +112,7 @@ def test_promtool_checks_the_rules(rules: Path, tmp_path: Path) -> None:
 
 
 def test_promtool_rule_tests_pass(tmp_path: Path) -> None:
-    tests = _generate().strip_annotations(tmp_path)  # type: ignore[attr-defined]
+    tests = _generate().strip_annotations(tmp_path)
     proc = subprocess.run(
         [str(binary("promtool")), "test", "rules", str(tests)], capture_output=True, text=True, timeout=120, check=False
     )
@@ -290,7 +290,9 @@ def test_dev_prometheus_scrapes_the_daemons_endpoint_with_the_rules_and_stops(tm
     try:
         url = prometheus.up(state, [f"127.0.0.1:{endpoint.port}"])
         assert prometheus.up(state, ["ignored:1"]) == url  # reused
-        pid = prometheus.status(state)["pid"]  # type: ignore[index]
+        status = prometheus.status(state)
+        assert status is not None
+        pid = status["pid"]
         deadline = time.monotonic() + 30
         result: list[Any] = []
         while not result and time.monotonic() < deadline:

@@ -14,7 +14,7 @@ import pytest
 from cdc.config import ConfigError, load_config
 from cdc.event import ChangeEvent, Column, MessageEvent, Op, PgType, TableSchema
 from cdc.lsn import Lsn
-from cdc.outbox.config import OutboxConfig, OutboxTable
+from cdc.outbox.config import OutboxConfig, OutboxExtra, OutboxTable
 from cdc.outbox.publish import MESSAGE_STATEMENT, PublishError, insert_statement, message_content, publish
 from cdc.outbox.route import Malformed, OutboxEvent, OutboxRouter, avro_event_schema
 from cdc.sink.avro import decode_wire
@@ -186,8 +186,8 @@ def test_extra_columns_go_to_headers_or_into_the_envelope():
             OutboxTable(
                 name="public.outbox",
                 extra=[
-                    {"column": "tenant", "placement": "header"},
-                    {"column": "trace", "placement": "envelope", "name": "traceId"},
+                    OutboxExtra(column="tenant", placement="header"),
+                    OutboxExtra(column="trace", placement="envelope", name="traceId"),
                 ],
             )
         ]
@@ -301,7 +301,7 @@ def test_avro_values_are_registered_records_with_the_payload_as_a_json_string():
             return 7
 
     registry = Registry()
-    r = OutboxRouter(OutboxConfig(tables=[{"name": "public.outbox"}]), "shop", registry=registry)
+    r = OutboxRouter(OutboxConfig(tables=[OutboxTable(name="public.outbox")]), "shop", registry=registry)
     ev = r.from_row(r.tables["public.outbox"], row_event())
     assert isinstance(ev, OutboxEvent)
     rec = r.record(ev)
@@ -355,6 +355,6 @@ def test_publish_refuses_an_autocommit_connection_outside_a_transaction():
         info = Info()
 
     with pytest.raises(PublishError, match="autocommit"):
-        publish(Conn(), "order", "1", "T", {})  # type: ignore[arg-type]
+        publish(Conn(), "order", "1", "T", {})  # type: ignore[arg-type]  # a stand-in: refused before any query
     with pytest.raises(PublishError, match="non-empty"):
-        publish(Conn(), "", "1", "T", {})  # type: ignore[arg-type]
+        publish(Conn(), "", "1", "T", {})  # type: ignore[arg-type]  # a stand-in: refused before any query

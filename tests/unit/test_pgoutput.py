@@ -409,7 +409,7 @@ def test_messages_are_frozen_and_slotted() -> None:
     assert isinstance(message, pg.Insert)
 
     with pytest.raises(dataclasses.FrozenInstanceError):
-        message.relation_id = 2  # type: ignore[misc]
+        message.relation_id = 2  # type: ignore[misc]  # the write to a frozen field under test
     assert not hasattr(message, "__dict__")
     assert not hasattr(pg.TupleData((), 0), "__dict__")
 

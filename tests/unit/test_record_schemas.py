@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
-from typing import Any
+from typing import Any, Literal
 
 import fastavro
 import fastavro.validation
@@ -254,7 +254,9 @@ def test_the_table_covers_every_type_the_decoder_converts() -> None:
 
 @pytest.mark.parametrize("decimal_handling", ["precise", "string", "double"])
 @pytest.mark.parametrize("nullable", [False, True], ids=["not-null-columns", "nullable-columns"])
-def test_every_json_record_is_valid_against_the_schema_it_carries(decimal_handling: str, nullable: bool) -> None:
+def test_every_json_record_is_valid_against_the_schema_it_carries(
+    decimal_handling: Literal["precise", "string", "double"], nullable: bool
+) -> None:
     s = JsonSerializer(
         JsonSettings(topic_prefix="dbserver1", database="db", schemas_enable=True, decimal_handling=decimal_handling),
         lambda topic: 2,

@@ -298,7 +298,7 @@ def test_settings() -> None:
         with pytest.raises(pydantic.ValidationError):
             RegistrySettings(url=bad)
     with pytest.raises(pydantic.ValidationError):
-        RegistrySettings(url="http://x", compatibility="NONE")  # type: ignore[call-arg]
+        RegistrySettings(url="http://x", compatibility="NONE")  # type: ignore[call-arg]  # the unknown field under test
 
 
 # --- over real HTTP (a server in this process) ------------------------------------------------------

@@ -4,6 +4,7 @@ announcements and the stage that publishes a version only where the column types
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -180,7 +181,9 @@ def test_a_relation_inside_a_transaction_is_announced_from_the_ordinal_of_the_ne
     # placed by LSN too (records written without cdc.ordinal): above the first change's, and the second's is
     # above it (the server sends the Relation message itself with LSN 0: only changes carry theirs)
     assert (announced[0].after_lsn, announced[1].after_lsn) == (0, changes[0].lsn) and changes[1].lsn > changes[0].lsn
-    assert events[-1] == TxCommit(900, Lsn(C1), Lsn(E1), events[-1].commit_ts_us, 2)  # announcements take no ordinal
+    last = events[-1]
+    assert isinstance(last, TxCommit)
+    assert last == TxCommit(900, Lsn(C1), Lsn(E1), last.commit_ts_us, 2)  # announcements take no ordinal
 
 
 def test_without_announce_relations_a_relation_only_updates_the_cache() -> None:
@@ -331,7 +334,8 @@ class Spy(Stage):
 def test_in_the_chain_an_announcement_stops_at_the_stage_and_rows_never_meet_it() -> None:
     stage, _, sent = stage_with()
     spy = Spy()
-    deliver = Deliver(SimpleNamespace(records=lambda e: []), sent, SimpleNamespace(events=Counter()))  # type: ignore[arg-type]
+    serializer, stats = SimpleNamespace(records=lambda e: []), SimpleNamespace(events=Counter())
+    deliver = Deliver(serializer, sent, stats)  # type: ignore[arg-type]  # stand-ins: the stage never reaches them
     chain = Chain([stage, spy], deliver)
 
     chain.other(RelationEvent(schema(), Lsn(C1), 1, 900))
@@ -343,7 +347,7 @@ def test_in_the_chain_an_announcement_stops_at_the_stage_and_rows_never_meet_it(
 def test_an_initial_snapshot_publishes_the_types_of_its_exported_snapshot_where_they_changed_since_start_up() -> None:
     # publish_catalog read numeric(12,2); an ALTER to (14,3) committed before the slot exported its
     # snapshot, so the snapshot's rows (at the consistent point, ordinals from 1) hold the new scale.
-    written: list[list[Record]] = []
+    written: list[Sequence[Record]] = []
     history = SchemaHistory(
         topic_for("shop"), History.of([SchemaVersion.of(schema(), BEGINNING)]), write_now=written.append
     )
@@ -355,4 +359,5 @@ def test_an_initial_snapshot_publishes_the_types_of_its_exported_snapshot_where_
     assert version == SchemaVersion.of(schema((14, 3)), (C1, 0), 0)  # for every row of its commit
     assert [(r.key, r.value) for r in written[0]] == [(version.key(), version.value())]
     assert history.history.in_force("public.orders", (C1, 1)) == version
-    assert history.history.in_force("public.orders", (C1 - 1, 7)).scales()["total"] == 2  # older records keep theirs
+    older = history.history.in_force("public.orders", (C1 - 1, 7))
+    assert older is not None and older.scales()["total"] == 2  # older records keep theirs

@@ -54,7 +54,7 @@ class FakeCopy:
 def test_buffered_lines_come_from_libpq_and_waits_and_the_end_from_psycopg() -> None:
     pgconn = FakePGconn([b"1\ta\n", b"2\tb\n", 0, b"4\td\n", 0], [])
     copy = FakeCopy(pgconn, [b"3\tc\n", b""])
-    got = [bytes(line) for line in lines(copy)]  # type: ignore[arg-type]
+    got = [bytes(line) for line in lines(copy)]  # type: ignore[arg-type]  # a stand-in for psycopg.Copy
     assert got == [b"1\ta\n", b"2\tb\n", b"3\tc\n", b"4\td\n"]
     assert copy.reads == [] and pgconn.script == []
 
@@ -62,14 +62,14 @@ def test_buffered_lines_come_from_libpq_and_waits_and_the_end_from_psycopg() -> 
 def test_the_end_libpq_reports_reads_the_result_and_finishes_the_copy() -> None:
     pgconn = FakePGconn([b"1\n", -1], [FakeResult(pq.ExecStatus.COMMAND_OK)])
     copy = FakeCopy(pgconn, [])
-    assert [bytes(line) for line in lines(copy)] == [b"1\n"]  # type: ignore[arg-type]
+    assert [bytes(line) for line in lines(copy)] == [b"1\n"]  # type: ignore[arg-type]  # a stand-in for psycopg.Copy
     assert copy._finished
 
 
 def test_two_results_at_the_end_are_an_error_as_in_psycopg() -> None:
     pgconn = FakePGconn([-1], [FakeResult(pq.ExecStatus.COMMAND_OK), FakeResult(pq.ExecStatus.TUPLES_OK)])
     with pytest.raises(psycopg.ProgrammingError):
-        list(lines(FakeCopy(pgconn, [])))  # type: ignore[arg-type]
+        list(lines(FakeCopy(pgconn, [])))  # type: ignore[arg-type]  # a stand-in for psycopg.Copy
 
 
 def test_a_copy_without_psycopgs_state_is_read_by_psycopg_alone() -> None:
@@ -80,4 +80,4 @@ def test_a_copy_without_psycopgs_state_is_read_by_psycopg_alone() -> None:
         def read(self) -> memoryview:
             return memoryview(self.reads.pop(0))
 
-    assert [bytes(line) for line in lines(Plain())] == [b"1\n", b"2\n"]  # type: ignore[arg-type]
+    assert [bytes(line) for line in lines(Plain())] == [b"1\n", b"2\n"]  # type: ignore[arg-type]  # a stand-in for psycopg.Copy

@@ -6,7 +6,7 @@ import io
 
 from cdc.snapshot.plan import Chunking, TablePlan
 from cdc.snapshot.progress import ProgressTracker
-from cdc.snapshot.state import InitialStatus, Job, JobRange, MemoryStore, SnapshotState
+from cdc.snapshot.state import InitialStatus, Job, JobRange, JobReason, MemoryStore, SnapshotState
 
 
 def test_a_new_initial_snapshot_forgets_the_previous_ones_records() -> None:
@@ -14,7 +14,7 @@ def test_a_new_initial_snapshot_forgets_the_previous_ones_records() -> None:
     state = SnapshotState(store)
     state.save_plan(TablePlan("public.t", 1, Chunking.KEY, (), 0, 1, 10))
     state.chunk_done("public.t", 0, 10)
-    state.save_job(Job("j", "public.t", 1, "signal", [JobRange(None, None)]))
+    state.save_job(Job("j", "public.t", 1, JobReason.SIGNAL, [JobRange(None, None)]))
     state.cover({"public.t": 1})
     state.begin_initial()
     reloaded = SnapshotState(store)
@@ -31,7 +31,7 @@ def test_plans_chunks_coverage_jobs_and_signals_read_back_after_a_restart() -> N
     state.save_plan(plan)
     state.chunk_done("public.t", 1, 4)
     state.cover({"public.t": 1})
-    job = Job("j", "public.t", 1, "resume_initial", [JobRange(("5",), None, last=("7",), resolved=True)])
+    job = Job("j", "public.t", 1, JobReason.RESUME_INITIAL, [JobRange(("5",), None, last=("7",), resolved=True)])
     state.save_job(job)
     state.handle_signal("sig", "rejected", "unknown table")
     state.set_initial(InitialStatus.COPYING, consistent_point="0/10")

@@ -74,6 +74,11 @@ def changes(events: list[Event]) -> list[ChangeEvent]:
     return [e for e in events if isinstance(e, ChangeEvent)]
 
 
+def body(event: ChangeEvent) -> Any:
+    assert event.after is not None, event
+    return event.after["body"]
+
+
 BIG = "x" * 9000
 
 
@@ -118,7 +123,7 @@ def test_events_leave_in_commit_order_and_the_commit_only_after_them() -> None:
     ]
     ordinals = [e.ordinal for e in out if isinstance(e, ChangeEvent | MessageEvent | TruncateEvent)]
     assert ordinals == sorted(ordinals)
-    assert changes(out)[1].after["body"] == BIG  # type: ignore[index]
+    assert body(changes(out)[1]) == BIG
 
 
 def test_a_row_gone_before_the_read_keeps_the_placeholder_and_is_counted() -> None:
@@ -141,7 +146,7 @@ def test_the_value_read_may_be_newer_than_the_event() -> None:
     transaction's own record follows with the same value, so the key's last record is exact."""
     table = Table({(1,): {"body": "changed later", "doc": "{}"}})
     out, _ = run(decoded(update(DOCS, tuple_data(b"1", b"5", UNCHANGED, b"{}"))), table)
-    assert changes(out)[0].after["body"] == "changed later"  # type: ignore[index]
+    assert body(changes(out)[0]) == "changed later"
 
 
 def test_a_full_batch_is_released_at_once_and_the_commit_waits_behind_its_rows() -> None:
@@ -153,10 +158,10 @@ def test_a_full_batch_is_released_at_once_and_the_commit_waits_behind_its_rows()
     out.append(events[0])  # the BEGIN, dispatched by the loop before anything was held
     for event in events[1:-1]:
         fill.take(event)
-    assert [e.after["body"] for e in changes(out)] == ["b0", "b1", "b2", "b3"]  # type: ignore[index]
+    assert [body(e) for e in changes(out)] == ["b0", "b1", "b2", "b3"]
     assert fill.holding and type(out[-1]) is not TxCommit  # the fifth row waits
     fill.take(events[-1])  # its commit: two held, a full batch
-    assert [e.after["body"] for e in changes(out)] == ["b0", "b1", "b2", "b3", "b4"]  # type: ignore[index]
+    assert [body(e) for e in changes(out)] == ["b0", "b1", "b2", "b3", "b4"]
     assert type(out[-1]) is TxCommit and not fill.holding
     assert [len(q[2]) for q in table.queries] == [2, 2, 1]
 
@@ -167,7 +172,7 @@ def test_a_backlog_of_small_transactions_is_filled_by_one_query_with_every_commi
     second = decoded(update(DOCS, tuple_data(b"2", b"6", UNCHANGED, b"{}")))
     out, counts = run([*first, *second], table)
     assert [type(e).__name__ for e in out] == ["TxBegin", "ChangeEvent", "TxCommit"] * 2
-    assert [e.after["body"] for e in changes(out)] == ["one", "two"]  # type: ignore[index]
+    assert [body(e) for e in changes(out)] == ["one", "two"]
     assert len(table.queries) == 1 and counts.queries["public.docs"] == 1
 
 
@@ -186,7 +191,7 @@ def test_under_full_identity_the_old_row_fills_and_no_query_is_made() -> None:
         identity=b"f",
     )
     out, _ = run(events, table)
-    assert changes(out)[0].after["body"] == BIG  # type: ignore[index]
+    assert body(changes(out)[0]) == BIG
     assert table.queries == []
 
 
