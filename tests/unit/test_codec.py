@@ -29,6 +29,7 @@ from cdc.decoder.pgoutput import UNCHANGED, Unchanged
 from cdc.decoder.rows import Decline, RowParser
 from cdc.decoder.types import BUILTIN_TYPES
 from cdc.event import ChangeEvent, PgType, TableInfo, TypeKind
+from cdc.lsn import Lsn
 from cdc.render import codec
 from cdc.render.codec import TableRenderer
 from cdc.render.rows import RenderedRow, RowRendering, render_parser
@@ -247,13 +248,13 @@ def run(
     ser = new_serializer()
     renderer = None if make is None else TableRenderer(ser.row_rendering, make_parser=make)
     decoder = ChangeDecoder({table.schema + "." + table.name: table}, OIDS, renderer=renderer)
-    decoder.feed(relation(name=table.name, identity=identity, columns=columns), 0x100)
-    decoder.feed(begin(), 0x101)
+    decoder.feed(relation(name=table.name, identity=identity, columns=columns), Lsn(0x100))
+    decoder.feed(begin(), Lsn(0x101))
     out: list[Any] = []
     rows: list[type] = []
     for i, payload in enumerate(payloads):
         try:
-            events = list(decoder.feed(payload, 0x200 + i))
+            events = list(decoder.feed(payload, Lsn(0x200 + i)))
             out.append([ser.records(e) for e in events if isinstance(e, ChangeEvent)])
             rows += [
                 type(r) for e in events if isinstance(e, ChangeEvent) for r in (e.before, e.after) if r is not None
@@ -461,7 +462,7 @@ def test_malformed_tuples_fail_or_decline_alike(data: st.DataObject) -> None:
     decoder = ChangeDecoder(
         {"public.m": table}, {}, renderer=TableRenderer(ser.row_rendering, make_parser=render_parser)
     )
-    decoder.feed(relation(name="m", columns=columns), 1)
+    decoder.feed(relation(name="m", columns=columns), Lsn(1))
     schema = decoder.table(16384)
     rendering = ser.row_rendering(schema)
     assert rendering is not None
@@ -548,11 +549,11 @@ def test_a_buffer_other_than_bytes_parses_as_bytes_do() -> None:
     decoder = ChangeDecoder(
         {"public.b": table}, {}, renderer=TableRenderer(ser.row_rendering, make_parser=render_parser)
     )
-    decoder.feed(relation(name="b", columns=((1, "id", 20, -1), (0, "c", 25, -1))), 1)
+    decoder.feed(relation(name="b", columns=((1, "id", 20, -1), (0, "c", 25, -1))), Lsn(1))
     rendering = ser.row_rendering(decoder.table(16384))
     assert rendering is not None
-    parsers = [int, bytes.decode]
+    parsers: list[Callable[[bytes], Any]] = [int, bytes.decode]
     data = b"I" + tuple_data(b"5", b"text")
     compiled = codec.compiled_parser(rendering, parsers, row_codec=_compiled.RowCodec)
     expected = render_parser(rendering, parsers)(data, 1)
-    assert compiled(data, 1) == compiled(memoryview(data), 1) == compiled(bytearray(data), 1) == expected
+    assert compiled(data, 1) == compiled(memoryview(data), 1) == compiled(bytearray(data), 1) == expected  # type: ignore[arg-type]  # other buffers are the point

@@ -25,6 +25,7 @@ from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.rows import Decline
 from cdc.decoder.types import parser_for
 from cdc.event import TableInfo, TableSchema
+from cdc.lsn import Lsn
 from cdc.render import codec
 from cdc.render.codec import TableRenderer
 from cdc.render.rows import RenderedRow, RowRendering, render_copy_parser, render_copy_record, render_parser
@@ -60,7 +61,7 @@ def schema_of(table: TableInfo, columns: Any, new_serializer: Callable[[], Any])
         OIDS,
         renderer=TableRenderer(ser.row_rendering, make_parser=render_parser),
     )
-    decoder.feed(relation(name=table.name, columns=columns), 1)
+    decoder.feed(relation(name=table.name, columns=columns), Lsn(1))
     return decoder.table(16384), ser
 
 
@@ -119,7 +120,7 @@ def check(table: TableInfo, columns: Any, rows: list[tuple[bytes | None, ...]]) 
             line = copy_line(*texts)
             got = outcome(compiled, line)
             assert got == outcome(reference, line), (label, line)
-            assert got == outcome(compiled, line[:-1]) == outcome(compiled, memoryview(line)), (label, line)
+            assert got == outcome(compiled, line[:-1]) == outcome(compiled, memoryview(line)), (label, line)  # type: ignore[arg-type]  # COPY hands memoryviews
             assert got == from_tuple(rendering, parsers, texts), (label, line)
             record = record_outcome(compiled_record, memoryview(line))
             assert record == record_outcome(reference_record, line) == as_record(got), (label, line)
