@@ -81,7 +81,7 @@ def play(compiled: bool, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     # each side handed here, whatever CDC_PURE_PYTHON says: the comparison runs in both of the suite's modes
     d = AtLeastOnce({}, max_record_bytes=100, sender=Sender if compiled else None)
     assert (d._sender is not None) == compiled
-    producer: Producer = d._producer  # type: ignore[assignment]
+    producer: Producer = d._producer  # type: ignore[assignment]  # the fake patched in above
     seen: list[Any] = []
 
     def state(label: str) -> None:

@@ -1077,9 +1077,9 @@ def test_unconstrained_numeric_keys_are_injective_on_values(a: Decimal, b: Decim
 
 def test_settings_reject_unknown_fields_and_values() -> None:
     with pytest.raises(pydantic.ValidationError):
-        JsonSettings(topic_prefix="p", database="d", bogus=1)  # type: ignore[call-arg]
+        JsonSettings(topic_prefix="p", database="d", bogus=1)  # type: ignore[call-arg]  # refusal under test
     with pytest.raises(pydantic.ValidationError):
-        JsonSettings(topic_prefix="p", database="d", decimal_handling="float")  # type: ignore[arg-type]
+        JsonSettings(topic_prefix="p", database="d", decimal_handling="float")  # type: ignore[arg-type]  # refusal under test
     with pytest.raises(pydantic.ValidationError):
         JsonSettings(topic_prefix="", database="d")
     settings = JsonSettings(topic_prefix="p", database="d")
@@ -1090,4 +1090,4 @@ def test_settings_reject_unknown_fields_and_values() -> None:
 def test_other_event_types_are_refused() -> None:
     s, _ = serializer()
     with pytest.raises(TypeError):
-        s.records(object())  # type: ignore[arg-type]
+        s.records(object())  # type: ignore[arg-type]  # the refusal under test

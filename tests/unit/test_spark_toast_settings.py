@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -40,7 +41,7 @@ def test_only_varlena_columns_outside_the_key_can_hold_a_placeholder() -> None:
     assert ColumnShape("b", Kind.BYTES, "bytea", toastable=True) == ColumnShape("b", Kind.BYTES, "bytea")
 
 
-def _args(*extra: str) -> object:
+def _args(*extra: str) -> argparse.Namespace:
     return cli.build_parser().parse_args(
         [
             "rebuild",
@@ -60,8 +61,8 @@ def _args(*extra: str) -> object:
 
 
 def test_the_placeholder_is_debeziums_unless_the_option_or_the_configuration_says_otherwise(tmp_path: Path) -> None:
-    assert cli._encoding(cli._settings(_args())).unavailable_value == DEBEZIUM  # type: ignore[arg-type]
-    chosen = cli._settings(_args("--unavailable-value-placeholder", "<gone>"))  # type: ignore[arg-type]
+    assert cli._encoding(cli._settings(_args())).unavailable_value == DEBEZIUM
+    chosen = cli._settings(_args("--unavailable-value-placeholder", "<gone>"))
     assert cli._encoding(chosen) == Encoding(unavailable_value="<gone>")
 
     if "toast" not in Config.model_fields:
@@ -78,9 +79,9 @@ def test_the_placeholder_is_debeziums_unless_the_option_or_the_configuration_say
             }
         )
     )
-    from_config = cli._settings(_args("--config", str(config)))  # type: ignore[arg-type]
+    from_config = cli._settings(_args("--config", str(config)))
     assert cli._encoding(from_config).unavailable_value == "<toasted>"
-    both = cli._settings(_args("--config", str(config), "--unavailable-value-placeholder", "<gone>"))  # type: ignore[arg-type]
+    both = cli._settings(_args("--config", str(config), "--unavailable-value-placeholder", "<gone>"))
     assert cli._encoding(both).unavailable_value == "<gone>"
 
 

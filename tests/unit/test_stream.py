@@ -79,7 +79,7 @@ class FakeConn:
 
 
 def ended(conn: FakeConn, result: FakeResult | None) -> ReplicationError:
-    return _copy_ended(conn, result)  # type: ignore[arg-type]
+    return _copy_ended(conn, result)  # type: ignore[arg-type]  # stand-ins for libpq's connection and result
 
 
 def test_a_server_shutting_down_ends_the_copy_cleanly_and_that_means_reconnect() -> None:
