@@ -1,5 +1,5 @@
 """The decoder's compiled fast path (cdc.decoder._changes) against its Python reference
-(ChangeDecoder._fast_change, _change and change_event): the same payloads fed to a decoder on each must give
+(cdc.decoder.fast.FastChangesReference): the same payloads fed to a decoder on each must give
 the same events, field by field (rendered rows by their bytes and key), the same transaction state after
 each, and the same errors. Rows rendered for JSON and typed, every op and replica identity, NULLs, unchanged
 TOAST, key changes, short and malformed messages; hypothesis for the rest."""
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from cdc.decoder import changes as changes_module
-from cdc.decoder.changes import ChangeDecoder, compiled_fast_changes
+from cdc.decoder.changes import CHOSEN_FAST_CHANGES, ChangeDecoder
+from cdc.decoder.fast import FastChangesReference
 from cdc.event import ChangeEvent
 from cdc.lsn import Lsn
 from cdc.render.codec import TableRenderer
@@ -26,7 +26,7 @@ from tests.unit.test_envelope_codec import TABLES, transactions, workload
 try:
     from cdc.decoder._changes import FastChanges
 except ImportError as exc:  # pragma: no cover - a build without the compiled modules
-    if compiled_fast_changes() is not None or not os.environ.get("CDC_PURE_PYTHON"):
+    if CHOSEN_FAST_CHANGES is not None or not os.environ.get("CDC_PURE_PYTHON"):
         raise ImportError(f"the compiled decoder fast path is not built ({exc}): pip install -e . builds it") from exc
     pytest.skip("cdc.decoder._changes is not built and CDC_PURE_PYTHON is set", allow_module_level=True)
 
@@ -37,10 +37,9 @@ def new_decoder(compiled: bool, rendered: bool) -> ChangeDecoder:
         ser = JsonSerializer(JsonSettings(topic_prefix="p", database="db"), lambda topic: 2)
         renderer = TableRenderer(ser.row_rendering)
     tables = {f"{info.schema}.{info.name}": info for info, _, _ in TABLES.values()}
-    with pytest.MonkeyPatch.context() as m:  # each side chosen here, whatever CDC_PURE_PYTHON says
-        m.setattr(changes_module, "compiled_fast_changes", lambda: FastChanges if compiled else None)
-        decoder = ChangeDecoder(tables, {}, renderer=renderer)
-    assert (type(decoder._fast_change).__name__ == "FastChanges") == compiled
+    # each side chosen here, whatever CDC_PURE_PYTHON says
+    decoder = ChangeDecoder(tables, {}, renderer=renderer, fast_changes=FastChanges if compiled else None)
+    assert isinstance(decoder._fast_change, FastChanges if compiled else FastChangesReference)
     for rel, (info, columns, identity) in TABLES.items():
         decoder.feed(relation(rel, info.schema, info.name, identity, columns), Lsn(0x10))
     return decoder
@@ -65,7 +64,8 @@ def run(decoder: ChangeDecoder, payloads: Sequence[tuple[bytes, int]]) -> list[A
             events = [plain(e) for e in decoder.feed(payload, Lsn(lsn))]
         except Exception as exc:
             events = [(type(exc).__name__, str(exc))]
-        state = (decoder._ordinal, decoder._last_lsn, decoder._xid, decoder._commit_lsn)
+        tx = decoder._tx
+        state = (tx.ordinal, tx.last_lsn, tx.xid, tx.commit_lsn, tx.commit_ts)
         out.append((events, state))
     return out
 

@@ -1,17 +1,20 @@
-"""Type stub of the compiled fast path of the decoder (``_changes.pyx``); see ``cdc.decoder.changes``."""
+"""Type stub of the compiled fast path of the decoder (``_changes.pyx``); see ``cdc.decoder.fast``."""
 
 from collections.abc import Callable
-from typing import Any
+
+from cdc.decoder.state import DecodedRelation, TxState
+from cdc.event import AnyRow, ChangeEvent, Op
+from cdc.lsn import Lsn
 
 class FastChanges:
     def __init__(
         self,
-        decoder: Any,
-        reference: Callable[[int, bytes, int, Any], Any],
-        change_class: type[Any],
-        ops: tuple[Any, Any, Any],
-        key_of: Callable[[Any, Any], Any],
+        tx: TxState,
+        reference: Callable[[int, bytes, int, Lsn], ChangeEvent | None],
+        change_class: type[ChangeEvent],
+        ops: tuple[Op, Op, Op],
+        key_of: Callable[[AnyRow, DecodedRelation], AnyRow],
         declines: tuple[type[BaseException], ...],
         nothing_unchanged: frozenset[str],
     ) -> None: ...
-    def __call__(self, kind: int, buffer: bytes, at: int, lsn: Any) -> Any: ...
+    def __call__(self, kind: int, buffer: bytes, at: int, lsn: Lsn, /) -> ChangeEvent | None: ...

@@ -1,13 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The decoder's fast path compiled: an Insert, Update or Delete of a known relation, parsed by the relation's
-row parser and made into its ``ChangeEvent`` in one call, in place of ``ChangeDecoder._fast_change``,
-``_change`` and ``change_event`` (three Python frames and twelve descriptor calls a row). It must yield what
-they yield (tests/unit/test_decoder_fast_path.py compares the two over every op and shape) and declines
-(None) wherever they decline: the general path then decodes the message and names what is wrong with it.
+row parser and made into its ``ChangeEvent`` in one call, in place of ``cdc.decoder.fast.FastChangesReference``
+and ``change_event`` (two Python frames and twelve descriptor calls a row). It must yield what they yield
+(tests/unit/test_decoder_fast_path.py compares the two over every op and shape) and declines (None) wherever
+they decline: the general path then decodes the message and names what is wrong with it.
 
-``FastChanges(decoder, ...)`` is called as ``_fast_change(kind, buf, at, lsn)``; it reads the decoder's
-transaction state (``_relations``, which a streamed transaction swaps, ``_commit_lsn``, ``_xid``,
-``_commit_ts``) at each call and advances ``_ordinal`` and ``_last_lsn`` as ``_change`` does.
+Built by ``cdc.decoder.fast.build_fast_change`` (``FastChanges(tx, reference, ...)``: what it needs of the Python
+side is handed to it, it imports nothing of the package, see ``cdc.compiled``), and called as the reference is,
+``fast(kind, buf, at, lsn)``. It works on the public ``TxState`` (``cdc.decoder.state``) only: at each call it
+reads ``tx.relations`` (which a streamed transaction swaps), ``commit_lsn``, ``xid`` and ``commit_ts``, and
+advances ``ordinal`` and ``last_lsn``.
 """
 
 cdef extern from "Python.h":
@@ -28,20 +30,20 @@ cdef enum:
 
 
 cdef class FastChanges:
-    cdef object decoder
-    cdef object reference  # the decoder's own _fast_change, for a buffer that is not bytes
+    cdef object tx  # the decoder's TxState
+    cdef object reference  # cdc.decoder.fast.FastChangesReference over the same tx, for a buffer that is not bytes
     cdef object change_class  # ChangeEvent
     cdef object new  # object.__new__
     cdef object op_create, op_update, op_delete
-    cdef object key_of  # cdc.decoder.changes._key_of
-    cdef tuple declines  # _FAST_PATH_DECLINES
+    cdef object key_of  # cdc.decoder.fast.key_of
+    cdef tuple declines  # cdc.decoder.fast.FAST_PATH_DECLINES
     cdef object nothing_unchanged
     cdef tuple descriptors  # ChangeEvent's slots, in field order (their tp_descr_set fills them)
     cdef PyObject* descriptor[_FIELDS]  # borrowed from descriptors
     cdef descrsetfunc setters[_FIELDS]
 
-    def __init__(self, decoder, reference, change_class, ops, key_of, tuple declines, nothing_unchanged):
-        self.decoder = decoder
+    def __init__(self, tx, reference, change_class, ops, key_of, tuple declines, nothing_unchanged):
+        self.tx = tx
         self.reference = reference
         self.change_class = change_class
         self.new = object.__new__
@@ -64,7 +66,7 @@ cdef class FastChanges:
         return self.setters[i](self.descriptor[i], <PyObject*>event, <PyObject*>value)
 
     def __call__(self, int kind, object buffer, Py_ssize_t at, lsn):
-        """``ChangeDecoder._fast_change(kind, buf, at, lsn)``: the event, or None to let the general path decode."""
+        """The event of the change at ``buffer[at:]``, or None to let the general path decode it."""
         if type(buffer) is not bytes:
             return self.reference(kind, buffer, at, lsn)
         cdef bytes buf = <bytes>buffer
@@ -73,8 +75,8 @@ cdef class FastChanges:
             return None
         cdef const unsigned char* p = buf
         cdef unsigned int relation_id = (p[at] << 24) | (p[at + 1] << 16) | (p[at + 2] << 8) | p[at + 3]
-        decoder = self.decoder
-        rel = decoder._relations.get(relation_id)
+        tx = self.tx
+        rel = tx.relations.get(relation_id)
         if rel is None:
             return None
         parse = rel.parse
@@ -121,19 +123,19 @@ cdef class FastChanges:
             if isinstance(exc, self.declines):
                 return None
             raise
-        ordinal = decoder._ordinal + 1
-        decoder._ordinal = ordinal
-        decoder._last_lsn = lsn
+        ordinal = tx.ordinal + 1
+        tx.ordinal = ordinal
+        tx.last_lsn = lsn
         event = self.new(self.change_class)
         self._set(0, event, op)
         self._set(1, event, rel.schema)
         self._set(2, event, before)
         self._set(3, event, after)
-        self._set(4, event, decoder._commit_lsn)
+        self._set(4, event, tx.commit_lsn)
         self._set(5, event, lsn)
-        self._set(6, event, decoder._xid)
+        self._set(6, event, tx.xid)
         self._set(7, event, ordinal)
-        self._set(8, event, decoder._commit_ts)
+        self._set(8, event, tx.commit_ts)
         self._set(9, event, False)
         self._set(10, event, self.nothing_unchanged)
         self._set(11, event, None)

@@ -39,26 +39,26 @@ holds the two paths to the same results.
 
 from __future__ import annotations
 
-import struct
 from collections import Counter
-from collections.abc import Callable, Generator, Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import Any, Final
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Final
 
 import structlog
 
+from cdc.compiled import CHOSEN
 from cdc.decoder import pgoutput as pg
 from cdc.decoder.errors import ChangeError
-from cdc.decoder.fast import compiled_fast_changes
+from cdc.decoder.fast import build_fast_change
 from cdc.decoder.fast import row_parser as _row_parser
-from cdc.decoder.rows import Decline, RowParser, RowRenderer
+from cdc.decoder.rows import RowParser, RowRenderer
 from cdc.decoder.spool import Spool
-from cdc.decoder.streamed import DELETE, INSERT, NO_EVENTS, UPDATE, Streamed, StreamedTransactions
+from cdc.decoder.state import DecodedRelation, TxState
+from cdc.decoder.streamed import DELETE, INSERT, NO_EVENTS, UPDATE, StreamedTransactions
 from cdc.decoder.types import (
     BUILTIN_TYPES,
     CATALOG_TEXT_TYPES,
     EXTENSION_TYPE_NAMES,
-    PARSE_ERRORS,
     ValueConversionError,
     converter_for,
     parser_for,
@@ -84,42 +84,23 @@ from cdc.event import (
 from cdc.lsn import Lsn
 from cdc.values import UNCHANGED_TOAST
 
+if TYPE_CHECKING:
+    from cdc.decoder._changes import FastChanges
+
 log = structlog.get_logger(__name__)
 
-
-@dataclass(frozen=True, slots=True)
-class _Relation:
-    schema: TableSchema
-    names: tuple[str, ...]
-    converters: tuple[Callable[[bytes], Any], ...]
-    key_names: tuple[str, ...]
-    seq: int = 0  # receipt order of the Relation message it came from
-    parse: RowParser | None = None  # the fast path's row parser (see _row_parser)
-    # The replica identity's columns are the configured key's: an old-key tuple ('K') then holds exactly
-    # the key columns, so a rendered one is the typed path's before row.
-    key_is_identity: bool = True
-    rendered: bool = False  # ``parse`` is the renderer's: its rows are in the sink format
+CHOSEN_FAST_CHANGES: Final[type[FastChanges] | None] = CHOSEN.compiled("decoder", "FastChanges")
+"""The compiled fast path ``cdc.compiled`` chose for this process, or None: the reference (not built, or
+``CDC_PURE_PYTHON``)."""
 
 
-_U32: Final = struct.Struct(">I")
-_NEW: Final = 0x4E  # 'N'
-_OLD_KEY: Final = 0x4B  # 'K'
-_OLD: Final = 0x4F  # 'O'
-_NOTHING_UNCHANGED: Final[frozenset[str]] = frozenset()
-
-
-_Slow = Decline  # the fast path declines a message; the general path decodes it (and raises whatever is wrong)
-
-
-# A value the bare parsers reject declines too: the general path converts it again and names the column.
-_FAST_PATH_DECLINES: Final = (_Slow, ValueConversionError, IndexError, struct.error, *PARSE_ERRORS)
-
-
-class ChangeDecoder(StreamedTransactions):
+class ChangeDecoder:
     """Turns the pgoutput messages of a replication connection into events, in commit order.
 
     ``feed`` takes raw payloads (streamed transactions need a ``spool``);
-    ``handle`` takes one decoded message of an ordinary transaction.
+    ``handle`` takes one decoded message of an ordinary transaction. ``fast_changes`` is the compiled fast
+    path of row changes (``cdc.decoder._changes``), or None: its reference (``cdc.decoder.fast``); by default
+    the process's choice.
     """
 
     def __init__(
@@ -130,6 +111,7 @@ class ChangeDecoder(StreamedTransactions):
         spool: Spool | None = None,
         renderer: RowRenderer | None = None,
         announce_relations: bool = False,
+        fast_changes: type[FastChanges] | None = CHOSEN_FAST_CHANGES,
     ) -> None:
         self._tables = tables
         # A RelationEvent for each Relation message of a captured table inside a transaction (the schema
@@ -138,7 +120,8 @@ class ChangeDecoder(StreamedTransactions):
         self._then: Event | None = None  # an event handle() releases after the one it returned
         self._renderer = renderer
         self._types: dict[int, PgType] = {**CATALOG_TEXT_TYPES, **BUILTIN_TYPES, **types}
-        self._relations: dict[int, _Relation] = {}
+        # The transaction in decoding and the relation cache, shared with the fast path and the streamed part.
+        self._tx = TxState()
         # Relations announced but not captured: a table added to the publication but not (yet) to the
         # configuration, or a partition whose changes the publication sends as its partitioned table's
         # (publish_via_partition_root: pgoutput announces both). Kept, so that a table adopted later
@@ -150,28 +133,11 @@ class ChangeDecoder(StreamedTransactions):
         self._partitions = _partitions_of(tables)
         self._oids = {name: info.oid for name, info in tables.items() if info.oid}  # what the catalog said
         self.recreated: set[str] = set()  # tables seen under a new oid (the reloader snapshots them)
-        self._xid: int | None = None
-        self._commit_lsn = Lsn(0)
-        self._commit_ts = self._ordinal = self._last_lsn = 0  # _last_lsn: of the transaction's last row change
-        self._spool = spool
         self._seq = 0  # Relation messages received so far, streamed or not
-        self._block: Streamed | None = None  # the transaction of the open Stream Start block
-        self._streamed: dict[int, Streamed] = {}
-        self._replaying = False
-        self._replay_in_progress: Generator[Event, None, None] | None = None
-        fast = compiled_fast_changes()
-        if fast is not None:
-            # The fast path compiled (cdc.decoder._changes): this method's work, _change's and change_event's
-            # in one call; the same events, the same declines.
-            self._fast_change = fast(  # type: ignore[method-assign]
-                self,
-                self._reference_fast_change,
-                ChangeEvent,
-                (Op.CREATE, Op.UPDATE, Op.DELETE),
-                _key_of,
-                _FAST_PATH_DECLINES,
-                _NOTHING_UNCHANGED,
-            )
+        # Insert, Update and Delete of the common shapes, parsed and made into events in one call (compiled
+        # or not: the same events, the same declines); None: the general path decodes the message.
+        self._fast_change = build_fast_change(self._tx, fast_changes)
+        self._streamed = StreamedTransactions(self._tx, spool, self._fast_change, self._events, self._next_seq)
 
     def update_tables(self, tables: Mapping[str, TableInfo], types: Mapping[int, PgType]) -> None:
         """A reloaded table list; Relation messages that follow use it."""
@@ -182,33 +148,23 @@ class ChangeDecoder(StreamedTransactions):
         for relation_id, message in list(self._uncaptured.items()):
             if f"{message.namespace}.{message.name}" in tables:  # adopted: decode it from now on
                 del self._uncaptured[relation_id]
-                self._seq += 1
-                self._relations[relation_id] = self._build_relation(message, self._seq)
+                self._tx.relations[relation_id] = self._build_relation(message, self._next_seq())
 
     def set_renderer(self, renderer: RowRenderer | None) -> None:
         """Ask ``renderer`` again for every known table (what may be rendered changed: a reload)."""
         self._renderer = renderer
-        for relation_id, rel in list(self._relations.items()):
+        relations = self._tx.relations
+        for relation_id, rel in list(relations.items()):
             parse = self._parser(rel.schema, rel.names)
-            self._relations[relation_id] = replace(rel, parse=parse, rendered=getattr(parse, "rendered", False))
+            relations[relation_id] = replace(rel, parse=parse, rendered=getattr(parse, "rendered", False))
 
     def reset(self) -> None:
         """Forget per-connection state: the server resends Relation messages and streamed transactions."""
-        unfinished, self._replay_in_progress = self._replay_in_progress, None
-        if unfinished is not None:
-            # Left mid-way (the connection failed while its events went out): end it now, so that
-            # it puts the relation cache back before the cache is cleared, not later, at garbage collection.
-            unfinished.close()
-        self._relations.clear()
+        self._streamed.reset()  # first: an unfinished replay puts the relation cache back
+        self._tx.relations.clear()
         self._uncaptured.clear()
-        self._xid = None
-        self._ordinal = 0
+        self._tx.end()
         self._then = None
-        self._block = None
-        self._streamed.clear()
-        self._replaying = False
-        if self._spool is not None:
-            self._spool.discard_all()
 
     def table(self, relation_id: int) -> TableSchema:
         return self._relation(relation_id).schema
@@ -223,14 +179,15 @@ class ChangeDecoder(StreamedTransactions):
         it to the end before feeding the next payload. ``payload`` may be a
         memoryview into a buffer that is reused afterwards.
         """
-        if self._replaying:
+        streamed = self._streamed
+        if streamed.replaying:
             raise ChangeError(
                 "a payload was fed while the events of a streamed transaction were still being read: "
                 "iterate the result of feed() to the end first"
             )
-        block = self._block
+        block = streamed.block
         if block is not None:
-            return self._in_block(block, payload, lsn)
+            return streamed.in_block(block, payload, lsn)
         buf = payload.tobytes() if isinstance(payload, memoryview) else payload  # tobytes: 4x cheaper than bytes()
         kind = buf[0] if buf else -1
         if kind == INSERT or kind == UPDATE or kind == DELETE:
@@ -240,195 +197,163 @@ class ChangeDecoder(StreamedTransactions):
         message = pg.decode(buf)
         mtype = type(message)
         if mtype is pg.StreamStart or mtype is pg.StreamCommit or mtype is pg.StreamAbort or mtype is pg.StreamStop:
-            return self._stream_control(message, lsn)
+            return streamed.stream_control(message, lsn)
+        return self._events(message, lsn)
+
+    def _events(self, message: pg.Message, lsn: Lsn) -> tuple[Event, ...]:
+        """What ``handle`` returns, and the event it releases after it, if any."""
         event = self.handle(message, lsn)
         if event is None:
             return NO_EVENTS
         then, self._then = self._then, None  # a recreated table's truncate marker, then its columns
         return (event,) if then is None else (event, then)
 
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
     # -- one message of an ordinary transaction ---------------------------------------------------
 
     def handle(self, message: pg.Message, lsn: Lsn) -> Event | None:
         """The event for one message (None for messages that only update state)."""
-        match message:
-            case pg.Insert(relation_id=rid) | pg.Update(relation_id=rid) | pg.Delete(relation_id=rid) if (
-                rid in self._uncaptured
-            ):
-                self._skip(rid)
-                return None
-            case pg.Insert(relation_id=rid, new=new):
-                rel = self._relation(rid)
-                return self._change(Op.CREATE, rel, None, self._row(rel, new), lsn)
-            case pg.Update(relation_id=rid, old_key=old_key, old=old, new=new):
-                rel = self._relation(rid)
-                after = self._row(rel, new)
-                before = None
-                if old is not None:
-                    before = self._row(rel, old)
-                elif old_key is not None:
-                    before = self._key_row(rel, old_key)
-                unchanged = frozenset(n for n, v in after.items() if v is UNCHANGED_TOAST)
-                if unchanged and before is not None and old is not None:
-                    # REPLICA IDENTITY FULL: the old tuple holds the real values.
-                    for name in list(unchanged):
-                        value = before.get(name, UNCHANGED_TOAST)
-                        if value is not UNCHANGED_TOAST:
-                            after[name] = value
-                    unchanged = frozenset(n for n, v in after.items() if v is UNCHANGED_TOAST)
-                return self._change(Op.UPDATE, rel, before, after, lsn, unchanged)
-            case pg.Delete(relation_id=rid, old_key=old_key, old=old):
-                rel = self._relation(rid)
-                if old is not None:
-                    before = self._row(rel, old)
-                elif old_key is not None:
-                    before = self._key_row(rel, old_key)
-                else:
-                    raise ChangeError(
-                        f"a delete on {rel.schema.qualified} arrived without an old key "
-                        "(REPLICA IDENTITY NOTHING?): set REPLICA IDENTITY DEFAULT or FULL"
-                    )
-                return self._change(Op.DELETE, rel, before, None, lsn)
-            case pg.Begin(final_lsn=commit_lsn, commit_ts_us=ts, xid=xid):
-                self._xid, self._commit_lsn, self._commit_ts, self._ordinal, self._last_lsn = xid, commit_lsn, ts, 0, 0
-                return TxBegin(xid, commit_lsn, ts)
-            case pg.Commit(commit_lsn=commit_lsn, end_lsn=end_lsn, commit_ts_us=ts):
-                xid = self._xid if self._xid is not None else 0
-                count = self._ordinal
-                self._xid, self._ordinal = None, 0
-                return TxCommit(xid, commit_lsn, end_lsn, ts, count)
-            case pg.Relation(namespace=ns, name=name) if f"{ns}.{name}" not in self._tables:
-                self._relations.pop(message.relation_id, None)
-                self._uncaptured[message.relation_id] = message
-                return None
-            case pg.Relation():
-                self._seq += 1
-                self._uncaptured.pop(message.relation_id, None)
-                rel = self._relations[message.relation_id] = self._build_relation(message, self._seq)
-                qualified = rel.schema.qualified
-                columns_event = (
-                    RelationEvent(rel.schema, self._commit_lsn, self._ordinal + 1, self._xid, self._last_lsn)
-                    if self._announce and self._xid is not None
-                    else None
-                )
-                if self._oids.get(qualified, message.relation_id) != message.relation_id:
-                    # The same name, another table: it was dropped and created again while we streamed. Its
-                    # topic still holds the old table's rows (a DROP sends no deletes): a truncate marker
-                    # first; the reloader then snapshots the new table (decoder.recreated).
-                    self._oids[qualified] = message.relation_id
-                    self.recreated.add(qualified)
-                    log.warning("table_recreated", table=qualified, oid=message.relation_id)
-                    self._ordinal += 1
-                    if columns_event is not None:  # the new table's columns hold from the change after the marker
-                        self._then = RelationEvent(
-                            rel.schema, self._commit_lsn, self._ordinal + 1, self._xid, self._last_lsn
-                        )
-                    return TruncateEvent(
-                        (rel.schema,), False, False, self._commit_lsn, lsn, self._xid, self._ordinal, self._commit_ts
-                    )
-                return columns_event
-            case pg.Type(type_oid=oid, namespace=ns, name=name):
-                if oid not in self._types:
-                    announced = _announced_type(oid, ns, name)
-                    self._types[oid] = announced
-                    log.info("type_announced", type=f"{announced.schema}.{name}", oid=oid, kind=announced.kind.value)
-                return None
-            case pg.Truncate(relation_ids=rids, cascade=cascade, restart_identity=restart):
-                for r in rids:
-                    if r in self._uncaptured:
-                        self._skip(r)
-                captured = [r for r in rids if r not in self._uncaptured]
-                if not captured:
-                    return None
-                self._ordinal += 1
-                schemas = tuple(self._relation(r).schema for r in captured)
-                return TruncateEvent(
-                    schemas, cascade, restart, self._commit_lsn, lsn, self._xid, self._ordinal, self._commit_ts
-                )
-            case pg.LogicalMessage(transactional=tx, lsn=msg_lsn, prefix=prefix, content=content):
-                if tx:
-                    self._ordinal += 1
-                return MessageEvent(
-                    prefix,
-                    content,
-                    tx,
-                    self._commit_lsn if tx else None,
-                    msg_lsn,
-                    self._xid if tx else None,
-                    self._ordinal if tx else 0,
-                    self._commit_ts if tx else None,
-                )
-            case pg.Origin():
-                return None
-            case pg.StreamStart() | pg.StreamStop() | pg.StreamCommit() | pg.StreamAbort():
-                raise ChangeError(
-                    f"a {type(message).__name__} message was handed to handle(), which takes the messages of "
-                    "ordinary transactions: feed() the raw payloads of a streaming connection"
-                )
-            case _:
-                raise ChangeError(
-                    f"unexpected {type(message).__name__} message: two-phase decoding is not enabled on this "
-                    "connection (prepared transactions arrive at COMMIT PREPARED)"
-                )
+        handler = _HANDLERS.get(type(message))
+        if handler is None:
+            raise ChangeError(
+                f"unexpected {type(message).__name__} message: two-phase decoding is not enabled on this "
+                "connection (prepared transactions arrive at COMMIT PREPARED)"
+            )
+        return handler(self, message, lsn)
 
-    # -- the fast path of row changes -------------------------------------------------------------
+    def _on_begin(self, message: pg.Begin, lsn: Lsn) -> Event | None:
+        self._tx.begin(message.xid, message.final_lsn, message.commit_ts_us)
+        return TxBegin(message.xid, message.final_lsn, message.commit_ts_us)
 
-    def _reference_fast_change(self, kind: int, buf: bytes, at: int, lsn: Lsn) -> ChangeEvent | None:
-        return ChangeDecoder._fast_change(self, kind, buf, at, lsn)
+    def _on_commit(self, message: pg.Commit, lsn: Lsn) -> Event | None:
+        tx = self._tx
+        xid = tx.xid if tx.xid is not None else 0
+        return TxCommit(xid, message.commit_lsn, message.end_lsn, message.commit_ts_us, tx.end())
 
-    def _fast_change(self, kind: int, buf: bytes, at: int, lsn: Lsn) -> ChangeEvent | None:
-        """Insert, Update or Delete parsed and converted in one pass; None: let the general path do it.
-
-        Takes the common shapes only (text columns, no unchanged TOAST, a known relation) and
-        yields exactly what ``handle(pg.decode(buf))`` would; anything else, malformed input
-        included, goes the general way, which raises the precise error.
-        """
-        try:
-            (relation_id,) = _U32.unpack_from(buf, at)
-            rel = self._relations.get(relation_id)
-            if rel is None or rel.parse is None:
-                return None
-            parse = rel.parse
-            marker = buf[at + 4]
-            if kind == INSERT:
-                if marker != _NEW:
-                    return None
-                after, end = parse(buf, at + 5)
-                before = None
-                op = Op.CREATE
-            elif kind == UPDATE:
-                before = None
-                pos = at + 5
-                if marker == _OLD_KEY or marker == _OLD:
-                    old, pos = parse(buf, pos)
-                    before = old if marker == _OLD else _key_of(old, rel)
-                    marker = buf[pos]
-                    pos += 1
-                if marker != _NEW:
-                    return None
-                after, end = parse(buf, pos)
-                op = Op.UPDATE
-            else:
-                if marker == _OLD_KEY:
-                    old, end = parse(buf, at + 5)
-                    before = _key_of(old, rel)
-                elif marker == _OLD:
-                    before, end = parse(buf, at + 5)
-                else:
-                    return None
-                after = None
-                op = Op.DELETE
-            if end != len(buf):
-                return None
-        except _FAST_PATH_DECLINES:
+    def _on_insert(self, message: pg.Insert, lsn: Lsn) -> Event | None:
+        if message.relation_id in self._uncaptured:
+            self._skip(message.relation_id)
             return None
-        return self._change(op, rel, before, after, lsn, _NOTHING_UNCHANGED)
+        rel = self._relation(message.relation_id)
+        return self._change(Op.CREATE, rel, None, self._row(rel, message.new), lsn)
+
+    def _on_update(self, message: pg.Update, lsn: Lsn) -> Event | None:
+        if message.relation_id in self._uncaptured:
+            self._skip(message.relation_id)
+            return None
+        rel = self._relation(message.relation_id)
+        after = self._row(rel, message.new)
+        before = None
+        old = message.old
+        if old is not None:
+            before = self._row(rel, old)
+        elif message.old_key is not None:
+            before = self._key_row(rel, message.old_key)
+        unchanged = frozenset(n for n, v in after.items() if v is UNCHANGED_TOAST)
+        if unchanged and before is not None and old is not None:
+            # REPLICA IDENTITY FULL: the old tuple holds the real values.
+            for name in list(unchanged):
+                value = before.get(name, UNCHANGED_TOAST)
+                if value is not UNCHANGED_TOAST:
+                    after[name] = value
+            unchanged = frozenset(n for n, v in after.items() if v is UNCHANGED_TOAST)
+        return self._change(Op.UPDATE, rel, before, after, lsn, unchanged)
+
+    def _on_delete(self, message: pg.Delete, lsn: Lsn) -> Event | None:
+        if message.relation_id in self._uncaptured:
+            self._skip(message.relation_id)
+            return None
+        rel = self._relation(message.relation_id)
+        if message.old is not None:
+            before = self._row(rel, message.old)
+        elif message.old_key is not None:
+            before = self._key_row(rel, message.old_key)
+        else:
+            raise ChangeError(
+                f"a delete on {rel.schema.qualified} arrived without an old key "
+                "(REPLICA IDENTITY NOTHING?): set REPLICA IDENTITY DEFAULT or FULL"
+            )
+        return self._change(Op.DELETE, rel, before, None, lsn)
+
+    def _on_relation(self, message: pg.Relation, lsn: Lsn) -> Event | None:
+        relations = self._tx.relations
+        if f"{message.namespace}.{message.name}" not in self._tables:
+            relations.pop(message.relation_id, None)
+            self._uncaptured[message.relation_id] = message
+            return None
+        self._uncaptured.pop(message.relation_id, None)
+        rel = relations[message.relation_id] = self._build_relation(message, self._next_seq())
+        tx = self._tx
+        announce = self._announce and tx.xid is not None
+        qualified = rel.schema.qualified
+        if self._oids.get(qualified, message.relation_id) == message.relation_id:
+            return RelationEvent(rel.schema, tx.commit_lsn, tx.ordinal + 1, tx.xid, tx.last_lsn) if announce else None
+        # The same name, another table: it was dropped and created again while we streamed. Its topic still
+        # holds the old table's rows (a DROP sends no deletes): a truncate marker first; the reloader then
+        # snapshots the new table (decoder.recreated).
+        self._oids[qualified] = message.relation_id
+        self.recreated.add(qualified)
+        log.warning("table_recreated", table=qualified, oid=message.relation_id)
+        tx.ordinal += 1
+        if announce:  # the new table's columns hold from the change after the marker
+            self._then = RelationEvent(rel.schema, tx.commit_lsn, tx.ordinal + 1, tx.xid, tx.last_lsn)
+        return TruncateEvent((rel.schema,), False, False, tx.commit_lsn, lsn, tx.xid, tx.ordinal, tx.commit_ts)
+
+    def _on_type(self, message: pg.Type, lsn: Lsn) -> Event | None:
+        oid = message.type_oid
+        if oid not in self._types:
+            announced = _announced_type(oid, message.namespace, message.name)
+            self._types[oid] = announced
+            log.info("type_announced", type=f"{announced.schema}.{message.name}", oid=oid, kind=announced.kind.value)
+        return None
+
+    def _on_truncate(self, message: pg.Truncate, lsn: Lsn) -> Event | None:
+        for r in message.relation_ids:
+            if r in self._uncaptured:
+                self._skip(r)
+        captured = [r for r in message.relation_ids if r not in self._uncaptured]
+        if not captured:
+            return None
+        tx = self._tx
+        tx.ordinal += 1
+        schemas = tuple(self._relation(r).schema for r in captured)
+        return TruncateEvent(
+            schemas,
+            message.cascade,
+            message.restart_identity,
+            tx.commit_lsn,
+            lsn,
+            tx.xid,
+            tx.ordinal,
+            tx.commit_ts,
+        )
+
+    def _on_logical_message(self, message: pg.LogicalMessage, lsn: Lsn) -> Event | None:
+        tx = self._tx
+        if not message.transactional:
+            return MessageEvent(message.prefix, message.content, False, None, message.lsn, None, 0, None)
+        tx.ordinal += 1
+        return MessageEvent(
+            message.prefix, message.content, True, tx.commit_lsn, message.lsn, tx.xid, tx.ordinal, tx.commit_ts
+        )
+
+    def _on_origin(self, message: pg.Origin, lsn: Lsn) -> Event | None:
+        return None
+
+    def _on_stream_control(self, message: pg.Message, lsn: Lsn) -> Event | None:
+        raise ChangeError(
+            f"a {type(message).__name__} message was handed to handle(), which takes the messages of "
+            "ordinary transactions: feed() the raw payloads of a streaming connection"
+        )
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _relation(self, relation_id: int) -> _Relation:
+    def _relation(self, relation_id: int) -> DecodedRelation:
         try:
-            return self._relations[relation_id]
+            return self._tx.relations[relation_id]
         except KeyError:
             raise ChangeError(
                 f"a change for relation {relation_id} arrived before its Relation message (protocol violation)"
@@ -437,29 +362,20 @@ class ChangeDecoder(StreamedTransactions):
     def _change(
         self,
         op: Op,
-        rel: _Relation,
+        rel: DecodedRelation,
         before: AnyRow | None,
         after: AnyRow | None,
         lsn: Lsn,
         unchanged: frozenset[str] = frozenset(),
     ) -> ChangeEvent:
-        self._ordinal += 1
-        self._last_lsn = lsn
+        tx = self._tx
+        ordinal = tx.ordinal = tx.ordinal + 1
+        tx.last_lsn = lsn
         return change_event(
-            op,
-            rel.schema,
-            before,
-            after,
-            self._commit_lsn,
-            lsn,
-            self._xid,
-            self._ordinal,
-            self._commit_ts,
-            False,
-            unchanged,
+            op, rel.schema, before, after, tx.commit_lsn, lsn, tx.xid, ordinal, tx.commit_ts, False, unchanged
         )
 
-    def _row(self, rel: _Relation, data: pg.TupleData) -> Row:
+    def _row(self, rel: DecodedRelation, data: pg.TupleData) -> Row:
         values = data.values
         if len(values) != len(rel.names):
             raise ChangeError(
@@ -479,7 +395,7 @@ class ChangeDecoder(StreamedTransactions):
                     raise ChangeError(f"column {rel.schema.qualified}.{name}: {e}") from None
         return row
 
-    def _key_row(self, rel: _Relation, data: pg.TupleData) -> Row:
+    def _key_row(self, rel: DecodedRelation, data: pg.TupleData) -> Row:
         """The old key of REPLICA IDENTITY DEFAULT/INDEX: only identity columns are real, the rest are 'n'."""
         full = self._row(rel, data)
         return {c.name: full[c.name] for c in rel.schema.columns if c.key}
@@ -498,7 +414,7 @@ class ChangeDecoder(StreamedTransactions):
             )
         self.uncaptured[qualified] += 1
 
-    def _build_relation(self, msg: pg.Relation, seq: int) -> _Relation:
+    def _build_relation(self, msg: pg.Relation, seq: int) -> DecodedRelation:
         qualified = f"{msg.namespace}.{msg.name}"
         info = self._tables.get(qualified)
         if info is None:
@@ -535,7 +451,7 @@ class ChangeDecoder(StreamedTransactions):
             rendered=rendered,
         )
         key_is_identity = all(c.is_key == (c.name in info.key) for c in msg.columns)
-        return _Relation(schema, names, tuple(converters), key_names, seq, parse, key_is_identity, rendered)
+        return DecodedRelation(schema, names, tuple(converters), key_names, seq, parse, key_is_identity, rendered)
 
     def _parser(self, schema: TableSchema, names: tuple[str, ...]) -> RowParser:
         """The fast path's row parser: the renderer's, when it renders the table, else typed values."""
@@ -546,20 +462,6 @@ class ChangeDecoder(StreamedTransactions):
 
 def _partitions_of(tables: Mapping[str, TableInfo]) -> frozenset[str]:
     return frozenset(p for info in tables.values() for p in info.partitions)
-
-
-def _key_of(old: AnyRow, rel: _Relation) -> AnyRow:
-    """The before row of an old-key tuple (REPLICA IDENTITY DEFAULT/INDEX): its key columns.
-
-    A rendered one is kept whole when the replica identity is the configured key: its other columns
-    were sent as NULL ('n'), so it is what the key columns alone serialize to (every other column
-    null). Otherwise the tuple holds identity columns outside the key, which the typed path leaves
-    out: the message declines to it."""
-    if rel.rendered:
-        if not rel.key_is_identity:
-            raise _Slow
-        return old
-    return {k: old[k] for k in rel.key_names}
 
 
 _CATALOG_BY_NAME: Final[dict[str, PgType]] = {
@@ -582,3 +484,22 @@ def _announced_type(oid: int, namespace: str, name: str) -> PgType:
         return PgType(oid, name, TypeKind.UNKNOWN, "pg_catalog")
     kind = TypeKind.BASE if name in EXTENSION_TYPE_NAMES else TypeKind.UNKNOWN
     return PgType(oid, name, kind, namespace)
+
+
+_HANDLERS: Final[dict[type, Callable[[ChangeDecoder, Any, Lsn], Event | None]]] = {
+    pg.Begin: ChangeDecoder._on_begin,
+    pg.Commit: ChangeDecoder._on_commit,
+    pg.Insert: ChangeDecoder._on_insert,
+    pg.Update: ChangeDecoder._on_update,
+    pg.Delete: ChangeDecoder._on_delete,
+    pg.Relation: ChangeDecoder._on_relation,
+    pg.Type: ChangeDecoder._on_type,
+    pg.Truncate: ChangeDecoder._on_truncate,
+    pg.LogicalMessage: ChangeDecoder._on_logical_message,
+    pg.Origin: ChangeDecoder._on_origin,
+    pg.StreamStart: ChangeDecoder._on_stream_control,
+    pg.StreamStop: ChangeDecoder._on_stream_control,
+    pg.StreamCommit: ChangeDecoder._on_stream_control,
+    pg.StreamAbort: ChangeDecoder._on_stream_control,
+}
+"""``handle``'s dispatch by message class; any other message (two-phase decoding's) is an error."""

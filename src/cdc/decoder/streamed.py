@@ -6,8 +6,9 @@ interleaved with other transactions: its payloads go to the spool
 events, read back from disk lazily, as TxBegin, the changes with their
 ordinals, then TxCommit, exactly as if it had not been streamed. Changes of
 rolled-back subtransactions are left out; a Stream Abort of the whole
-transaction deletes its file. ``ChangeDecoder`` (``cdc.decoder.changes``) takes
-this part of its work from ``StreamedTransactions``.
+transaction deletes its file. ``ChangeDecoder`` (``cdc.decoder.changes``) holds
+a ``StreamedTransactions`` for this part of its work; the two share the
+transaction in decoding and the relation cache through one ``TxState``.
 
 Relation messages inside a stream block describe the table as that streamed
 transaction sees it, so they are applied when the transaction is replayed, to a
@@ -24,16 +25,18 @@ savepoint holding its lock). Receipt order decides, with a counter.
 from __future__ import annotations
 
 import struct
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import replace
-from typing import Any, Final
+from typing import Final
 
 import structlog
 
 from cdc.decoder import pgoutput as pg
 from cdc.decoder.errors import ChangeError
+from cdc.decoder.fast import FastChange
 from cdc.decoder.spool import Spool, SpooledTransaction
-from cdc.event import ChangeEvent, Event, TxBegin, TxCommit
+from cdc.decoder.state import TxState
+from cdc.event import Event, TxBegin, TxCommit
 from cdc.lsn import Lsn
 
 log = structlog.get_logger("cdc.decoder.changes")
@@ -56,40 +59,54 @@ DELETE: Final = 0x44  # 'D'
 
 class StreamedTransactions:
     """The streamed-transaction part of ``ChangeDecoder``: what it keeps per connection, and the
-    handling of stream blocks, Stream Commit (a lazy replay) and Stream Abort."""
+    handling of stream blocks, Stream Commit (a lazy replay) and Stream Abort.
 
-    # Set by ChangeDecoder.__init__ (per-connection state, cleared by its reset()).
-    _relations: dict[int, Any]  # relation id -> the decoder's relation entry (with its ``seq``)
-    _spool: Spool | None
-    _seq: int  # Relation messages received so far, streamed or not
-    _block: Streamed | None  # the transaction of the open Stream Start block
-    _streamed: dict[int, Streamed]
-    _replaying: bool
-    _replay_in_progress: Generator[Event, None, None] | None
-    _xid: int | None
-    _commit_lsn: Lsn
-    _commit_ts: int
-    _ordinal: int
-    _last_lsn: int
-    _then: Event | None  # an event handle() releases after the one it returned
+    ``tx`` is the decoder's; ``fast_change`` its fast path over the same ``tx``; ``events`` its general path
+    for one decoded message of a transaction; ``next_seq`` numbers a Relation message in receipt order,
+    streamed or not.
+    """
 
-    def handle(self, message: pg.Message, lsn: Lsn) -> Event | None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        tx: TxState,
+        spool: Spool | None,
+        fast_change: FastChange,
+        events: Callable[[pg.Message, Lsn], tuple[Event, ...]],
+        next_seq: Callable[[], int],
+    ) -> None:
+        self._tx = tx
+        self._spool = spool
+        self._fast_change = fast_change
+        self._events = events
+        self._next_seq = next_seq
+        self.block: Streamed | None = None  # the transaction of the open Stream Start block
+        self._streamed: dict[int, Streamed] = {}
+        self.replaying = False  # a Stream Commit's events are being read: no payload may be fed meanwhile
+        self._replay_in_progress: Generator[Event, None, None] | None = None
 
-    def _fast_change(self, kind: int, buf: bytes, at: int, lsn: Lsn) -> ChangeEvent | None:
-        raise NotImplementedError
+    def reset(self) -> None:
+        """Forget every streamed transaction (a new connection: the server streams them again)."""
+        unfinished, self._replay_in_progress = self._replay_in_progress, None
+        if unfinished is not None:
+            # Left mid-way (the connection failed while its events went out): end it now, so that
+            # it puts the relation cache back before the decoder clears it, not later, at garbage collection.
+            unfinished.close()
+        self.block = None
+        self._streamed.clear()
+        self.replaying = False
+        if self._spool is not None:
+            self._spool.discard_all()
 
-    def _in_block(self, block: Streamed, payload: bytes | memoryview, lsn: Lsn) -> Iterable[Event]:
+    def in_block(self, block: Streamed, payload: bytes | memoryview, lsn: Lsn) -> Iterable[Event]:
         kind = payload[0] if len(payload) else -1
         if kind == STREAM_STOP:
             pg.decode(payload, in_stream=True)  # checks it is exactly one byte
-            self._block = None
+            self.block = None
             return NO_EVENTS
         if kind in IN_STREAM_CHANGE or kind in IN_STREAM_SCHEMA:
             if kind == MESSAGE and len(payload) > 5 and not payload[5] & 1:
                 # A non-transactional logical message belongs to no transaction: it goes out now.
-                event = self.handle(pg.decode(payload, in_stream=True), lsn)
-                return NO_EVENTS if event is None else (event,)
+                return self._events(pg.decode(payload, in_stream=True), lsn)
             if len(payload) < 5:
                 pg.decode(payload, in_stream=True)  # raises DecodeError naming the message
             (subxid,) = XID.unpack_from(payload, 1)
@@ -97,8 +114,7 @@ class StreamedTransactions:
                 if len(payload) < 9:
                     pg.decode(payload, in_stream=True)
                 _, relation_id = RELATION_ID_IN_STREAM.unpack_from(payload, 1)
-                self._seq += 1
-                block.relation_seqs[relation_id] = self._seq
+                block.relation_seqs[relation_id] = self._next_seq()
             block.file.append(payload, lsn, subxid)
             return NO_EVENTS
         if kind == ORIGIN:
@@ -110,12 +126,13 @@ class StreamedTransactions:
             "(protocol violation)"
         )
 
-    def _stream_control(self, message: pg.Message, lsn: Lsn) -> Iterable[Event]:
+    def stream_control(self, message: pg.Message, lsn: Lsn) -> Iterable[Event]:
         match message:
             case pg.StreamStart(xid=xid, first_segment=first):
-                if self._xid is not None:
+                if self._tx.xid is not None:
                     raise ChangeError(
-                        f"a Stream Start of transaction {xid} arrived inside transaction {self._xid} (protocol violation)"
+                        f"a Stream Start of transaction {xid} arrived inside transaction {self._tx.xid} "
+                        "(protocol violation)"
                     )
                 streamed = self._streamed.get(xid)
                 if first or streamed is None:
@@ -128,7 +145,7 @@ class StreamedTransactions:
                         streamed.file.discard()
                     streamed = Streamed(self._require_spool(xid).begin(xid))
                     self._streamed[xid] = streamed
-                self._block = streamed
+                self.block = streamed
                 return NO_EVENTS
             case pg.StreamStop():
                 raise ChangeError("a Stream Stop arrived outside a stream block (protocol violation)")
@@ -150,7 +167,7 @@ class StreamedTransactions:
                         "(protocol violation)"
                     )
                 assert isinstance(message, pg.StreamCommit)
-                self._replaying = True  # until the replay has run to its end
+                self.replaying = True  # until the replay has run to its end
                 replay = self._replay(streamed, message)
                 self._replay_in_progress = replay
                 return replay
@@ -172,11 +189,10 @@ class StreamedTransactions:
 
     def _replay(self, streamed: Streamed, commit: pg.StreamCommit) -> Generator[Event, None, None]:
         """The streamed transaction's events, read back from its file as they are consumed."""
-        shared = self._relations
+        tx = self._tx
+        shared = tx.relations
         own = dict(shared)  # this transaction's view of the tables: its own Relation messages win
-        self._relations = own
-        handle = self.handle
-        decode = pg.decode
+        tx.relations = own
         file = streamed.file
         log.info(
             "streamed_transaction_committed",
@@ -187,32 +203,9 @@ class StreamedTransactions:
         )
         try:
             yield TxBegin(commit.xid, commit.commit_lsn, commit.commit_ts_us)
-            self._xid, self._commit_lsn, self._commit_ts, self._ordinal, self._last_lsn = (
-                commit.xid,
-                commit.commit_lsn,
-                commit.commit_ts_us,
-                0,
-                0,
-            )
-            fast_change = self._fast_change
-            for payload, lsn, aborted in file.replay():
-                kind = payload[0]
-                if aborted and kind in IN_STREAM_CHANGE:
-                    continue
-                if kind == INSERT or kind == UPDATE or kind == DELETE:
-                    fast = fast_change(kind, payload, 5, lsn)  # the xid takes bytes 1 to 4
-                    if fast is not None:
-                        yield fast
-                        continue
-                event = handle(decode(payload, in_stream=True), lsn)
-                if event is not None:
-                    yield event
-                    then = self._then
-                    if then is not None:
-                        self._then = None
-                        yield then
-            count = self._ordinal
-            self._xid, self._ordinal = None, 0
+            tx.begin(commit.xid, commit.commit_lsn, commit.commit_ts_us)
+            yield from self._changes(file)
+            count = tx.end()
             # What the server now takes as sent: each table's last Relation in this transaction,
             # unless a later one arrived meanwhile.
             for relation_id, seq in streamed.relation_seqs.items():
@@ -222,11 +215,27 @@ class StreamedTransactions:
                     shared[relation_id] = replace(mine, seq=seq)
             yield TxCommit(commit.xid, commit.commit_lsn, commit.end_lsn, commit.commit_ts_us, count)
         finally:
-            self._relations = shared
-            self._replaying = False
+            tx.relations = shared
+            self.replaying = False
             self._replay_in_progress = None
-            self._xid, self._ordinal = None, 0
+            tx.end()
             self._forget(streamed)
+
+    def _changes(self, file: SpooledTransaction) -> Generator[Event, None, None]:
+        """The events of the spooled payloads, those of rolled-back subtransactions left out."""
+        fast_change = self._fast_change
+        events = self._events
+        decode = pg.decode
+        for payload, lsn, aborted in file.replay():
+            kind = payload[0]
+            if aborted and kind in IN_STREAM_CHANGE:
+                continue
+            if kind == INSERT or kind == UPDATE or kind == DELETE:
+                fast = fast_change(kind, payload, 5, lsn)  # the xid takes bytes 1 to 4
+                if fast is not None:
+                    yield fast
+                    continue
+            yield from events(decode(payload, in_stream=True), lsn)
 
 
 class Streamed:
