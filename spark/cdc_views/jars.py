@@ -30,7 +30,7 @@ from pathlib import Path
 
 import structlog
 
-from cdc.dev._proc import cache_dir, file_lock
+from cdc.dev.cache import cache_dir, file_lock
 
 log = structlog.get_logger("cdc_views.jars")
 

@@ -27,6 +27,7 @@ from structlog.typing import FilteringBoundLogger
 from cdc.dev import _proc, kafka, postgres
 from cdc.dev import registry as registry_module
 from cdc.dev._proc import DevServiceError
+from cdc.dev.cache import file_lock
 
 __all__ = ["DevServiceError", "Endpoints", "default_state_dir", "down", "status", "up"]
 
@@ -64,7 +65,7 @@ def up(state_dir: Path, *, registry: bool = True, log: FilteringBoundLogger | No
     state_dir = _prepare(state_dir)
     started = time.monotonic()
     postgres.check_installed()
-    with _proc.file_lock(state_dir / ".lock"), ThreadPoolExecutor(max_workers=3, thread_name_prefix="cdc-dev") as pool:
+    with file_lock(state_dir / ".lock"), ThreadPoolExecutor(max_workers=3, thread_name_prefix="cdc-dev") as pool:
         pg_future = pool.submit(postgres.up, state_dir, log)
         # Fetch the Java artifacts one after the other (Maven's local repository is shared),
         # while PostgreSQL starts; then start the JVMs side by side.
@@ -121,7 +122,7 @@ def down(state_dir: Path, *, log: FilteringBoundLogger | None = None) -> None:
     state_dir = state_dir.expanduser().resolve()
     if not state_dir.exists():
         return
-    with _proc.file_lock(state_dir / ".lock"):
+    with file_lock(state_dir / ".lock"):
         errors: list[DevServiceError] = []
         for stop in (registry_module.down, kafka.down, postgres.down):
             try:

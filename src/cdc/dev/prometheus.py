@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 import yaml
 
-from cdc.dev._proc import cache_dir
+from cdc.dev.cache import cache_dir
 
 log = structlog.get_logger("cdc.dev.prometheus")
 
