@@ -19,7 +19,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from cdc.declared import SparkSection
 from cdc.outbox.config import OutboxConfig
-from cdc.sink.registry import RegistrySettings
+from cdc.sink.settings import RegistrySettings
 from cdc.snapshot.config import SnapshotConfig
 from cdc.toast import ToastConfig
 

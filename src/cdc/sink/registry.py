@@ -37,9 +37,9 @@ from typing import Any, Final, Protocol
 import orjson
 import structlog
 import tenacity
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from cdc.sink.avro_diff import describe_changes
+from cdc.sink.settings import RegistrySettings
 
 __all__ = [
     "IncompatibleSchemaError",
@@ -72,34 +72,6 @@ class IncompatibleSchemaError(RegistryError):
         self.subject = subject
         self.changes = changes
         self.compatibility = compatibility
-
-
-class RegistrySettings(BaseModel):
-    """The ``schema_registry`` configuration section."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    url: str = Field(
-        description="base URL of the Confluent-compatible API, e.g. http://registry:8081 "
-        "or Apicurio's http://registry:8080/apis/ccompat/v7"
-    )
-    username: str | None = Field(default=None, description="HTTP basic auth user (Confluent Cloud: the API key)")
-    password: SecretStr | None = Field(default=None, description="HTTP basic auth password; prefer the environment")
-    ssl_ca_file: Path | None = Field(default=None, description="CA bundle for an https registry with a private CA")
-    timeout_s: float = Field(default=10.0, gt=0, description="timeout of one HTTP request")
-    retry_timeout_s: float = Field(
-        default=60.0, ge=0, description="how long connection errors are retried before the pipeline stops"
-    )
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, v: str) -> str:
-        parsed = urllib.parse.urlsplit(v)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ValueError(f"must be an http:// or https:// URL, got {v!r}")
-        if parsed.query or parsed.fragment:
-            raise ValueError(f"must not have a query or fragment: {v!r}")
-        return v.rstrip("/")
 
 
 class SchemaRegistry(Protocol):
