@@ -39,9 +39,9 @@ def measure(capture: Path, fmt: str) -> dict[str, Any]:
     from cdc.event import TableInfo
     from cdc.lsn import Lsn
     from cdc.render.codec import IMPLEMENTATION, TableRenderer
-    from cdc.render.rows import RenderedRow
     from cdc.sink.avro import AvroSerializer, AvroSettings
     from cdc.sink.json import JsonSerializer, JsonSettings
+    from cdc.sink.rendering import RenderedRow
 
     sys.path.insert(0, str(HERE.parent))
     from tests.unit.test_avro import FakeRegistry  # an in-memory registry

@@ -115,7 +115,7 @@ Row = dict[str, Any]
 
 class KeyedRow(Protocol):
     """What every row offers for its key columns: a typed row (``dict``) and a row the decoder wrote in the
-    sink format (``cdc.render.rows.RenderedRow``, whose other columns have no typed value) alike."""
+    sink format (``cdc.sink.rendering.RenderedRow``, whose other columns have no typed value) alike."""
 
     def __getitem__(self, column: str) -> Any: ...
 

@@ -23,11 +23,11 @@ from cdc.decoder.changes import ChangeDecoder
 from cdc.event import ChangeEvent, PgType
 from cdc.lsn import Lsn
 from cdc.render.codec import TableRenderer
-from cdc.render.rows import RenderedRow
 from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.record import Record
 from cdc.sink.records import EventSerializer
+from cdc.sink.rendering import RenderedRow
 from tests.support.decoder_harness import DecoderSession, changes, mark
 from tests.support.type_cases import server_cases, server_setup, xml_available
 

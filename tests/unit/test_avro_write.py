@@ -272,7 +272,7 @@ def test_rendered_rows_through_the_envelope_writer_are_fastavros_records_of_the_
 ) -> None:
     from cdc.decoder.changes import ChangeDecoder
     from cdc.render.codec import TableRenderer
-    from cdc.render.rows import RenderedRow
+    from cdc.sink.rendering import RenderedRow
     from tests.support.accounts import COLUMNS, TABLES, feed
     from tests.support.pgoutput import begin, delete, insert, relation, tuple_data, update
 

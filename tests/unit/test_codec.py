@@ -32,9 +32,10 @@ from cdc.event import ChangeEvent, PgType, TableInfo, TypeKind
 from cdc.lsn import Lsn
 from cdc.render import codec
 from cdc.render.codec import TableRenderer
-from cdc.render.rows import RenderedRow, RowRendering, render_parser
+from cdc.render.rows import render_parser
 from cdc.sink.avro import AvroSerializer, AvroSettings
 from cdc.sink.json import JsonSerializer, JsonSettings
+from cdc.sink.rendering import RenderedRow, RowRendering
 from tests.support.accounts import numeric_typmod
 from tests.support.pgoutput import begin, delete, insert, relation, tuple_data, update
 from tests.unit.test_avro import FakeRegistry

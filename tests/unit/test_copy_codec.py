@@ -28,7 +28,8 @@ from cdc.event import TableInfo, TableSchema
 from cdc.lsn import Lsn
 from cdc.render import codec
 from cdc.render.codec import TableRenderer
-from cdc.render.rows import RenderedRow, RowRendering, render_copy_parser, render_copy_record, render_parser
+from cdc.render.rows import render_copy_parser, render_copy_record, render_parser
+from cdc.sink.rendering import RenderedRow, RowRendering
 from cdc.snapshot.copytext import unescape
 from tests.support.pgoutput import relation, tuple_data
 from tests.unit.test_codec import CASES, DIRECT, OIDS, TEXTS, TYPES, serializers

@@ -18,8 +18,8 @@ from cdc.decoder.fast import FastChangesReference
 from cdc.event import ChangeEvent
 from cdc.lsn import Lsn
 from cdc.render.codec import TableRenderer
-from cdc.render.rows import RenderedRow
 from cdc.sink.json import JsonSerializer, JsonSettings
+from cdc.sink.rendering import RenderedRow
 from tests.support.pgoutput import delete, insert, relation, tuple_data, update
 from tests.unit.test_envelope_codec import TABLES, transactions, workload
 

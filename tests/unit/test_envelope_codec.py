@@ -29,10 +29,10 @@ from cdc.decoder.pgoutput import UNCHANGED
 from cdc.event import ChangeEvent, Event, TableInfo, TransactionBlock
 from cdc.lsn import Lsn
 from cdc.render.codec import TableRenderer
-from cdc.render.rows import RenderedRow
 from cdc.sink import envelopes
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.records import EventSerializer
+from cdc.sink.rendering import RenderedRow
 from tests.support.accounts import numeric_typmod
 from tests.support.envelope_workload import account, two_transactions, variants
 from tests.support.pgoutput import begin, commit, delete, insert, relation, tuple_data, update

@@ -9,6 +9,7 @@ is also an edge to ``cdc.a`` (unless the importer is inside ``cdc.a``, already b
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,15 @@ MAX_LINES: Final = 600
 
 # What the decoder (bytes in, events out) must never depend on, directly or through another module.
 DECODER_MUST_NOT_IMPORT: Final = ("cdc.config", "cdc.catalog", "cdc.sink", "cdc.snapshot", "cdc.pipeline", "cdc.outbox")
+
+# One-way layers between packages (docs/architecture.md): the package on the left never depends, directly or
+# through another module, on those on the right. The row codec (cdc.render) writes the sink's bytes fast;
+# what the bytes are (RowRendering, RenderedRow, each format's row_rendering) is the sink's.
+NEVER_IMPORTS: Final = {"cdc.sink": ("cdc.render",)}
+
+# What a compiled extension (.pyx) may import of the package at its own import: the decoder's value parsers
+# only. cdc.compiled loads every extension, and every layer imports cdc.compiled.
+EXTENSION_MAY_IMPORT: Final = ("cdc.decoder.types",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +180,41 @@ def test_the_decoder_depends_on_no_configuration_catalog_sink_snapshot_pipeline_
         f"{target}: {' -> '.join(f'{importer} (line {edge.line})' for importer, edge in path)} -> {target}"
         for target, path in sorted(upward.items())
     )
+
+
+@pytest.mark.parametrize(
+    ("module", "forbidden"),
+    sorted(
+        (m, forbidden)
+        for package, forbidden in NEVER_IMPORTS.items()
+        for m in MODULES
+        if m == package or m.startswith(package + ".")
+    ),
+)
+def test_the_sink_never_imports_the_row_codec(module: str, forbidden: tuple[str, ...]) -> None:
+    upward = {
+        target: path
+        for target, path in _reachable(module).items()
+        if any(target == f or target.startswith(f + ".") for f in forbidden)
+    }
+    assert not upward, f"{module} imports, directly or not:\n" + "\n".join(
+        f"{target}: {' -> '.join(f'{importer} (line {edge.line})' for importer, edge in path)} -> {target}"
+        for target, path in sorted(upward.items())
+    )
+
+
+def test_the_chooser_is_a_leaf_and_the_extensions_it_loads_import_only_the_decoders_value_parsers() -> None:
+    assert GRAPH["cdc.compiled"] == [], "cdc.compiled imports other modules of the package"
+    extensions = sorted(PACKAGE.rglob("*.pyx"))
+    assert len(extensions) >= 5
+    imported = re.compile(r"^\s*(?:from|import)\s+(cdc(?:\.\w+)*)", re.MULTILINE)
+    wrong = {
+        path.relative_to(SRC).as_posix(): name
+        for path in extensions
+        for name in imported.findall(path.read_text())
+        if not any(name == allowed or name.startswith(allowed + ".") for allowed in EXTENSION_MAY_IMPORT)
+    }
+    assert not wrong, f"compiled extensions importing the package beyond {EXTENSION_MAY_IMPORT}: {wrong}"
 
 
 def _lines(relative: str) -> int:

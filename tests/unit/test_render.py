@@ -19,9 +19,9 @@ from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.pgoutput import UNCHANGED
 from cdc.decoder.types import BUILTIN_TYPES, converter_for
 from cdc.render.codec import TableRenderer
-from cdc.render.json import _direct_renderer
-from cdc.render.rows import RenderedRow
 from cdc.sink.json import JsonSerializer, JsonSettings
+from cdc.sink.rendering import RenderedRow
+from cdc.sink.rendering_json import _direct_renderer
 from cdc.sink.typemap import TypeOptions, column_schema
 from tests.support.accounts import COLUMNS, TABLES, feed, numeric_typmod
 from tests.support.pgoutput import begin, delete, insert, relation, tuple_data, update

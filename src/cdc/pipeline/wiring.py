@@ -60,7 +60,6 @@ from cdc.pipeline.toast import (
     toast_mode,
 )
 from cdc.render.codec import TableRenderer
-from cdc.render.rows import RowRendering
 from cdc.replication import ReplicationStream
 from cdc.schema_history import topic_for as schema_history_topic
 from cdc.selection import Selection, entry_for
@@ -72,6 +71,7 @@ from cdc.sink.kafka import TopicSpec, admin_client, check_reachable, ensure_topi
 from cdc.sink.metadata import TransactionMetadata, heartbeat_topic, transaction_topic
 from cdc.sink.records import EventSerializer
 from cdc.sink.registry import RegistryClient
+from cdc.sink.rendering import RowRendering
 from cdc.snapshot.modes import StartupPlan
 from cdc.snapshot.output import ConfiguredOutput
 from cdc.snapshot.plan import session_setup

@@ -1,11 +1,13 @@
-"""Row rendering: writing a table's rows straight in the sink format (JSON text, Avro binary) as the
-decoder reads them, skipping typed values.
+"""The row codec: a table's rows written straight in the sink format (JSON text, Avro binary) as the decoder
+and the snapshot read them, skipping typed values.
 
-- ``rows``: the rendered row, the per-table ``RowRendering`` and the reference codec (a generated parser);
-  the decoder sees only its ``RowRenderer`` protocol (``cdc.decoder.rows``);
-- ``codec``: the one place that chooses the compiled codec (``_compiled``, Cython) or the reference, and
-  ``TableRenderer``, the decoder's ``RowRenderer`` (``CDC_PURE_PYTHON=1`` forces the reference); with it,
-  the JSON serializer's envelope around rendered rows (``_envelope``, Cython) or its reference ``records``;
-- ``text``: pgoutput column text straight to its JSON or Avro encoding, per type;
-- ``json``, ``avro``: each format's ``RowRendering`` of a table.
+What the bytes are is the sink's (``cdc.sink.rendering``: ``RowRendering``, ``RenderedRow``; each format's
+``row_rendering``); this package only runs a ``RowRendering`` over pgoutput tuples and COPY lines, fast:
+
+- ``rows``: the reference codec (a parser generated per table), and its COPY forms;
+- ``codec``: ``TableRenderer``, the decoder's ``RowRenderer`` (``cdc.decoder.rows``), and the snapshot's
+  ``copy_parser``/``copy_record``, each built with the codec ``cdc.compiled`` chose: the compiled one
+  (``_compiled``, Cython) or the reference.
+
+It depends on the sink and the decoder; neither imports it (docs/architecture.md).
 """

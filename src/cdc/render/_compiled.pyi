@@ -3,7 +3,7 @@
 from collections.abc import Callable
 from typing import Any
 
-from cdc.render.rows import RowRendering
+from cdc.sink.rendering import RowRendering
 
 class RowCodec:
     rendered: bool

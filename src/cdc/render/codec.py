@@ -15,15 +15,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from cdc.compiled import CHOSEN
 from cdc.decoder.rows import Decline, RowParser
 from cdc.event import TableSchema
-from cdc.render.rows import (
-    CopyRecord,
-    CopyRowParser,
-    RenderedRow,
-    RowRendering,
-    render_copy_parser,
-    render_copy_record,
-    render_parser,
-)
+from cdc.render.rows import CopyRecord, CopyRowParser, render_copy_parser, render_copy_record, render_parser
+from cdc.sink.rendering import RenderedRow, RowRendering
 
 if TYPE_CHECKING:
     from cdc.render._compiled import RowCodec

@@ -1,28 +1,22 @@
-"""Rows written straight in the sink format, and the generated parsers that write them.
+"""The reference row codec: parsers generated per table that write its rows straight in the sink format.
 
-A ``RowRendering`` (made by a format's renderer, ``cdc.render.json`` or
-``cdc.render.avro``) says how to write one table's columns; ``render_parser``
-turns it into a parser of the table's pgoutput tuples that returns a
-``RenderedRow`` (the reference codec; ``cdc.render.codec`` chooses it or the
-compiled one, and holds ``TableRenderer``, the decoder's ``RowRenderer``).
-
-A rendered row has typed values for its key columns only, readable like a typed
-row's (``row[name]``, ``row.get(name)``, ``name in row``); asking it for any other
-column raises TypeError, so code that needs every value cannot silently take one.
-Only the serializers look at its bytes, through ``encoded``.
+A ``RowRendering`` (``cdc.sink.rendering``: the serializer's ``row_rendering`` gives one per table) says how
+to write one table's columns; ``render_parser`` turns it into a parser of the table's pgoutput tuples that
+returns a ``RenderedRow`` (the sink's value of a row already in its bytes), and ``render_copy_parser`` and
+``render_copy_record`` do the same for the snapshot's ``COPY ... TO STDOUT`` lines. The compiled codec
+(``cdc.render._compiled``) writes the same bytes; ``cdc.render.codec`` builds the one ``cdc.compiled`` chose.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Final
 
 from cdc.decoder.rows import Decline, RowParser
-from cdc.event import Row
+from cdc.sink.rendering import RenderedRow, RowRendering
 
-Render = Callable[[bytes], bytes]
+__all__ = ["CopyRecord", "CopyRowParser", "render_copy_parser", "render_copy_record", "render_parser"]
 
 CopyRowParser = Callable[[bytes | bytearray | memoryview], "RenderedRow"]
 """A line of ``COPY ... TO STDOUT`` in text format (its newline optional) -> its ``RenderedRow``; raises
@@ -32,90 +26,6 @@ CopyRecord = Callable[[bytes | bytearray | memoryview, bytes, bytes, bytes, byte
 value_head + row + value_end)``, with the key and row its ``CopyRowParser`` writes."""
 
 _U32: Final = struct.Struct(">I")
-
-
-class RenderedRow:
-    """A row the decoder wrote straight into the sink format's bytes.
-
-    ``data`` is the row exactly as the serializer would write it from the typed values (JSON: the
-    object ``{"id":1,"name":"a",...}``; Avro: the binary of the table's Value record), ``key_data``
-    the key the same way (JSON: the key object; Avro: the Key record), ``key`` the typed values of
-    the key columns (what snapshots compare streamed rows by, and key headers are made of).
-    """
-
-    __slots__ = ("data", "key", "key_data")
-
-    def __init__(self, data: bytes, key: Row, key_data: bytes) -> None:
-        self.data = data
-        self.key = key
-        self.key_data = key_data
-
-    def _typed(self, column: str) -> Row:
-        if column in self.key:
-            return self.key
-        raise TypeError(
-            f"a rendered row has no typed value for column {column!r}: only its key columns "
-            f"({', '.join(self.key)}) have one. The decoder renders only tables whose rows no stage reads "
-            "column by column (a bug; please report it)"
-        )
-
-    def __getitem__(self, column: str) -> Any:
-        return self._typed(column)[column]
-
-    def get(self, column: str, default: Any = None) -> Any:
-        return self._typed(column).get(column, default)
-
-    def __contains__(self, column: object) -> bool:
-        return str(column) in self._typed(str(column))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, RenderedRow):
-            return NotImplemented
-        return self.data == other.data and self.key == other.key and self.key_data == other.key_data
-
-    __hash__ = None  # type: ignore[assignment]  # mutable like the dicts it stands in for
-
-    def __repr__(self) -> str:
-        return f"RenderedRow({self.data!r})"
-
-
-def encoded(row: object) -> RenderedRow | None:
-    """The row as the decoder wrote it in the sink format, or None for a typed row (``dict``)."""
-    return row if type(row) is RenderedRow else None
-
-
-@dataclass(frozen=True, slots=True)
-class RowRendering:
-    """How the decoder writes one table's rows in the sink format's bytes, given by the format's renderer.
-
-    Per column, in the table's order: ``render[i]`` turns the column's pgoutput text into its
-    encoding within the row, or is None, and then the column's typed value (the decoder's
-    converter) goes through ``typed[i]``; ``null[i]`` is a NULL's encoding (None: a NULL here
-    cannot be rendered, the typed path decides). ``row_format`` joins the columns' encodings
-    (``%b`` each, in order). The key columns (``key_index`` are their positions) with a direct
-    renderer reuse their rendered encoding (direct types encode keys as values; only a NULL can be
-    written differently, as ``key_null``); the others go through ``key_typed``, as a key's encoding
-    can differ (keys must be injective).
-    Renderers raise ValueError on anything they do not cover; the decoder then takes its typed path.
-
-    ``format`` and ``direct`` are for a compiled codec (``cdc.render.codec``): per column, the direct
-    type (``text.direct_type``) and its parameter (timestamptz: the precision; numeric: the scale), or
-    None, which it may write itself in that format instead of calling ``render[i]``, after ``prefix[i]``
-    (Avro: a nullable field's union branch); empty: it calls ``render[i]`` for every column.
-    """
-
-    names: tuple[str, ...]
-    render: tuple[Render | None, ...]
-    typed: tuple[Callable[[Any], bytes], ...]
-    null: tuple[bytes | None, ...]
-    row_format: bytes
-    key_index: tuple[int, ...]
-    key_typed: tuple[Callable[[Any], bytes], ...]
-    key_null: tuple[bytes | None, ...]
-    key_format: bytes
-    format: str = ""
-    direct: tuple[tuple[str, int] | None, ...] = ()
-    prefix: tuple[bytes, ...] = ()
 
 
 def render_parser(rendering: RowRendering, parsers: Sequence[Callable[[bytes], Any]]) -> RowParser:

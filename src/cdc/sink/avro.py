@@ -58,8 +58,6 @@ from pydantic import BaseModel, ConfigDict, Field
 import cdc
 from cdc.compiled import CHOSEN
 from cdc.event import AnyRow, MessageEvent, TableSchema, TransactionBlock
-from cdc.render.avro import avro_row_rendering
-from cdc.render.rows import RowRendering, encoded
 from cdc.sink.avro_schema import avro_field_name, avro_name, avro_schema
 from cdc.sink.avro_write import COMPILED_ERRORS, Encoded, Unsupported, Write, compile_writer
 from cdc.sink.connect import (
@@ -83,6 +81,8 @@ from cdc.sink.records import (
     unchanged_toast_key,
 )
 from cdc.sink.registry import SchemaRegistry
+from cdc.sink.rendering import RowRendering, encoded
+from cdc.sink.rendering_avro import avro_row_rendering
 from cdc.sink.typemap import column_schema
 from cdc.values import UNCHANGED_TOAST
 

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Final
 import orjson
 
 from cdc.event import ChangeEvent, Op, TableSchema, TransactionBlock
-from cdc.render.rows import RenderedRow
 from cdc.sink.avro_write import COMPILED_ERRORS, Encoded, Write, write_long
 from cdc.sink.errors import clock_beyond_avro_long
 from cdc.sink.record import Record
 from cdc.sink.records import EventSerializer, Records, position_headers
+from cdc.sink.rendering import RenderedRow
 from cdc.sink.wire import COMMIT_LSN_HEADER, LSN_HEADER, ORDINAL_HEADER, TXID_HEADER
 
 if TYPE_CHECKING:

@@ -19,8 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field
 import cdc
 from cdc.compiled import CHOSEN
 from cdc.event import AnyRow, MessageEvent, Op, TableSchema, TransactionBlock
-from cdc.render.json import json_row_rendering
-from cdc.render.rows import RowRendering, encoded
 from cdc.sink.connect import (
     MESSAGE_KEY_SCHEMA,
     MESSAGE_VALUE_SCHEMA,
@@ -36,6 +34,8 @@ from cdc.sink.errors import SerializationError
 from cdc.sink.fallback import json_fallback
 from cdc.sink.record import Record
 from cdc.sink.records import EventSerializer, SourcePieces, column_where, position_headers, value_error
+from cdc.sink.rendering import RowRendering, encoded
+from cdc.sink.rendering_json import json_row_rendering
 from cdc.sink.typemap import column_schema, toast_placeholder
 from cdc.values import UNCHANGED_TOAST
 

@@ -57,10 +57,10 @@ from cdc.event import (
     TransactionBlock,
     TruncateEvent,
 )
-from cdc.render.rows import RowRendering
 from cdc.sink.connect import ColumnField, ConnectSchema
 from cdc.sink.errors import SerializationError
 from cdc.sink.record import Record
+from cdc.sink.rendering import RowRendering
 from cdc.sink.typemap import TypeOptions
 from cdc.sink.wire import (
     COMMIT_LSN_HEADER,

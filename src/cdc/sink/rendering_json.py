@@ -16,8 +16,9 @@ from typing import Any, Final
 import orjson
 
 from cdc.event import PgType, TableSchema
-from cdc.render.rows import RowRendering
-from cdc.render.text import (
+from cdc.sink.connect import ColumnField
+from cdc.sink.rendering import RowRendering
+from cdc.sink.rendering_text import (
     check_int_text,
     check_uuid_text,
     direct_kind,
@@ -26,7 +27,6 @@ from cdc.render.text import (
     typed_renderer,
     zoned_timestamp_text,
 )
-from cdc.sink.connect import ColumnField
 from cdc.sink.typemap import TypeOptions, numeric_typmod, time_precision
 
 _JSON_SPECIAL: Final = re.compile(rb'["\\\x00-\x1f]').search  # what orjson escapes in a string

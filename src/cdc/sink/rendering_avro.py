@@ -8,8 +8,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cdc.event import PgType, TableSchema
-from cdc.render.rows import RowRendering
-from cdc.render.text import (
+from cdc.sink.avro_write import COMPILED_ERRORS, Write, write_long
+from cdc.sink.connect import Encoder
+from cdc.sink.rendering import RowRendering
+from cdc.sink.rendering_text import (
     check_int_text,
     check_uuid_text,
     direct_kind,
@@ -18,8 +20,6 @@ from cdc.render.text import (
     typed_renderer,
     zoned_timestamp_text,
 )
-from cdc.sink.avro_write import COMPILED_ERRORS, Write, write_long
-from cdc.sink.connect import Encoder
 from cdc.sink.typemap import TypeOptions, numeric_typmod, time_precision
 
 
