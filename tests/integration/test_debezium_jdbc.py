@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.types.json import Json, Jsonb
 
 from cdc import dev
 from cdc.dev.connect import ConnectWorker, unique_name
@@ -116,7 +117,7 @@ def _kind_values(i: int) -> dict[str, Any]:
         "objid": 4_000_000_000 + i,
         "label": f"name_{i}",
         "mood": "ok" if i % 2 else "sad",
-        "plain_json": psycopg.types.json.Json({"k": [i, None]}),
+        "plain_json": Json({"k": [i, None]}),
         "uids": [uuid.UUID(int=i), uuid.UUID(int=i + 1)],
         "doubles": [0.5 * i, -1.25],
     }
@@ -163,7 +164,7 @@ def _values(i: int) -> dict[str, Any]:
         "at": dt.datetime(2024, 5, 1, 12, 34, 56, 789012) + dt.timedelta(hours=i),
         "at_tz": dt.datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=dt.UTC) + dt.timedelta(minutes=i),
         "uid": uuid.UUID(int=i * 7919),
-        "doc": psycopg.types.json.Jsonb({"i": i, "tags": ["a", "b"], "nested": {"ok": True}}),
+        "doc": Jsonb({"i": i, "tags": ["a", "b"], "nested": {"ok": True}}),
         "data": bytes([i % 256, 0, 255, 1]),
         "nums": [i, -i, 0],
         "small": i % 30000,

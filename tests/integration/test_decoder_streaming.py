@@ -106,7 +106,7 @@ def test_a_streamed_workload_decodes_to_exactly_the_events_of_the_same_workload_
     big = next(g for g in groups if len(g) > 1000)
     inserted = [e.key()["id"] for e in changes(big, "bulk") if e.op is Op.CREATE]
     assert inserted == [*range(1, 3001), *range(20001, 22001), *range(30001, 32001)]
-    assert [e.ordinal for e in big[1:-1]] == list(range(1, len(big) - 1))
+    assert [e.ordinal for e in big[1:-1] if not isinstance(e, TxBegin | TxCommit)] == list(range(1, len(big) - 1))
     commit = big[-1]
     assert isinstance(commit, TxCommit) and commit.event_count == len(big) - 2
     # Commit order: the two small transactions committed before the big one did.

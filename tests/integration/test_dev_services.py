@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
 from cdc import dev

@@ -24,7 +24,7 @@ def test_a_created_topic_is_led_before_ensure_topics_returns_and_every_record_pr
     failures: list[str] = []
     acked: dict[str, int] = {}
 
-    def report(err, msg):  # type: ignore[no-untyped-def]
+    def report(err, msg):
         if err is not None:
             failures.append(f"{msg.topic()}: {err}")
         else:

@@ -109,7 +109,8 @@ def test_health_readiness_and_metrics_move_with_a_workload(
             time.sleep(0.3)
         assert metric(text, "cdc_events_total", table="public.customers", op="c") == 30
         assert metric(text, "cdc_events_total", table="public.customers", op="u") == 10
-        assert metric(text, "cdc_confirmed_lsn") > 0
+        confirmed = metric(text, "cdc_confirmed_lsn")
+        assert confirmed is not None and confirmed > 0
         assert metric(text, "cdc_slot_lag_bytes") is not None
         assert metric(text, "cdc_queue_bytes") is not None
         assert metric(text, "cdc_delivery_errors_total") == 0

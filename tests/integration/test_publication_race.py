@@ -67,8 +67,9 @@ def test_a_table_added_while_a_transaction_writes_it_keeps_all_its_later_changes
             finisher.start()
             wait_until(lambda: pipeline.stats.streaming, 60, "streaming", running.check)
             assert committed.wait(10), "the writer did not commit"
-            assert pipeline.snapshots is not None
-            wait_until(lambda: not pipeline.snapshots.reader.busy, 60, "the snapshot of t", running.check)
+            snapshots = pipeline.snapshots
+            assert snapshots is not None
+            wait_until(lambda: not snapshots.reader.busy, 60, "the snapshot of t", running.check)
             # The changes the bug left out: everything after the writer's transaction.
             with psycopg.connect(pg_dsn, autocommit=True) as conn:
                 conn.execute("INSERT INTO t SELECT i, 'new', i, true, NULL FROM generate_series(1001, 1100) i")
@@ -78,6 +79,7 @@ def test_a_table_added_while_a_transaction_writes_it_keeps_all_its_later_changes
             wait_until(lambda: slot_confirmed_past(pg_dsn, slot_name, end), 60, "the stream to catch up", running.check)
     finally:
         writer.close()
+    assert pipeline.snapshots is not None
     (job,) = pipeline.snapshots.state.jobs()
     assert job.table == "public.t" and job.status == "done"
     rows = assert_topic_equals_table(

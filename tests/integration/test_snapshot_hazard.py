@@ -24,7 +24,7 @@ import structlog
 from psycopg import sql
 
 from cdc.dev import postgres
-from cdc.snapshot.config import SnapshotConfig, SnapshotMode
+from cdc.snapshot.config import SnapshotConfig
 from cdc.snapshot.signals import send_snapshot_signal
 from tests.support.connector import drop_slots
 from tests.support.snapshots import (
@@ -74,7 +74,7 @@ def test_a_commit_waiting_for_a_synchronous_standby_makes_the_chunk_retry_until_
 ) -> None:
     fill(syncrep_dsn, 200)
     config = make_config(services, syncrep_dsn, slot_name, publication_name, topic_prefix, ["public.t"])
-    settings = SnapshotConfig(mode=SnapshotMode.NO_DATA, signal_poll_s=0.2, progress_bar=False)
+    settings = SnapshotConfig(mode="no_data", signal_poll_s=0.2, progress_bar=False)
     pipeline = SnapshotPipeline(config, settings)
     topic = f"{topic_prefix}.public.t"
     waiting = psycopg.connect(syncrep_dsn, autocommit=True)

@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc.snapshot.config import SnapshotConfig, SnapshotMode
+from cdc.snapshot.config import SnapshotConfig
 from cdc.snapshot.signals import send_snapshot_signal
 from cdc.snapshot.state import KafkaStore
 from tests.support.snapshots import (
@@ -59,9 +59,7 @@ def test_a_snapshot_requested_by_a_signal_while_streaming_replays_to_exactly_the
         topic_prefix,
         ["public.t", {"name": "public.events", "key": ["code"]}],
     )
-    settings = SnapshotConfig(
-        mode=SnapshotMode.NO_DATA, incremental_chunk_rows=1_000, signal_poll_s=0.3, progress_bar=False
-    )
+    settings = SnapshotConfig(mode="no_data", incremental_chunk_rows=1_000, signal_poll_s=0.3, progress_bar=False)
     pipeline = SnapshotPipeline(config, settings)
     workload = Workload(pg_dsn, 20_000, seed=11)
     try:

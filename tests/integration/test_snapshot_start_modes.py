@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from cdc.snapshot.config import SnapshotConfig, SnapshotMode
+from cdc.snapshot.config import SnapshotConfig
 from tests.support.snapshots import (
     Running,
     SnapshotPipeline,
@@ -28,9 +28,7 @@ def test_initial_only_copies_every_table_without_a_slot_and_stops(
 ) -> None:
     fill(pg_dsn, 5_000)
     config = make_config(services, pg_dsn, slot_name, publication_name, topic_prefix, ["public.t"])
-    pipeline = SnapshotPipeline(
-        config, SnapshotConfig(mode=SnapshotMode.INITIAL_ONLY, chunk_rows=1_000, progress_bar=False)
-    )
+    pipeline = SnapshotPipeline(config, SnapshotConfig(mode="initial_only", chunk_rows=1_000, progress_bar=False))
     pipeline.run()  # returns once the copy is in Kafka
     assert pipeline.plan is not None and not pipeline.plan.stream
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
@@ -45,7 +43,7 @@ def test_always_takes_a_new_snapshot_whose_truncate_markers_retire_rows_deleted_
 ) -> None:
     fill(pg_dsn, 3_000)
     config = make_config(services, pg_dsn, slot_name, publication_name, topic_prefix, ["public.t"])
-    settings = SnapshotConfig(mode=SnapshotMode.ALWAYS, chunk_rows=1_000, progress_bar=False)
+    settings = SnapshotConfig(mode="always", chunk_rows=1_000, progress_bar=False)
     with Running(SnapshotPipeline(config, settings)) as running:
         wait_until(lambda: running.pipeline.stats.streaming, 60, "the first snapshot", running.check)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:

@@ -169,7 +169,7 @@ def test_a_pre_created_publication_the_role_may_not_alter_is_named_with_the_fix_
 
 # --------------------------------------------------------------------------- cdc validate = cdc run's checks
 
-VALIDATE_CASES = {
+VALIDATE_CASES: dict[str, dict[str, Any]] = {
     "misspelt table": {"tables": ["public.custmers"]},
     "no primary key and no key": {"tables": ["public.nokey"]},
     "key column that does not exist": {"tables": [{"name": "public.customers", "key": ["customer_no"]}]},

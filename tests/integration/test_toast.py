@@ -72,12 +72,13 @@ def registry_of(services: Any, services_mode: str, topic_prefix: str) -> Iterato
     def of(fmt: str) -> str | None:
         if fmt != "avro":
             return None
-        if services.schema_registry_url is None:
+        url: str | None = services.schema_registry_url
+        if url is None:
             if services_mode == "docker":
                 pytest.skip("no schema registry in docker mode (testcontainers starts Postgres and Kafka only)")
             raise AssertionError("cdc.dev started no schema registry (CDC_TEST_REGISTRY=0?); the Avro tests need one")
-        used.append(services.schema_registry_url)
-        return services.schema_registry_url  # type: ignore[no-any-return]
+        used.append(url)
+        return url
 
     yield of
     for url in used[:1]:
@@ -167,7 +168,7 @@ def test_after_forced_compaction_the_replay_equals_the_table_and_no_record_holds
     topic = f"{topic_prefix}.public.docs"
     # JSON with schemas runs with toast.fill_batch 3: a transaction's 8 held updates are read in 3 queries.
     batch = 3 if fmt == "json_schemas" else None
-    extra = {"toast": {"fill_batch": batch}} if batch else {}
+    extra: dict[str, Any] = {"toast": {"fill_batch": batch}} if batch else {}
     # The daemon creates the topic with the broker's cleaner defaults: nothing is compacted until
     # set_fast_compaction below, so the first read holds every record the workload made.
     cfg = config(
@@ -355,15 +356,19 @@ def test_placeholder_mode_writes_debeziums_bytes(
     finally:
         assert c.stop() == 0, c.output()[-4000:]
     reader = Reader(fmt, url)
-    raw = [(reader.key(m), reader.envelope(m)) for m in msgs]
-    assert [(k, v["op"]) for k, v in raw] == [(1, "c"), (2, "c"), (1, "u"), (2, "u")]  # type: ignore[index]
+    raw: list[tuple[int, dict[str, Any]]] = []
+    for m in msgs:
+        envelope = reader.envelope(m)
+        assert envelope is not None, "a tombstone among the records"
+        raw.append((reader.key(m), envelope))
+    assert [(k, v["op"]) for k, v in raw] == [(1, "c"), (2, "c"), (1, "u"), (2, "u")]
     # bytea: the placeholder's UTF-8 bytes, base64 in JSON
     as_bytes: Any = base64.b64encode(text.encode()).decode() if fmt == "json" else text.encode()
-    assert raw[2][1]["after"] == {"id": 1, "n": 5, "body": text, "doc": text, "blob": as_bytes}  # type: ignore[index]
-    assert raw[3][1]["after"] == {"id": 2, "n": 0, "body": body, "doc": text, "blob": as_bytes}  # type: ignore[index]
-    assert raw[2][1]["before"] is None and raw[3][1]["before"] is None  # type: ignore[index]
+    assert raw[2][1]["after"] == {"id": 1, "n": 5, "body": text, "doc": text, "blob": as_bytes}
+    assert raw[3][1]["after"] == {"id": 2, "n": 0, "body": body, "doc": text, "blob": as_bytes}
+    assert raw[2][1]["before"] is None and raw[3][1]["before"] is None
     # The creates carry the values (they were sent whole).
-    assert [parsed(reader.image(v["after"])) for _, v in raw[:2]] == [originals[1], originals[2]]  # type: ignore[index]
+    assert [parsed(reader.image(v["after"])) for _, v in raw[:2]] == [originals[1], originals[2]]
     assert not metric(metrics, "cdc_toast_filled_total", table="public.docs"), "placeholder mode re-read values"
 
 
@@ -577,6 +582,7 @@ def test_a_fill_that_reads_after_a_later_update_of_the_row_writes_the_newer_valu
     records = Reader("json").records(consume_all([f"{topic_prefix}.public.docs"], timeout=30.0))
     assert ops(records) == ["c", "u", "u"]
     create, first, second = (parsed(after) for _, _, _, after in records)
+    assert first is not None, "the first update's record has no after image"
     assert create == dict(original, n=0)
     assert first["n"] == 1, "the first update's own change"
     assert first["body"] == newer, (

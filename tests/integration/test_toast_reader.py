@@ -46,7 +46,9 @@ def _key_value(conn: psycopg.Connection[Any], column: Column, table: str) -> Any
     """The key as the decoder holds it: the server's text output through the decoder's converter."""
     with conn.cursor() as cur:
         cur.execute(psycopg.sql.SQL("SELECT k FROM {}").format(psycopg.sql.Identifier(table)))
-        raw = cur.pgresult.get_value(0, 0)  # type: ignore[union-attr]
+        result = cur.pgresult
+        assert result is not None
+        raw = result.get_value(0, 0)
     assert raw is not None
     return converter_for(column.type, column.modifier)(raw)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from cdc.catalog import TableInfo
 from cdc.decoder.changes import ChangeDecoder
 from cdc.event import ChangeEvent
+from cdc.lsn import Lsn
 
 
 def numeric_typmod(precision: int, scale: int) -> int:
@@ -28,5 +29,5 @@ TABLES = {
 def feed(decoder: ChangeDecoder, *payloads: bytes) -> list[ChangeEvent]:
     out = []
     for i, payload in enumerate(payloads):
-        out += [e for e in decoder.feed(payload, 0x100 + i) if isinstance(e, ChangeEvent)]  # type: ignore[arg-type]
+        out += [e for e in decoder.feed(payload, Lsn(0x100 + i)) if isinstance(e, ChangeEvent)]
     return out

@@ -53,8 +53,8 @@ def _docker_answers() -> bool:
     if not host and not Path("/var/run/docker.sock").exists():
         return False
     try:
-        import docker  # type: ignore[import-untyped]
-        from docker.errors import DockerException  # type: ignore[import-untyped]
+        import docker  # type: ignore[import-untyped]  # docker-py ships no type hints
+        from docker.errors import DockerException  # type: ignore[import-untyped]  # docker-py ships no type hints
     except ImportError:
         return False
     with warnings.catch_warnings():

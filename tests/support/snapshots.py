@@ -48,15 +48,17 @@ def make_config(
 ) -> Config:
     kafka = {"bootstrap_servers": services.kafka_bootstrap, "partitions": 3}
     kafka.update(extra.pop("kafka", {}))
-    return Config(
-        source={"dsn": dsn, "slot": slot, "publication": publication},
-        tables=tables,
-        kafka=kafka,
-        topic_prefix=prefix,
-        status_interval_s=1.0,
-        http={"enabled": False},
-        decoder={"streaming": False},
-        **extra,
+    return Config.model_validate(
+        {
+            "source": {"dsn": dsn, "slot": slot, "publication": publication},
+            "tables": tables,
+            "kafka": kafka,
+            "topic_prefix": prefix,
+            "status_interval_s": 1.0,
+            "http": {"enabled": False},
+            "decoder": {"streaming": False},
+            **extra,
+        }
     )
 
 

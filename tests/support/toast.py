@@ -19,7 +19,7 @@ import json
 import random
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, overload
 
 import psycopg
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
@@ -92,7 +92,10 @@ class Reader:
     def __init__(self, fmt: str, registry_url: str | None = None) -> None:
         assert fmt in ("json", "json_schemas", "avro"), fmt
         self.fmt = fmt
-        self.avro = Consumer(registry_url) if fmt == "avro" else None  # type: ignore[arg-type]
+        self.avro: Consumer | None = None
+        if fmt == "avro":
+            assert registry_url is not None, "the avro format needs the registry's URL"
+            self.avro = Consumer(registry_url)
 
     def _decode(self, data: bytes | None) -> Any:
         if data is None:
@@ -106,7 +109,8 @@ class Reader:
         return int(self._decode(m.key())["id"])
 
     def envelope(self, m: Any) -> dict[str, Any] | None:
-        return self._decode(m.value())  # type: ignore[no-any-return]
+        env: dict[str, Any] | None = self._decode(m.value())
+        return env
 
     def image(self, image: dict[str, Any] | None) -> dict[str, Any] | None:
         """A before/after image as a row: bytea as bytes (base64 in JSON, bytes in Avro), jsonb as its raw text."""
@@ -121,7 +125,7 @@ class Reader:
         self, messages: Iterable[Any]
     ) -> list[tuple[int, str | None, dict[str, Any] | None, dict[str, Any] | None]]:
         """(key id, op or None for a tombstone, before row, after row) of each record, in log order."""
-        out = []
+        out: list[tuple[int, str | None, dict[str, Any] | None, dict[str, Any] | None]] = []
         for m in messages:
             env = self.envelope(m)
             if env is None:
@@ -131,6 +135,12 @@ class Reader:
         return out
 
 
+@overload
+def parsed(row: dict[str, Any]) -> dict[str, Any]: ...
+@overload
+def parsed(row: None) -> None: ...
+@overload
+def parsed(row: dict[str, Any] | None) -> dict[str, Any] | None: ...
 def parsed(row: dict[str, Any] | None) -> dict[str, Any] | None:
     """A record's row with its jsonb text parsed, to compare with ``table_rows`` (a placeholder stays text)."""
     if row is None or row["doc"] is None:
@@ -148,7 +158,7 @@ def replay(records: Iterable[tuple[int, str | None, Any, Any]]) -> dict[int, dic
         if op is None or op == "d":
             state.pop(key, None)  # the delete's own record and its tombstone
         else:
-            state[key] = parsed(after)  # type: ignore[assignment]
+            state[key] = parsed(after)
     return state
 
 
@@ -194,7 +204,7 @@ def set_fast_compaction(bootstrap: str, topic: str) -> None:
 def compact(
     consume_all: Callable[..., list[Any]],
     topic: str,
-    tick: Callable[[], None],
+    tick: Callable[[], object],
     done: Callable[[list[Any]], bool],
     timeout: float = 120,
 ) -> list[Any]:
