@@ -9,7 +9,7 @@ encoding itself (in JSON or Avro, the common direct types: integers, text, bool,
 fixed-scale numeric; ``rendering.direct``) or calls the reference's own Python function for it: the
 column's direct renderer, or its converter and typed renderer. Text a native writer does not cover (a
 non-ASCII string, a numeric of more than 18 digits, anything malformed) goes to the column's Python
-renderer, which writes it or raises what the reference raises. ``cdc.render.codec`` chooses between
+renderer, which writes it or raises what the reference raises. ``cdc.compiled`` chooses between
 this module and the reference.
 """
 

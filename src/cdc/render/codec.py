@@ -137,7 +137,7 @@ def copy_record(
 class TableRenderer:
     """The decoder's ``RowRenderer``: a rendered-row parser for each table ``rendering`` gives a
     ``RowRendering`` for, typed rows for the others. ``make_parser`` writes the parsers: by default the
-    codec ``cdc.render.codec`` chose (compiled or reference); the tests name one."""
+    codec ``cdc.compiled`` chose (compiled or reference); the tests name one."""
 
     def __init__(
         self,

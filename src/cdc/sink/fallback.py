@@ -53,7 +53,7 @@ _INTERVAL_ZERO_TEXT: Final = "P0Y0M0DT0H0M0S"
 
 
 class _Spec(Protocol):
-    """The parts of ``cdc.sink.serialize.ConnectSchema`` a fallback needs."""
+    """The parts of ``cdc.sink.connect.ConnectSchema`` a fallback needs."""
 
     @property
     def type(self) -> str: ...

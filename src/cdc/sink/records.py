@@ -73,7 +73,7 @@ from cdc.sink.wire import (
 )
 from cdc.values import UNCHANGED_TOAST
 
-_log = structlog.get_logger("cdc.sink.serialize")
+_log = structlog.get_logger(__name__)
 
 
 class TablePlan(Protocol):
