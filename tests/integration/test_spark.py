@@ -26,6 +26,7 @@ from cdc_views import declared, jobs
 from cdc_views.reader import KafkaSource, TopicNotFound, UndecodableRecords
 from cdc_views.tables import Encoding
 from cdc_views.verify import verify
+from tests.support.db import scalar
 from tests.support.spark import (
     SHOP_DECLARED,
     CapturedDatabase,
@@ -94,7 +95,7 @@ def test_continuous_job_catches_up_and_a_restart_continues_from_its_checkpoint(
     jobs.start_continuous(spark, cfg, available_now=True).awaitTermination(300)
     orders = spark.read.format("delta").load(str(cfg.warehouse / "tables" / "public.orders"))
     with psycopg.connect(shop.dsn) as conn:
-        assert orders.count() == conn.execute("SELECT count(*) FROM orders").fetchone()[0]  # type: ignore[index]
+        assert orders.count() == scalar(conn.execute("SELECT count(*) FROM orders"))
 
     shop.run(MORE_CHANGES)
     cfg = shop.job(tmp_path / "warehouse", declared=SHOP_DECLARED)  # the new column is in the catalog now

@@ -102,7 +102,7 @@ def _expected(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _encoded(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+def _encoded(rows: list[dict[str, Any]]) -> list[tuple[str | None, ...]]:
     serializer = JsonSerializer(JsonSettings(topic_prefix="p", database="db"), lambda _t: 1)
     out = []
     for i, row in enumerate(rows):

@@ -105,7 +105,7 @@ def shops(services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory) -> 
         shop.run(SHOP_WORKLOAD)
         with psycopg.connect(shop.dsn, autocommit=True) as conn, conn.transaction():
             for statement in ALTER_INSIDE:
-                conn.execute(statement)  # type: ignore[arg-type]
+                conn.execute(statement)
         shop.run(["UPDATE customers SET name = name || '.' WHERE id = 3"])  # and the stream goes on
         wait_confirmed(shop.dsn, twin)
         yield shop, twin
@@ -132,7 +132,9 @@ def test_a_rebuild_without_position_headers_is_the_rebuild_with_them(
         assert a.exceptAll(b).isEmpty() and b.exceptAll(a).isEmpty(), f"{table}: the two rebuilds differ"
         assert a.where("_cdc_lsn IS NULL OR _cdc_commit_lsn IS NULL OR _cdc_commit_lsn < _cdc_lsn").isEmpty(), table
     with psycopg.connect(shop.dsn) as conn:
-        prices = dict(conn.execute("SELECT sku, price::text FROM products WHERE sku IN ('SKU-A', 'SKU-B')").fetchall())
+        prices: dict[str, str] = dict(
+            conn.execute("SELECT sku, price::text FROM products WHERE sku IN ('SKU-A', 'SKU-B')").fetchall()
+        )
     assert prices == {"SKU-A": "12.340", "SKU-B": "5.678"}
     rows = (
         spark.read.format("delta")

@@ -117,8 +117,10 @@ def records(bootstrap: str, topic: str) -> list[tuple[int, int, str, bytes | Non
             while True:
                 message = consumer.poll(10)
                 assert message is not None and message.error() is None
-                out.append((p, message.offset(), (message.key() or b"").decode(), message.value()))
-                if message.offset() >= high - 1:
+                offset = message.offset()
+                assert offset is not None
+                out.append((p, offset, (message.key() or b"").decode(), message.value()))
+                if offset >= high - 1:
                     break
     finally:
         consumer.close()
@@ -277,10 +279,11 @@ def other_format(
     fmt = request.param
     if fmt == "avro" and services.schema_registry_url is None:
         pytest.skip("no schema registry in this environment (cdc.dev could not fetch Apicurio, or docker mode)")
-    extra: dict[str, Any] = {
+    extras: dict[str, dict[str, Any]] = {
         "avro": {"format": "avro", "schema_registry": {"url": services.schema_registry_url}},
         "json_schemas": {"json": {"schemas_enable": True}},
-    }[fmt]
+    }
+    extra = extras[fmt]
     name = f"toast_{fmt}_{secrets.token_hex(3)}"
     with captured_database(
         services,
@@ -297,6 +300,7 @@ def other_format(
         if fmt == "avro":
             from cdc.sink.registry import RegistrySettings
 
+            assert services.schema_registry_url is not None  # skipped above otherwise
             registry = RegistrySettings(url=services.schema_registry_url)
         yield db, (Encoding(format="avro") if fmt == "avro" else Encoding(schemas_enable=True)), registry
 

@@ -60,11 +60,12 @@ def changed(
     request: pytest.FixtureRequest, services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[CapturedDatabase, Encoding, Any]]:
     fmt = request.param
-    extra: dict[str, Any] = {
+    extras: dict[str, dict[str, Any]] = {
         "avro": {"format": "avro", "schema_registry": {"url": services.schema_registry_url}},
         "json_schemas": {"json": {"schemas_enable": True}},
         "json": {},
-    }[fmt]
+    }
+    extra = extras[fmt]
     name = f"types_{fmt}_{secrets.token_hex(3)}"
     with captured_database(services, tmp_path_factory.mktemp("types"), name, STEPS[:1], TABLES, **extra) as shop:
         shop.run(STEPS[1:])
@@ -72,6 +73,7 @@ def changed(
         if fmt == "avro":
             from cdc.sink.registry import RegistrySettings
 
+            assert services.schema_registry_url is not None, "the avro format needs the schema registry"
             registry = RegistrySettings(url=services.schema_registry_url)
         encoding = {"avro": Encoding(format="avro"), "json_schemas": Encoding(schemas_enable=True), "json": Encoding()}[
             fmt

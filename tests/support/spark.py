@@ -70,7 +70,7 @@ class CapturedDatabase:
         """Execute the statements, then wait until the connector has confirmed all of them."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             for statement in statements:
-                conn.execute(statement)  # type: ignore[arg-type]
+                conn.execute(statement)
             end = conn.execute("SELECT pg_current_wal_lsn()::text").fetchone()
             assert end is not None
             deadline = time.monotonic() + 60
@@ -106,7 +106,7 @@ def captured_database(
     try:
         with psycopg.connect(dsn, autocommit=True) as conn:
             for statement in setup:
-                conn.execute(statement)  # type: ignore[arg-type]
+                conn.execute(statement)
         kafka = {"bootstrap_servers": services.kafka_bootstrap, **config.pop("kafka", {})}
         path = write_config(
             work / "cdc.yaml",
