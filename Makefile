@@ -107,6 +107,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy --strict src/cdc
 	$(BIN)/mypy --strict spark
+	$(BIN)/mypy tests
 
 # Flink's debezium-json format over the daemon's topics (docs/debezium-consumers.md): PyFlink in a venv
 # of its own (its pins clash with the project's), the Kafka SQL connector jar from Maven Central.
