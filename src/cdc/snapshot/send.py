@@ -88,7 +88,7 @@ def send_rendered(chunk: RenderedChunk) -> int:
             chunk.declined(data, ordinal)
             continue
         if with_ordinal:
-            headers = position.copy()  # type: ignore[union-attr]
+            headers = position.copy()  # type: ignore[union-attr]  # with_ordinal: the chunk has position headers
             headers[ordinal_header] = b"%d" % ordinal
         if len(value) > limit:
             chunk.oversized(key, value, headers)
