@@ -19,7 +19,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from cdc.declared import SparkSection
 from cdc.outbox.config import OutboxConfig
-from cdc.sink.settings import RegistrySettings
+from cdc.sink.settings import AvroFormat, JsonFormat, RegistrySettings
 from cdc.snapshot.config import SnapshotConfig
 from cdc.toast import ToastConfig
 
@@ -326,38 +326,6 @@ class DeliveryConfig(_Section):
     )
 
 
-class _ValueEncoding(_Section):
-    """How values of some types are written: Debezium's settings of the same names (cdc.sink.json, .avro)."""
-
-    decimal_handling: Literal["precise", "string", "double"] = Field(
-        default="precise",
-        description="numeric and money. precise (Debezium's default): numeric(p,s) as a Kafka Connect Decimal "
-        "(JSON: base64 of the unscaled value; Avro: decimal bytes), unconstrained numeric as "
-        "VariableScaleDecimal {scale, value}; NaN and infinities stop the pipeline naming the column. "
-        "string: plain decimal text, NaN and infinities included. double: a floating-point number, which "
-        "may round (key columns use string, so that keys stay distinct)",
-    )
-    time_precision: Literal["adaptive", "iso"] = Field(
-        default="adaptive",
-        description="date, time and timestamp. adaptive (Debezium's default): date as int32 days, time and "
-        "timestamp as milliseconds (precision 0-3) or microseconds since the epoch/midnight. iso: ISO 8601 "
-        "text (io.debezium.time.IsoDate, IsoTime, IsoTimestamp). timestamptz and timetz are ISO text in "
-        "UTC either way",
-    )
-    interval_handling: Literal["numeric", "string"] = Field(
-        default="numeric",
-        description="interval. numeric (Debezium's default): int64 microseconds (MicroDuration, a month of "
-        "365.25/12 days). string: ISO 8601 duration text such as P1Y2M3DT4H5M6.78S (key columns always "
-        "use string, so that keys stay distinct)",
-    )
-
-
-class JsonFormatConfig(_ValueEncoding):
-    schemas_enable: bool = Field(
-        default=False, description="wrap keys and values as {schema, payload} like Kafka Connect's JsonConverter"
-    )
-
-
 class HeartbeatConfig(_Section):
     interval_ms: int = Field(
         default=0,
@@ -437,10 +405,6 @@ class HttpConfig(_Section):
     port: int = Field(default=8080, ge=0, le=65535, description="port to listen on (0: any free port, logged)")
 
 
-class AvroFormatConfig(_ValueEncoding):
-    pass
-
-
 class LimitsConfig(_Section):
     max_inflight_bytes: int = Field(
         default=64 * 1024 * 1024,
@@ -481,8 +445,8 @@ class Config(BaseSettings):
     format: Literal["json", "avro"] = Field(
         default="json", description="record format: json (Debezium envelope) or avro (Confluent wire format)"
     )
-    json_format: JsonFormatConfig = Field(default_factory=JsonFormatConfig, alias="json")
-    avro_format: AvroFormatConfig = Field(default_factory=AvroFormatConfig, alias="avro")
+    json_format: JsonFormat = Field(default_factory=JsonFormat, alias="json")
+    avro_format: AvroFormat = Field(default_factory=AvroFormat, alias="avro")
     schema_registry: RegistrySettings | None = Field(
         default=None, description="Confluent-compatible schema registry; required with format: avro"
     )

@@ -63,15 +63,16 @@ from cdc.render.codec import TableRenderer
 from cdc.replication import ReplicationStream
 from cdc.schema_history import topic_for as schema_history_topic
 from cdc.selection import Selection, entry_for
-from cdc.sink.avro import AvroSerializer, AvroSettings
+from cdc.sink.avro import AvroSerializer
 from cdc.sink.delivery import AtLeastOnce, DeadLetters, Delivery
 from cdc.sink.exactly_once import ExactlyOnce, read_position
-from cdc.sink.json import JsonSerializer, JsonSettings
+from cdc.sink.json import JsonSerializer
 from cdc.sink.kafka import TopicSpec, admin_client, check_reachable, ensure_topics, producer_config
 from cdc.sink.metadata import TransactionMetadata, heartbeat_topic, transaction_topic
 from cdc.sink.records import EventSerializer
 from cdc.sink.registry import RegistryClient
 from cdc.sink.rendering import RowRendering
+from cdc.sink.settings import AvroSettings, JsonSettings
 from cdc.snapshot.modes import StartupPlan
 from cdc.snapshot.output import ConfiguredOutput
 from cdc.snapshot.plan import session_setup
@@ -379,34 +380,18 @@ def make_serializer(cfg: Config, partitions_of: Callable[[str], int]) -> EventSe
 
 
 def _format_serializer(cfg: Config, partitions_of: Callable[[str], int]) -> EventSerializer[Any]:
+    # the format's own section, with what the serializer takes from the rest of the configuration
+    context = {
+        "topic_prefix": cfg.topic_prefix,
+        "database": cfg.source.database,
+        "unavailable_value": cfg.toast.placeholder,
+    }
     if cfg.format == "avro":
         assert cfg.schema_registry is not None  # the configuration model requires it
         registry = RegistryClient.from_settings(cfg.schema_registry)
         registry.check_reachable()
-        return AvroSerializer(
-            AvroSettings(
-                topic_prefix=cfg.topic_prefix,
-                database=cfg.source.database,
-                decimal_handling=cfg.avro_format.decimal_handling,
-                time_precision=cfg.avro_format.time_precision,
-                interval_handling=cfg.avro_format.interval_handling,
-                unavailable_value=cfg.toast.placeholder,
-            ),
-            partitions_of,
-            registry,
-        )
-    return JsonSerializer(
-        JsonSettings(
-            topic_prefix=cfg.topic_prefix,
-            database=cfg.source.database,
-            schemas_enable=cfg.json_format.schemas_enable,
-            unavailable_value=cfg.toast.placeholder,
-            decimal_handling=cfg.json_format.decimal_handling,
-            time_precision=cfg.json_format.time_precision,
-            interval_handling=cfg.json_format.interval_handling,
-        ),
-        partitions_of,
-    )
+        return AvroSerializer(AvroSettings.of(cfg.avro_format, **context), partitions_of, registry)
+    return JsonSerializer(JsonSettings.of(cfg.json_format, **context), partitions_of)
 
 
 def make_router(cfg: Config) -> OutboxRouter | None:

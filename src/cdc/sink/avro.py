@@ -48,14 +48,12 @@ import io
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 import fastavro
 import fastavro.validation
 import structlog
-from pydantic import BaseModel, ConfigDict, Field
 
-import cdc
 from cdc.compiled import CHOSEN
 from cdc.event import AnyRow, MessageEvent, TableSchema, TransactionBlock
 from cdc.sink.avro_schema import avro_field_name, avro_name, avro_schema
@@ -83,6 +81,7 @@ from cdc.sink.records import (
 from cdc.sink.registry import SchemaRegistry
 from cdc.sink.rendering import RowRendering, encoded
 from cdc.sink.rendering_avro import avro_row_rendering
+from cdc.sink.settings import AvroSettings
 from cdc.sink.typemap import column_schema
 from cdc.values import UNCHANGED_TOAST
 
@@ -96,20 +95,6 @@ log = structlog.get_logger("cdc.sink.avro")
 MAGIC_BYTE: Final = 0
 _ENCODE_ERRORS: Final = (TypeError, ValueError, AttributeError, OverflowError)
 _COMPILED_ENVELOPE: Final[type[AvroRecords] | None] = CHOSEN.compiled("envelope", "AvroRecords")
-
-
-class AvroSettings(BaseModel):
-    """The Avro format's settings (the same value handling as ``JsonSettings``)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    topic_prefix: str = Field(min_length=1)
-    database: str  # source.db
-    decimal_handling: Literal["precise", "string", "double"] = "precise"
-    time_precision: Literal["adaptive", "iso"] = "adaptive"
-    interval_handling: Literal["numeric", "string"] = "numeric"
-    unavailable_value: str = "__debezium_unavailable_value"  # placeholder for unchanged TOAST
-    connector_version: str = cdc.__version__
 
 
 # ---------------------------------------------------------------------------

@@ -11,12 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field
 
-import cdc
 from cdc.compiled import CHOSEN
 from cdc.event import AnyRow, MessageEvent, Op, TableSchema, TransactionBlock
 from cdc.sink.connect import (
@@ -36,6 +34,7 @@ from cdc.sink.record import Record
 from cdc.sink.records import EventSerializer, SourcePieces, column_where, position_headers, value_error
 from cdc.sink.rendering import RowRendering, encoded
 from cdc.sink.rendering_json import json_row_rendering
+from cdc.sink.settings import JsonSettings
 from cdc.sink.typemap import column_schema, toast_placeholder
 from cdc.values import UNCHANGED_TOAST
 
@@ -45,21 +44,6 @@ if TYPE_CHECKING:
 __all__ = ["JsonSerializer", "JsonSettings", "JsonTablePlan", "ReadParts"]
 
 _COMPILED_ENVELOPE: Final[type[JsonRecords] | None] = CHOSEN.compiled("envelope", "JsonRecords")
-
-
-class JsonSettings(BaseModel):
-    """The JSON format's settings (the configuration tree embeds this section)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    topic_prefix: str = Field(min_length=1)
-    database: str  # source.db
-    schemas_enable: bool = False  # Kafka Connect {"schema":..., "payload":...} for key and value
-    decimal_handling: Literal["precise", "string", "double"] = "precise"
-    time_precision: Literal["adaptive", "iso"] = "adaptive"
-    interval_handling: Literal["numeric", "string"] = "numeric"
-    unavailable_value: str = "__debezium_unavailable_value"  # placeholder for unchanged TOAST
-    connector_version: str = cdc.__version__
 
 
 @dataclass(frozen=True, slots=True)
