@@ -39,7 +39,9 @@ def new_decoder(compiled: bool, rendered: bool) -> ChangeDecoder:
     tables = {f"{info.schema}.{info.name}": info for info, _, _ in TABLES.values()}
     # each side chosen here, whatever CDC_PURE_PYTHON says
     decoder = ChangeDecoder(tables, {}, renderer=renderer, fast_changes=FastChanges if compiled else None)
-    assert isinstance(decoder._fast_change, FastChanges if compiled else FastChangesReference)
+    fast = decoder._fast_change
+    chosen = fast if compiled else getattr(fast, "__self__", None)  # the reference: a bound method
+    assert isinstance(chosen, FastChanges if compiled else FastChangesReference)
     for rel, (info, columns, identity) in TABLES.items():
         decoder.feed(relation(rel, info.schema, info.name, identity, columns), Lsn(0x10))
     return decoder
