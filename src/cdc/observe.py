@@ -202,6 +202,17 @@ class _StatsCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         s = self._stats
+        yield from self._counts(s)
+        yield from self._standbys(s)
+        yield from self._positions(s)
+        yield from self._slot(s)
+        yield from self._liveness(s)
+        yield from self._producer(s.producer)
+        yield from self._snapshots(s)
+
+    @staticmethod
+    def _counts(s: Stats) -> Iterator[Any]:
+        """What was published, dead-lettered, filled, left out and snapshotted: counters by label."""
         events = CounterMetricFamily("cdc_events", "Change events published", labels=["table", "op"])
         for (table, op), n in sorted(s.events.items()):
             events.add_metric([table, op], n)
@@ -244,6 +255,10 @@ class _StatsCollector(Collector):
         for table, n in sorted(copied.items()):
             snap.add_metric([table], n)
         yield snap
+
+    @staticmethod
+    def _standbys(s: Stats) -> Iterator[Any]:
+        """The standbys that hold a synchronized copy of the slot, and how far behind it is."""
         ready = GaugeMetricFamily(
             "cdc_slot_failover_ready",
             "1 when the standby holds a synchronized, persistent copy of the slot",
@@ -262,6 +277,10 @@ class _StatsCollector(Collector):
                     behind.add_metric([name], standby.behind_bytes)
         yield ready
         yield behind
+
+    @staticmethod
+    def _positions(s: Stats) -> Iterator[Any]:
+        """What is in flight, what is confirmed, and the lag behind the source."""
         yield GaugeMetricFamily("cdc_queue_bytes", "Bytes produced, not yet acknowledged", value=s.inflight_bytes())
         yield GaugeMetricFamily(
             "cdc_inflight_records", "Records produced, not yet acknowledged", value=s.inflight_records()
@@ -275,7 +294,10 @@ class _StatsCollector(Collector):
             "Commit-to-processing time of the last transaction",
             value=s.source_lag_ms() / 1000,
         )
-        yield from self._slot(s)
+
+    @staticmethod
+    def _liveness(s: Stats) -> Iterator[Any]:
+        """Whether the loop streams and is alive, backpressure, transaction sizes, start-up phases."""
         yield GaugeMetricFamily("cdc_streaming", "1 while the replication stream runs", value=1 if s.streaming else 0)
         yield GaugeMetricFamily(
             "cdc_starting", "1 during the start-up checks and the initial snapshot", value=1 if s.starting else 0
@@ -308,7 +330,10 @@ class _StatsCollector(Collector):
         for phase, seconds in s.startup_phases.items():
             phases.add_metric([phase], seconds)
         yield phases
-        yield from self._producer(s.producer)
+
+    @staticmethod
+    def _snapshots(s: Stats) -> Iterator[Any]:
+        """Each snapshot's progress by kind and table."""
         done = GaugeMetricFamily("cdc_snapshot_table_rows", "Rows a snapshot copied", labels=["kind", "table"])
         total = GaugeMetricFamily(
             "cdc_snapshot_table_rows_estimated", "Rows of the table by pg_class at planning", labels=["kind", "table"]
