@@ -87,7 +87,7 @@ def twin_shops(services: dev.Endpoints, work: Path, stack: ExitStack) -> tuple[C
     stack.callback(delete_topics, services.kafka_bootstrap, twin)
     stack.callback(lambda: _drop_slot(services.postgres_dsn, twin))
     stack.callback(connector.stop)
-    connector.wait_streaming(shop.dsn, twin)
+    connector.wait_streaming(shop.dsn, twin, timeout=240)  # as captured_database: slow to start under load
     return shop, twin
 
 
