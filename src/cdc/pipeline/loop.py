@@ -70,109 +70,18 @@ class Pipeline:
         ``between_transactions()`` runs when no source transaction is open (reload, rescan)."""
         c = self.components
         cfg = self.config
-        delivery, chain, stats = c.delivery, c.chain, self.stats
+        stats = self.stats
         stream = c.transport()
         self.streaming_since = None
-        budget = cfg.limits.max_inflight_bytes
-        feed = c.decoder.feed
-        row, other = chain.row, chain.other
-        toast = c.toast
         heartbeat = (
             Heartbeat(cfg.topic_prefix, cfg.heartbeat.interval_ms / 1000, c.serializer)
             if cfg.heartbeat.interval_ms
             else None
         )
-        stats.inflight_bytes = lambda: delivery.inflight_bytes
-        stats.inflight_records = lambda: delivery.inflight_records
-        stats.confirmed_lsn = lambda: int(stream.flushed)
-        stats.last_server_message = lambda: stream.last_message
+        self._expose(stream)
         try:
-            self._lock.ensure()
-            stream.connect()
-            proto, options = protocol_for(stream.server_version, streaming=cfg.decoder.streaming)
-            stream.start(
-                cfg.source.slot,
-                cfg.source.publication,
-                delivery.acknowledged(),
-                proto_version=proto,
-                options=options,
-                messages=True,  # watermarks
-            )
-            c.decoder.reset()
-            if c.history is not None and self._sessions:
-                # What the last session sent but Kafka never took (an aborted transaction, a failed
-                # delivery) is not published: the versions are read again, and Relation messages resent.
-                c.history.refresh(cfg.kafka.bootstrap_servers, cfg.kafka.producer)
-            self._sessions += 1
-            c.snapshots.reset()  # windows open in the last session are read again
-            c.snapshots.start()  # DBLog jobs and the signal table
-            stats.streaming = True
-            self.streaming_since = time.monotonic()
-            skipping = False
-            in_tx = False
-
-            def dispatch(event: Event) -> None:
-                """One event, as the commit order above says; what ``toast`` held comes here when released."""
-                nonlocal skipping, in_tx
-                kind = type(event)
-                if kind is ChangeEvent:
-                    if not skipping:
-                        row(event)  # type: ignore[arg-type]
-                elif kind is TxBegin:
-                    skipping = not delivery.begin(event)  # type: ignore[arg-type]
-                    in_tx = True
-                    if not skipping:
-                        other(event)
-                elif kind is TxCommit:
-                    if not skipping:
-                        other(event)
-                    commit = cast(TxCommit, event)
-                    delivery.commit(commit)
-                    skipping = in_tx = False
-                    stats.last_commit_ts_us = commit.commit_ts_us
-                    stats.last_processed_us = time.time_ns() // 1000
-                    stats.transaction_events.observe(commit.event_count)
-                elif not skipping:  # a truncate or a logical message
-                    other(event)
-
-            # Unchanged TOASTed values (cdc.pipeline.toast): a row change with them, and every event after it
-            # while any is held, goes to the fill, which dispatches them in order once their values are read.
-            toast.start(dispatch)
-            frames = events = 0
-            while not self._stop:
-                holding = toast.holding
-                frame = stream.read(0.0 if holding else 0.2)  # nothing waiting while holding: release it
-                if frame is not None:
-                    lsn, payload = frame
-                    # Usually one event or none; the commit of a streamed transaction releases all of it.
-                    for event in feed(payload, lsn):
-                        if toast.holding:
-                            toast.take(event)
-                        elif type(event) is ChangeEvent:  # the common case, without dispatch's call
-                            if not skipping:
-                                if event.unchanged:
-                                    toast.take(event)
-                                else:
-                                    row(event)
-                        else:
-                            dispatch(event)
-                        events += 1
-                        if events & 1023 == 0:  # also inside a replay of millions of events
-                            self.keep_up(stream, budget)
-                    frames += 1
-                    if frames < _FRAMES_PER_KEEP_UP:
-                        continue  # housekeeping below runs every 64 frames, or when the stream is idle
-                elif holding:
-                    toast.flush()
-                frames = 0
-                self.keep_up(stream, budget)
-                if not in_tx and not toast.holding:
-                    between_transactions()
-                    if heartbeat is not None:
-                        beat = heartbeat.due()
-                        if beat is not None:
-                            delivery.send_outside(beat)
-                            self._heartbeat_action()
+            self._start(stream)
+            self._stream(stream, between_transactions, heartbeat)
             self._drain(stream)
         except (ConnectionLost, RetryableSinkError):
             stats.streaming = False
@@ -187,6 +96,118 @@ class Pipeline:
             stats.streaming = False
             stream.close()
             raise
+
+    def _expose(self, stream: ReplicationStream) -> None:
+        """What /metrics and /healthz read of this session: in-flight records, the confirmed position."""
+        delivery, stats = self.components.delivery, self.stats
+        stats.inflight_bytes = lambda: delivery.inflight_bytes
+        stats.inflight_records = lambda: delivery.inflight_records
+        stats.confirmed_lsn = lambda: int(stream.flushed)
+        stats.last_server_message = lambda: stream.last_message
+
+    def _start(self, stream: ReplicationStream) -> None:
+        """Connect and start streaming from what Kafka acknowledged; the decoder, history and snapshots afresh."""
+        c, cfg = self.components, self.config
+        self._lock.ensure()
+        stream.connect()
+        proto, options = protocol_for(stream.server_version, streaming=cfg.decoder.streaming)
+        stream.start(
+            cfg.source.slot,
+            cfg.source.publication,
+            c.delivery.acknowledged(),
+            proto_version=proto,
+            options=options,
+            messages=True,  # watermarks
+        )
+        c.decoder.reset()
+        if c.history is not None and self._sessions:
+            # What the last session sent but Kafka never took (an aborted transaction, a failed
+            # delivery) is not published: the versions are read again, and Relation messages resent.
+            c.history.refresh(cfg.kafka.bootstrap_servers, cfg.kafka.producer)
+        self._sessions += 1
+        c.snapshots.reset()  # windows open in the last session are read again
+        c.snapshots.start()  # DBLog jobs and the signal table
+        self.stats.streaming = True
+        self.streaming_since = time.monotonic()
+
+    def _stream(
+        self, stream: ReplicationStream, between_transactions: Callable[[], None], heartbeat: Heartbeat | None
+    ) -> None:
+        """Read, decode and dispatch until stopped: the per-event path, with housekeeping every 64 frames."""
+        c, stats = self.components, self.stats
+        delivery, chain, toast = c.delivery, c.chain, c.toast
+        budget = self.config.limits.max_inflight_bytes
+        feed = c.decoder.feed
+        row, other = chain.row, chain.other
+        skipping = False
+        in_tx = False
+
+        def dispatch(event: Event) -> None:
+            """One event, as the commit order above says; what ``toast`` held comes here when released."""
+            nonlocal skipping, in_tx
+            kind = type(event)
+            if kind is ChangeEvent:
+                if not skipping:
+                    row(event)  # type: ignore[arg-type]
+            elif kind is TxBegin:
+                skipping = not delivery.begin(event)  # type: ignore[arg-type]
+                in_tx = True
+                if not skipping:
+                    other(event)
+            elif kind is TxCommit:
+                if not skipping:
+                    other(event)
+                commit = cast(TxCommit, event)
+                delivery.commit(commit)
+                skipping = in_tx = False
+                stats.last_commit_ts_us = commit.commit_ts_us
+                stats.last_processed_us = time.time_ns() // 1000
+                stats.transaction_events.observe(commit.event_count)
+            elif not skipping:  # a truncate or a logical message
+                other(event)
+
+        # Unchanged TOASTed values (cdc.pipeline.toast): a row change with them, and every event after it
+        # while any is held, goes to the fill, which dispatches them in order once their values are read.
+        toast.start(dispatch)
+        frames = events = 0
+        while not self._stop:
+            holding = toast.holding
+            frame = stream.read(0.0 if holding else 0.2)  # nothing waiting while holding: release it
+            if frame is not None:
+                lsn, payload = frame
+                # Usually one event or none; the commit of a streamed transaction releases all of it.
+                for event in feed(payload, lsn):
+                    if toast.holding:
+                        toast.take(event)
+                    elif type(event) is ChangeEvent:  # the common case, without dispatch's call
+                        if not skipping:
+                            if event.unchanged:
+                                toast.take(event)
+                            else:
+                                row(event)
+                    else:
+                        dispatch(event)
+                    events += 1
+                    if events & 1023 == 0:  # also inside a replay of millions of events
+                        self.keep_up(stream, budget)
+                frames += 1
+                if frames < _FRAMES_PER_KEEP_UP:
+                    continue  # housekeeping below runs every 64 frames, or when the stream is idle
+            elif holding:
+                toast.flush()
+            frames = 0
+            self.keep_up(stream, budget)
+            if not in_tx and not toast.holding:
+                self._between_transactions(between_transactions, heartbeat)
+
+    def _between_transactions(self, between_transactions: Callable[[], None], heartbeat: Heartbeat | None) -> None:
+        """No source transaction open: reload and rescan (``between_transactions``), then a heartbeat when due."""
+        between_transactions()
+        if heartbeat is not None:
+            beat = heartbeat.due()
+            if beat is not None:
+                self.components.delivery.send_outside(beat)
+                self._heartbeat_action()
 
     def keep_up(self, stream: ReplicationStream, budget: int) -> None:
         """Housekeeping: serve delivery reports, confirm, keep the server and /healthz answered, apply the budget."""
