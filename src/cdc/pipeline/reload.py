@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,10 @@ from cdc.catalog import (
     publication_shape,
     table_partitions,
 )
+from cdc.columns import ColumnPolicy
 from cdc.config import Config, ConfigError, TableConfig, load_config
 from cdc.decoder.types import BUILTIN_TYPES
+from cdc.event import PgType, TableInfo
 from cdc.pipeline.checks import column_policies
 from cdc.pipeline.wiring import Components, log_selection, rendering_of, topic_specs
 from cdc.render.codec import TableRenderer
@@ -39,6 +42,14 @@ def changed_keys(old: Any, new: Any, path: str = "") -> list[str]:
             out += changed_keys(old.get(key), new.get(key), f"{path}.{key}" if path else str(key))
         return out
     return [] if old == new else [path]
+
+
+@dataclass(frozen=True, slots=True)
+class _Accepted:
+    """A reload's tables as the catalog accepted them (the publication already brought to them)."""
+
+    tables: dict[str, TableInfo]
+    policies: dict[str, ColumnPolicy]
 
 
 class Reloader:
@@ -152,21 +163,10 @@ class Reloader:
                     log.info("reload_no_table_change")
                 return
             log_selection(selection)
-            try:
-                tables = describe_tables(conn, candidate.tables)
-                publication = plan_publication(
-                    conn, cfg.source.publication, [*tables.keys(), *capture.outbox_tables.keys()]
-                )
-                policies = column_policies(candidate, tables)
-                if publication.current is not None:
-                    tables = publication_shape(conn, cfg.source.publication, tables)
-                # Before the capture changes: a publication that could not be changed leaves everything as it
-                # was. Nothing is read from the stream until this returns, so no change of an added table
-                # arrives before the decoder knows the table.
-                apply_publication(conn, publication)
-            except StartupError as e:
-                log.error("reload_rejected", reason=reason, error=str(e))
+            accepted = self._accept(conn, candidate, reason)
+            if accepted is None:
                 return
+            tables = accepted.tables
             oids = column_type_oids(conn, [t.oid for t in (*tables.values(), *capture.outbox_tables.values())])
             types = load_types(conn, [o for o in oids if o not in BUILTIN_TYPES])
             if c.history is not None:  # an added table's types are in the schema history before its first record
@@ -176,38 +176,9 @@ class Reloader:
                     log.error("reload_rejected", reason=reason, error=str(e))
                     return
             old_tables = capture.tables
-            capture.tables = tables
-            capture.config = candidate
-            # In place: the column-policy stage holds this dict, and an added table's masks must apply at once.
-            capture.policies.clear()
-            capture.policies.update(policies)
-            c.chain.invalidate()
-            c.decoder.set_renderer(
-                TableRenderer(rendering_of(candidate, c.serializer, c.chain))
-            )  # a table that gained a policy
-            c.topics.ensure(topic_specs(candidate, tables, c.serializer, c.router))
-            c.decoder.update_tables({**tables, **capture.outbox_tables}, types)
+            self._switch(candidate, accepted, types)
             snapshotted = c.snapshots.tables_changed(tables, types)
-            for name in sorted(set(tables) & set(old_tables)):
-                attached = sorted(tables[name].partitions - old_tables[name].partitions)
-                detached = sorted(old_tables[name].partitions - tables[name].partitions)
-                if detached:
-                    log.warning(
-                        "partition_detached",
-                        table=name,
-                        partitions=detached,
-                        effect="their rows stay in the topic (a detach sends no deletes); request a snapshot of the "
-                        "table after truncating its topic if consumers must drop them",
-                    )
-                if attached and name not in snapshotted:
-                    # An attached partition brings rows the stream never carried (ATTACH sends no inserts).
-                    log.info("partition_attached", table=name, partitions=attached)
-                    try:
-                        c.snapshots.request(name)
-                    except SnapshotRefused as e:
-                        log.error("snapshot_refused", table=name, error=str(e))
-                        continue
-                    snapshotted.append(name)
+            self._follow_partitions(tables, old_tables, snapshotted)
         log.info(
             "reload_tables",
             reason=reason,
@@ -215,3 +186,66 @@ class Reloader:
             removed=sorted(set(old_tables) - set(tables)),
             snapshot=snapshotted,
         )
+
+    def _accept(self, conn: psycopg.Connection[tuple[object, ...]], candidate: Config, reason: str) -> _Accepted | None:
+        """The candidate's tables described, their policies checked and the publication brought to them; None
+        (logged) when the catalog refuses, leaving everything as it was."""
+        capture = self._c.capture
+        publication_name = candidate.source.publication
+        try:
+            tables = describe_tables(conn, candidate.tables)
+            publication = plan_publication(conn, publication_name, [*tables.keys(), *capture.outbox_tables.keys()])
+            policies = column_policies(candidate, tables)
+            if publication.current is not None:
+                tables = publication_shape(conn, publication_name, tables)
+            # Before the capture changes: a publication that could not be changed leaves everything as it
+            # was. Nothing is read from the stream until this returns, so no change of an added table
+            # arrives before the decoder knows the table.
+            apply_publication(conn, publication)
+        except StartupError as e:
+            log.error("reload_rejected", reason=reason, error=str(e))
+            return None
+        return _Accepted(tables, policies)
+
+    def _switch(self, candidate: Config, accepted: _Accepted, types: dict[int, PgType]) -> None:
+        """The capture, the stages, the topics and the decoder move to the accepted tables."""
+        c = self._c
+        capture = c.capture
+        tables = accepted.tables
+        capture.tables = tables
+        capture.config = candidate
+        # In place: the column-policy stage holds this dict, and an added table's masks must apply at once.
+        capture.policies.clear()
+        capture.policies.update(accepted.policies)
+        c.chain.invalidate()
+        c.decoder.set_renderer(
+            TableRenderer(rendering_of(candidate, c.serializer, c.chain))
+        )  # a table that gained a policy
+        c.topics.ensure(topic_specs(candidate, tables, c.serializer, c.router))
+        c.decoder.update_tables({**tables, **capture.outbox_tables}, types)
+
+    def _follow_partitions(
+        self, tables: dict[str, TableInfo], old_tables: dict[str, TableInfo], snapshotted: list[str]
+    ) -> None:
+        """Partitions attached to a captured table are snapshotted (their rows never came through the stream);
+        detached ones are logged (their rows stay in the topic). ``snapshotted`` gains the tables requested."""
+        for name in sorted(set(tables) & set(old_tables)):
+            attached = sorted(tables[name].partitions - old_tables[name].partitions)
+            detached = sorted(old_tables[name].partitions - tables[name].partitions)
+            if detached:
+                log.warning(
+                    "partition_detached",
+                    table=name,
+                    partitions=detached,
+                    effect="their rows stay in the topic (a detach sends no deletes); request a snapshot of the "
+                    "table after truncating its topic if consumers must drop them",
+                )
+            if attached and name not in snapshotted:
+                # An attached partition brings rows the stream never carried (ATTACH sends no inserts).
+                log.info("partition_attached", table=name, partitions=attached)
+                try:
+                    self._c.snapshots.request(name)
+                except SnapshotRefused as e:
+                    log.error("snapshot_refused", table=name, error=str(e))
+                    continue
+                snapshotted.append(name)
