@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import structlog
 
 from cdc.catalog import (
@@ -35,7 +36,7 @@ from cdc.config import Config, TableConfig
 from cdc.decoder.changes import ChangeDecoder
 from cdc.decoder.spool import Spool
 from cdc.decoder.types import BUILTIN_TYPES
-from cdc.event import ChangeEvent, TableSchema
+from cdc.event import ChangeEvent, PgType, TableSchema
 from cdc.instance import InstanceLock
 from cdc.observe import Stats
 from cdc.outbox.route import OutboxRouter
@@ -55,6 +56,7 @@ from cdc.pipeline.stages import (
 from cdc.pipeline.toast import (
     SourceReader,
     ToastCounts,
+    ToastExposure,
     ToastFill,
     toast_exposure,
     toast_mode,
@@ -150,13 +152,7 @@ def wire(
     declared = config.tables
     with conn:
         checked = source_checks(conn, config, before_selection=lock.acquire)
-        cfg, tables, boxes, publication, slot_state = (
-            checked.config,
-            checked.tables,
-            checked.boxes,
-            checked.publication,
-            checked.slot_state,
-        )
+        cfg, tables, boxes = checked.config, checked.tables, checked.boxes
         log_selection(checked.selection)
         stats.phase_done("source_checks")
         capture = Capture(cfg, declared, tables, boxes, {}, {})
@@ -169,46 +165,25 @@ def wire(
         serializer = make_serializer(cfg, capture.partitions.__getitem__)
         router = make_router(cfg)
         progress_topic = cfg.snapshot.progress_topic_for(cfg.topic_prefix)
-        capture.partitions.update(
-            ensure_topics(
-                admin,
-                [
-                    *topic_specs(cfg, tables, serializer, router),
-                    TopicSpec(progress_topic, 1, cfg.kafka.replication_factor),
-                ],
-            )
-        )
+        specs = [
+            *topic_specs(cfg, tables, serializer, router),
+            TopicSpec(progress_topic, 1, cfg.kafka.replication_factor),
+        ]
+        capture.partitions.update(ensure_topics(admin, specs))
         stats.phase_done("kafka_topics")
-        # Every table's column types are in the schema history before any of its records is written.
-        history = SchemaHistory.load(
-            cfg.topic_prefix,
-            cfg.kafka.bootstrap_servers,
-            cfg.kafka.producer,
-            write_now=acknowledged_writer(history_producer_config(cfg)),
-        )
-        history.publish_catalog(conn, [*tables.values(), *boxes.values()], types)
-        apply_publication(conn, publication)
+        history = _publish_history(conn, cfg, [*tables.values(), *boxes.values()], types)
+        apply_publication(conn, checked.publication)
         exposures = toast_exposure(conn, tables, lambda name: toast_mode(capture.config, name))
     stats.phase_done("schema_history")
-    for exposure in exposures:
-        log.info(
-            "toast_unchanged_values",
-            table=exposure.table,
-            mode=exposure.mode,
-            columns=list(exposure.columns),
-            note=exposure.describe(),
-        )
+    _log_toast_exposures(exposures)
     topics = Topics(capture)
     snapshots = make_snapshots(capture, serializer, types, progress_topic, stats, should_stop, history)
     stats.snapshot_progress = snapshots.progress
     on_snapshots(snapshots)
     # Drops, creates (with an exported snapshot) and copies as snapshot.mode says; resumes what was cut off.
-    plan = snapshots.prepare(slot_state)
+    plan = snapshots.prepare(checked.slot_state)
     stats.phase_done("slot_and_snapshot")
-    spool = None
-    if cfg.decoder.streaming:
-        spool_root = cfg.decoder.spool_dir or Path(tempfile.gettempdir()) / "cdc-spool"
-        spool = Spool(spool_root / cfg.source.slot)
+    spool = _spool(cfg)
     delivery = make_delivery(cfg, stats)
     chain = make_chain(capture, serializer, delivery, snapshots, router, topics, stats, history)
     decoder = ChangeDecoder(
@@ -219,15 +194,7 @@ def wire(
         announce_relations=True,  # the schema history stage publishes the types they announce
     )
     log_choice(log)  # what cdc.compiled chose for each compiled extension: compiled, or the reference
-
-    def transport() -> ReplicationStream:
-        return ReplicationStream(
-            cfg.source.conninfo(),
-            status_interval=cfg.status_interval_s,
-            on_keepalive=delivery.position,
-            slot_failover=cfg.source.slot_failover,
-        )
-
+    transport = _transport(cfg, delivery)
     toast = make_toast_fill(capture, stats)
     log.info(
         "ready",
@@ -241,6 +208,53 @@ def wire(
     return Components(
         capture, transport, decoder, serializer, delivery, snapshots, plan, chain, topics, router, toast, history
     )
+
+
+def _publish_history(
+    conn: psycopg.Connection[tuple[object, ...]], cfg: Config, tables: list[TableInfo], types: dict[int, PgType]
+) -> SchemaHistory:
+    """The schema history topic's versions, with every table's column types in it before any of its records."""
+    history = SchemaHistory.load(
+        cfg.topic_prefix,
+        cfg.kafka.bootstrap_servers,
+        cfg.kafka.producer,
+        write_now=acknowledged_writer(history_producer_config(cfg)),
+    )
+    history.publish_catalog(conn, tables, types)
+    return history
+
+
+def _log_toast_exposures(exposures: Iterable[ToastExposure]) -> None:
+    for exposure in exposures:
+        log.info(
+            "toast_unchanged_values",
+            table=exposure.table,
+            mode=exposure.mode,
+            columns=list(exposure.columns),
+            note=exposure.describe(),
+        )
+
+
+def _spool(cfg: Config) -> Spool | None:
+    """Where streamed transactions wait for their commit (decoder.streaming); a new spool clears the old files."""
+    if not cfg.decoder.streaming:
+        return None
+    spool_root = cfg.decoder.spool_dir or Path(tempfile.gettempdir()) / "cdc-spool"
+    return Spool(spool_root / cfg.source.slot)
+
+
+def _transport(cfg: Config, delivery: Delivery) -> Callable[[], ReplicationStream]:
+    """A new replication connection per session."""
+
+    def transport() -> ReplicationStream:
+        return ReplicationStream(
+            cfg.source.conninfo(),
+            status_interval=cfg.status_interval_s,
+            on_keepalive=delivery.position,
+            slot_failover=cfg.source.slot_failover,
+        )
+
+    return transport
 
 
 def make_toast_fill(capture: Capture, stats: Stats) -> ToastFill:
