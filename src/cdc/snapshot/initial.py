@@ -81,6 +81,30 @@ class InitialResult:
     rendered_rows: int = 0  # rows of chunks read through the row codec (cdc.render.codec.copy_parser)
 
 
+@dataclass
+class _Copying:
+    """The initial copy while chunks are handed out (``InitialSnapshot._copy``)."""
+
+    pending: collections.deque[ChunkTask]  # not yet handed to a worker
+    assigned: dict[int, list[ChunkTask]]  # in each worker's queue, in order
+    dropped: set[str] = dataclasses.field(default_factory=set)  # tables dropped meanwhile
+    deferred: set[str] = dataclasses.field(default_factory=set)  # tables left to DBLog
+    rows: int = 0
+    server_json_rows: int = 0  # rows read with server-built JSON
+    rendered_rows: int = 0  # rows read through the row codec
+
+
+@dataclass(frozen=True, slots=True)
+class _Copied:
+    """How the initial copy ended."""
+
+    rows: int
+    complete: bool  # False: some tables are left for DBLog
+    dropped: tuple[str, ...]  # sorted
+    server_json_rows: int
+    rendered_rows: int
+
+
 class _Exporter:
     """Holds an exported snapshot until every reader imported it: a slot's replication connection, or
     (initial_only) a plain connection's open transaction."""
@@ -213,16 +237,23 @@ class InitialSnapshot:
         log.info(
             "snapshot_copied",
             consistent_point=str(point),
-            rows=result[0],
-            server_json_rows=result[3],
-            rendered_rows=result[4],
-            complete=result[1],
-            dropped=sorted(result[2]),
+            rows=result.rows,
+            server_json_rows=result.server_json_rows,
+            rendered_rows=result.rendered_rows,
+            complete=result.complete,
+            dropped=list(result.dropped),
             elapsed_s=round(elapsed, 3),
-            rows_per_s=round(result[0] / elapsed, 1) if elapsed > 0 else None,
+            rows_per_s=round(result.rows / elapsed, 1) if elapsed > 0 else None,
         )
         return InitialResult(
-            point, result[0], tuple(sorted(tables)), result[1], tuple(sorted(result[2])), elapsed, result[3], result[4]
+            point,
+            result.rows,
+            tuple(sorted(tables)),
+            result.complete,
+            result.dropped,
+            elapsed,
+            result.server_json_rows,
+            result.rendered_rows,
         )
 
     # -- steps ----------------------------------------------------------------------------------
@@ -346,118 +377,128 @@ class InitialSnapshot:
         workers: dict[int, _Worker],
         reports: multiprocessing.queues.Queue[Report],
         point: Lsn,
-    ) -> tuple[int, bool, set[str], int, int]:
-        """Hand out chunks, record finished ones. Returns (rows, complete, dropped tables, rows read with
-        server-built JSON, rows read through the row codec)."""
-        pending: collections.deque[ChunkTask] = collections.deque(
-            ChunkTask(table, chunk, n * _ORDINAL_STRIDE) for n, (table, chunk) in enumerate(chunks)
+    ) -> _Copied:
+        """Hand out chunks, record finished ones, replace what dead workers held; then record the end."""
+        copying = _Copying(
+            collections.deque(ChunkTask(table, chunk, n * _ORDINAL_STRIDE) for n, (table, chunk) in enumerate(chunks)),
+            {wid: [] for wid in workers},
         )
-        assigned: dict[int, list[ChunkTask]] = {wid: [] for wid in workers}  # in the worker's queue, in order
-        dropped: set[str] = set()
-        deferred: set[str] = set()
-        rows = server_json_rows = rendered_rows = 0
-        while pending or any(assigned.values()):
+        while copying.pending or any(copying.assigned.values()):
             if self._should_stop():
                 raise SnapshotInterrupted(
                     "the initial snapshot was stopped before every chunk was copied; the next start streams from the "
                     "slot's consistent point and copies the remaining chunks while streaming"
                 )
-            for wid, (_, tasks) in workers.items():
-                # Two per worker: the next chunk waits in its queue while it drains the current one.
-                while len(assigned[wid]) < _QUEUE_DEPTH and pending:
-                    task = pending.popleft()
-                    assigned[wid].append(task)
-                    tasks.put(task)
+            _hand_out(workers, copying)
             try:
                 report = reports.get(timeout=0.2)
             except queue.Empty:
                 report = None
-            if isinstance(report, Rows):
-                self._progress.rows(report.table, report.rows)
-            elif isinstance(report, ChunkDone):
-                _settled(assigned, report.worker, report.table, report.index)
-                rows += report.rows
-                server_json_rows += report.rows if report.server_json else 0
-                rendered_rows += report.rows if report.rendered else 0
-                self._state.chunk_done(report.table, report.index, report.rows)
-                self._progress.chunk_done(report.table)
-            elif isinstance(report, ChunkSkipped):
-                _settled(assigned, report.worker, report.table, report.index)
-                if report.table in dropped or report.table in deferred:
-                    continue  # a chunk that was already queued when the table was given up
-                kept = collections.deque(t for t in pending if t.table.name != report.table)
-                pending.clear()
-                pending.extend(kept)
-                if report.reason == "dropped":
-                    dropped.add(report.table)
-                    self._progress.set_state(report.table, "dropped")
-                    log.error(
-                        "snapshot_table_dropped",
-                        table=report.table,
-                        error=report.message,
-                        fix="remove the table from 'tables'; the start-up checks refuse it until then",
-                    )
-                else:
-                    if plans[report.table].chunking is Chunking.CTID:
-                        raise SnapshotError(
-                            f"{report.message}. {report.table} has no primary key or unique NOT NULL index, so its "
-                            "copy cannot be finished while streaming. Fix: add a primary key and restart, or drop the "
-                            f"slot {self._slot} to take a new snapshot."
-                        )
-                    deferred.add(report.table)
-                    self._progress.set_state(report.table, "deferred")
-                    log.warning(
-                        "snapshot_table_deferred",
-                        table=report.table,
-                        reason=report.message,
-                        then="finished with DBLog while streaming",
-                    )
-            elif isinstance(report, Failed):
-                where = f" ({report.table}, chunk {report.index})" if report.table is not None else ""
-                raise SnapshotError(
-                    f"snapshot worker {report.worker} failed{where}: {report.message}. The slot is kept at its "
-                    "consistent point; fix the cause and restart: the chunks not yet copied are then read while streaming."
-                )
-            for wid in list(workers):
-                process, _ = workers[wid]
-                if process.is_alive():
-                    continue
-                del workers[wid]
-                lost = assigned.pop(wid, [])
-                log.error(
-                    "snapshot_worker_died",
-                    worker=wid,
-                    exitcode=process.exitcode,
-                    chunks=[t.chunk.id for t in lost],
-                    workers_left=len(workers),
-                )
-                for task, copied in self._committed_by(wid, lost):
-                    lost.remove(task)
-                    rows += copied
-                    self._state.chunk_done(task.table.name, task.chunk.index, copied)
-                    self._progress.chunk_done(task.table.name)
-                pending.extendleft(reversed(lost))  # another worker holds the same snapshot
-                if not workers:
-                    raise SnapshotInterrupted(
-                        "every snapshot worker died; the next start streams from the slot's consistent point and "
-                        "copies the remaining chunks while streaming"
-                    )
+            if not self._take(report, copying, plans):
+                continue  # a chunk that was already queued when the table was given up
+            self._replace_dead(workers, copying)
             self._progress.tick()
             if self._alive is not None:
                 self._alive()
-        complete = not deferred
+        return self._copy_ended(copying, point)
+
+    def _take(self, report: Report | None, copying: _Copying, plans: Mapping[str, TablePlan]) -> bool:
+        """One worker report recorded; False for the skip of a chunk of a table already given up."""
+        if isinstance(report, Rows):
+            self._progress.rows(report.table, report.rows)
+        elif isinstance(report, ChunkDone):
+            _settled(copying.assigned, report.worker, report.table, report.index)
+            copying.rows += report.rows
+            copying.server_json_rows += report.rows if report.server_json else 0
+            copying.rendered_rows += report.rows if report.rendered else 0
+            self._state.chunk_done(report.table, report.index, report.rows)
+            self._progress.chunk_done(report.table)
+        elif isinstance(report, ChunkSkipped):
+            _settled(copying.assigned, report.worker, report.table, report.index)
+            if report.table in copying.dropped or report.table in copying.deferred:
+                return False
+            self._give_up(report, copying, plans)
+        elif isinstance(report, Failed):
+            where = f" ({report.table}, chunk {report.index})" if report.table is not None else ""
+            raise SnapshotError(
+                f"snapshot worker {report.worker} failed{where}: {report.message}. The slot is kept at its "
+                "consistent point; fix the cause and restart: the chunks not yet copied are then read while streaming."
+            )
+        return True
+
+    def _give_up(self, report: ChunkSkipped, copying: _Copying, plans: Mapping[str, TablePlan]) -> None:
+        """A table the copy cannot finish: dropped meanwhile (left out), or rewritten (left to DBLog)."""
+        kept = collections.deque(t for t in copying.pending if t.table.name != report.table)
+        copying.pending.clear()
+        copying.pending.extend(kept)
+        if report.reason == "dropped":
+            copying.dropped.add(report.table)
+            self._progress.set_state(report.table, "dropped")
+            log.error(
+                "snapshot_table_dropped",
+                table=report.table,
+                error=report.message,
+                fix="remove the table from 'tables'; the start-up checks refuse it until then",
+            )
+            return
+        if plans[report.table].chunking is Chunking.CTID:
+            raise SnapshotError(
+                f"{report.message}. {report.table} has no primary key or unique NOT NULL index, so its "
+                "copy cannot be finished while streaming. Fix: add a primary key and restart, or drop the "
+                f"slot {self._slot} to take a new snapshot."
+            )
+        copying.deferred.add(report.table)
+        self._progress.set_state(report.table, "deferred")
+        log.warning(
+            "snapshot_table_deferred",
+            table=report.table,
+            reason=report.message,
+            then="finished with DBLog while streaming",
+        )
+
+    def _replace_dead(self, workers: dict[int, _Worker], copying: _Copying) -> None:
+        """A dead worker's chunks go back to the front of the queue (less what its transaction committed)."""
+        for wid in list(workers):
+            process, _ = workers[wid]
+            if process.is_alive():
+                continue
+            del workers[wid]
+            lost = copying.assigned.pop(wid, [])
+            log.error(
+                "snapshot_worker_died",
+                worker=wid,
+                exitcode=process.exitcode,
+                chunks=[t.chunk.id for t in lost],
+                workers_left=len(workers),
+            )
+            for task, copied in self._committed_by(wid, lost):
+                lost.remove(task)
+                copying.rows += copied
+                self._state.chunk_done(task.table.name, task.chunk.index, copied)
+                self._progress.chunk_done(task.table.name)
+            copying.pending.extendleft(reversed(lost))  # another worker holds the same snapshot
+            if not workers:
+                raise SnapshotInterrupted(
+                    "every snapshot worker died; the next start streams from the slot's consistent point and "
+                    "copies the remaining chunks while streaming"
+                )
+
+    def _copy_ended(self, copying: _Copying, point: Lsn) -> _Copied:
+        """The snapshot state says how the copy ended: done, or copying with tables left to DBLog."""
+        complete = not copying.deferred
+        dropped = sorted(copying.dropped)
         if complete:
-            self._state.set_initial(InitialStatus.DONE, consistent_point=str(point), rows=rows, dropped=sorted(dropped))
+            self._state.set_initial(InitialStatus.DONE, consistent_point=str(point), rows=copying.rows, dropped=dropped)
         else:
             self._state.set_initial(
                 InitialStatus.COPYING,
                 consistent_point=str(point),
-                rows=rows,
-                dropped=sorted(dropped),
-                deferred=sorted(deferred),
+                rows=copying.rows,
+                dropped=dropped,
+                deferred=sorted(copying.deferred),
             )
         self._state.flush()
-        return rows, complete, dropped, server_json_rows, rendered_rows
+        return _Copied(copying.rows, complete, tuple(dropped), copying.server_json_rows, copying.rendered_rows)
 
     # -- workers --------------------------------------------------------------------------------
 
@@ -504,6 +545,15 @@ class InitialSnapshot:
                 process.kill()
         for process, _ in workers.values():
             process.join(5)
+
+
+def _hand_out(workers: Mapping[int, _Worker], copying: _Copying) -> None:
+    """Two chunks per worker: the next waits in its queue while it drains the current one."""
+    for wid, (_, tasks) in workers.items():
+        while len(copying.assigned[wid]) < _QUEUE_DEPTH and copying.pending:
+            task = copying.pending.popleft()
+            copying.assigned[wid].append(task)
+            tasks.put(task)
 
 
 def _settled(assigned: dict[int, list[ChunkTask]], worker: int, table: str, index: int) -> None:
