@@ -7,6 +7,8 @@ One command (the topic of ``bench/spark_rebuild.py`` with the same ``--records``
 Steps, each a Spark job group, timed on the wall clock, in the order the batch job runs them:
 
 * ``count``: the Kafka source alone (``read_batch(...).count()``);
+* ``rebuild`` (``--whole``): the batch job itself (``jobs.rebuild`` of the warehouse table into a fresh
+  directory), the figure ``bench/spark_rebuild.py`` divides by the count;
 * ``read+envelope``: ``envelopes(raw)`` written to Spark's ``noop`` sink (key and envelope parsing);
 * ``latest``: ``reduce_topics`` (read, envelope, latest per key), persisted and counted;
 * ``decode+check``: ``Changes.of_topics`` (decode ``after`` of the latest records, persisted, the bad-record
@@ -16,7 +18,8 @@ Steps, each a Spark job group, timed on the wall clock, in the order the batch j
 * ``view SQL``: the bench's declared view (orders per customer) computed from the changes and written;
 * ``index``: a declared tantivy index of the live rows (``id``, ``note`` text, ``status`` facet).
 
-Per step: the wall time, and per Spark stage its duration, tasks, executor run and CPU time, GC time,
+Per step: the wall time, how much of it some Spark stage was running (the rest is the driver's: planning,
+code generation, Delta's log, Python), and per Spark stage its duration, tasks, executor run and CPU time, GC time,
 records read and shuffle bytes, from the Spark UI's REST API. ``--plans FILE`` writes
 ``explain("formatted")`` of the reduced, decoded and written frames.
 """
@@ -43,7 +46,7 @@ log = structlog.get_logger("bench.spark_stages")
 
 
 def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=30) as response:
+    with urllib.request.urlopen(url, timeout=300) as response:  # a loaded machine answers slowly
         return json.load(response)
 
 
@@ -69,6 +72,7 @@ class Stages:
                         "stage": stage_id,
                         "name": attempt["name"].split(" at ")[0],
                         "seconds": _seconds(start, end),
+                        "span": (_instant(start), _instant(end)),
                         "tasks": attempt["numTasks"],
                         "run_s": attempt["executorRunTime"] / 1000,
                         "cpu_s": attempt["executorCpuTime"] / 1e9,
@@ -82,15 +86,30 @@ class Stages:
         return out
 
 
-def _seconds(start: str | None, end: str | None) -> float:
+def _instant(text: str | None) -> float:
+    """A Spark UI time (``2026-12-02T07:06:24.123GMT``) as seconds since the epoch; 0 when absent."""
     from datetime import datetime
 
+    if not text:
+        return 0.0
+    return datetime.strptime(text.replace("GMT", "UTC"), "%Y-%m-%dT%H:%M:%S.%f%Z").timestamp()
+
+
+def _seconds(start: str | None, end: str | None) -> float:
     if not start or not end:
         return 0.0
-    fmt = "%Y-%m-%dT%H:%M:%S.%f%Z"
-    return (
-        datetime.strptime(end.replace("GMT", "UTC"), fmt) - datetime.strptime(start.replace("GMT", "UTC"), fmt)
-    ).total_seconds()
+    return _instant(end) - _instant(start)
+
+
+def busy_seconds(rows: list[dict[str, Any]]) -> float:
+    """Wall seconds during which at least one of the stages ran (the union of their spans): the rest of a
+    step's wall time is the driver's (planning, code generation, Delta's log, Python)."""
+    total, reach = 0.0, 0.0
+    for start, end in sorted(r["span"] for r in rows if r["span"][0] and r["span"][1]):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shuffle-partitions", type=int, default=8)
     parser.add_argument("--driver-memory", default="6g")
     parser.add_argument("--plans", type=Path, help="write explain('formatted') of the main frames here")
-    parser.add_argument("--skip", default="", help="comma-separated steps to leave out (e.g. index)")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated steps to leave out (e.g. index; latest: every step after it)"
+    )
+    parser.add_argument(
+        "--whole",
+        action="store_true",
+        help="first time the whole batch job (jobs.rebuild of the warehouse table into a fresh directory) as one step",
+    )
     args = parser.parse_args(argv)
 
     import spark_rebuild as bench
@@ -204,6 +230,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         step("count", lambda: read_batch(spark, source, [topic]).count())
+        if args.whole:
+            whole = jobs.JobConfig(
+                source, prefix, {shape.qualified: shape}, work / "whole", encoding, registry=cfg.registry
+            )
+            step("rebuild", lambda: jobs.rebuild(spark, whole, ["warehouse"]))
         history = schema_history(source, prefix, encoding)
         if "read+envelope" not in skip:
             from cdc_views.reader import avro_schemas
@@ -216,36 +247,38 @@ def main(argv: list[str] | None = None) -> int:
 
             step("read+envelope", envelope_only)
 
-        def reduce() -> Any:
-            reduced, schemas = reduce_topics(spark, source, [topic], encoding, client)
-            reduced.count()
-            return reduced, schemas
+        if "latest" not in skip:  # the rest builds on the reduced records
 
-        reduced, schemas = step("latest", reduce)
-        changes = step(
-            "decode+check",
-            lambda: Changes.of_topics(reduced, {topic: shape}, encoding, "fail", schemas, history)[topic],
-        )
-        if args.plans:
-            with args.plans.open("w") as out:
-                for title, frame in (
-                    ("reduced (read, envelope, latest per key)", reduced),
-                    ("decoded latest records", changes.decoded),
-                    ("rows written", changes.rows),
-                ):
-                    mode = getattr(getattr(spark._jvm.org.apache.spark.sql.execution, "FormattedMode$"), "MODULE$")
-                    out.write(f"===== {title}\n{frame._jdf.queryExecution().explainString(mode)}\n")
-        path = work / "tables" / shape.qualified
-        step("delta write", lambda: merge_rows(spark, path, changes.rows, changes.truncates, full=True))
-        if "compare+merge" not in skip:
-            step("compare+merge", lambda: merge_rows(spark, path, changes.rows, changes.truncates, full=True))
-        frames = {shape.qualified: jobs._source_rows(changes)}
-        if "view" not in skip:
-            step("view SQL", lambda: jobs._write_view(spark, cfg, section.views[0], frames, job="bench"))
-        if "index" not in skip:
-            step("index", lambda: jobs._write_index(spark, cfg, section.indexes[0], frames, job="bench"))
-        reduced.unpersist()
-        changes.unpersist()
+            def reduce() -> Any:
+                reduced, schemas = reduce_topics(spark, source, [topic], encoding, client)
+                reduced.count()
+                return reduced, schemas
+
+            reduced, schemas = step("latest", reduce)
+            changes = step(
+                "decode+check",
+                lambda: Changes.of_topics(reduced, {topic: shape}, encoding, "fail", schemas, history)[topic],
+            )
+            if args.plans:
+                with args.plans.open("w") as out:
+                    for title, frame in (
+                        ("reduced (read, envelope, latest per key)", reduced),
+                        ("decoded latest records", changes.decoded),
+                        ("rows written", changes.rows),
+                    ):
+                        mode = getattr(getattr(spark._jvm.org.apache.spark.sql.execution, "FormattedMode$"), "MODULE$")
+                        out.write(f"===== {title}\n{frame._jdf.queryExecution().explainString(mode)}\n")
+            path = work / "tables" / shape.qualified
+            step("delta write", lambda: merge_rows(spark, path, changes.rows, changes.truncates, full=True))
+            if "compare+merge" not in skip:
+                step("compare+merge", lambda: merge_rows(spark, path, changes.rows, changes.truncates, full=True))
+            frames = {shape.qualified: jobs._source_rows(changes)}
+            if "view" not in skip:
+                step("view SQL", lambda: jobs._write_view(spark, cfg, section.views[0], frames, job="bench"))
+            if "index" not in skip:
+                step("index", lambda: jobs._write_index(spark, cfg, section.indexes[0], frames, job="bench"))
+            reduced.unpersist()
+            changes.unpersist()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -253,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{'step':<15}{'wall s':>8}  stages (name: seconds, tasks, executor run s / cpu s / gc s, records in, shuffle read/write MB)"
     )
     for name, seconds, rows in report:
-        print(f"{name:<15}{seconds:8.1f}")
+        cpu = sum(r["cpu_s"] for r in rows)
+        print(f"{name:<15}{seconds:8.1f}  (stages running {busy_seconds(rows):.1f} s of it; executor cpu {cpu:.1f} s)")
         for r in rows:
             print(
                 f"{'':<25}{r['stage']:>4} {r['name']:<28} {r['seconds']:6.1f} s {r['tasks']:>4} tasks  run {r['run_s']:6.1f} "
