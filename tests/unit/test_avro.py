@@ -19,42 +19,15 @@ from hypothesis import strategies as st
 
 from cdc.event import ChangeEvent, Column, MessageEvent, Op, PgType, TableSchema, TruncateEvent, TypeKind
 from cdc.lsn import Lsn
-from cdc.sink.avro import AvroSerializer, AvroSettings, decode_wire
+from cdc.sink.avro import AvroSettings, decode_wire
 from cdc.sink.avro_schema import avro_field_name, avro_name
 from cdc.sink.errors import SerializationError
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.record import Record
 from cdc.values import UNCHANGED_TOAST, Infinity, Interval, Point, TimeTz
+from tests.support.avro import CLOCK_NS, FakeRegistry, avro, decode, settings
 
-CLOCK_NS = 1714566897101234567
 COMMIT_US = 1714566896789012
-
-
-class FakeRegistry:
-    """In memory, with the client's interface: an id per distinct schema, versions per subject."""
-
-    def __init__(self, first_id: int = 1) -> None:
-        self.schemas: dict[int, Any] = {}
-        self.subjects: dict[str, list[int]] = {}
-        self.calls: list[tuple[str, str | None]] = []
-        self._ids: dict[bytes, int] = {}
-        self._next = first_id
-
-    def register(self, subject: str, schema: Any, *, source: str | None = None) -> int:
-        self.calls.append((subject, source))
-        canonical = orjson.dumps(schema, option=orjson.OPT_SORT_KEYS)
-        schema_id = self._ids.get(canonical)
-        if schema_id is None:
-            schema_id = self._ids[canonical] = self._next
-            self._next += 1
-            self.schemas[schema_id] = orjson.loads(canonical)
-        versions = self.subjects.setdefault(subject, [])
-        if schema_id not in versions:
-            versions.append(schema_id)
-        return schema_id
-
-    def latest(self, subject: str) -> Any:
-        return self.schemas[self.subjects[subject][-1]]
 
 
 def T(oid: int, name: str) -> PgType:
@@ -69,20 +42,6 @@ def numeric_mod(precision: int, scale: int) -> int:
     return ((precision << 16) | (scale & 0x7FF)) + 4
 
 
-def settings(**options: Any) -> dict[str, Any]:
-    return {"topic_prefix": "dbserver1", "database": "inventory", "connector_version": "3.6.1.Final", **options}
-
-
-def avro(
-    partitions: int = 3, registry: FakeRegistry | None = None, **options: Any
-) -> tuple[AvroSerializer, FakeRegistry]:
-    registry = registry if registry is not None else FakeRegistry()
-    s = AvroSerializer(
-        AvroSettings(**settings(**options)), lambda topic: partitions, registry, clock_ns=lambda: CLOCK_NS
-    )
-    return s, registry
-
-
 def json_twin(partitions: int = 3, **options: Any) -> JsonSerializer:
     return JsonSerializer(JsonSettings(**settings(**options)), lambda topic: partitions, clock_ns=lambda: CLOCK_NS)
 
@@ -91,13 +50,6 @@ def event(
     table: TableSchema, op: Op, before: dict[str, Any] | None, after: dict[str, Any] | None, **kw: Any
 ) -> ChangeEvent:
     return ChangeEvent(op, table, before, after, Lsn(24023040), Lsn(24023128), kw.pop("xid", 771), 1, COMMIT_US, **kw)
-
-
-def decode(registry: FakeRegistry, data: bytes | None) -> Any:
-    """What a consumer does: read the schema id, fetch that schema, decode the body."""
-    assert data is not None
-    schema_id, body = decode_wire(data)
-    return fastavro.schemaless_reader(io.BytesIO(body), fastavro.parse_schema(registry.schemas[schema_id]))
 
 
 def resolve(body: bytes, writer: Any, reader: Any) -> Any:

@@ -31,8 +31,8 @@ from cdc.render.codec import TableRenderer
 from cdc.render.rows import render_copy_parser, render_copy_record, render_parser
 from cdc.sink.rendering import RenderedRow, RowRendering
 from cdc.snapshot.copytext import unescape
+from tests.support.codec_cases import CASES, DIRECT, OIDS, TEXTS, TYPES, serializers
 from tests.support.pgoutput import relation, tuple_data
-from tests.unit.test_codec import CASES, DIRECT, OIDS, TEXTS, TYPES, serializers
 
 try:
     from cdc.render import _compiled

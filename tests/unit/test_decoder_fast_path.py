@@ -20,8 +20,8 @@ from cdc.lsn import Lsn
 from cdc.render.codec import TableRenderer
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.rendering import RenderedRow
+from tests.support.envelope_workload import TABLES, transactions, workload
 from tests.support.pgoutput import delete, insert, relation, tuple_data, update
-from tests.unit.test_envelope_codec import TABLES, transactions, workload
 
 try:
     from cdc.decoder._changes import FastChanges

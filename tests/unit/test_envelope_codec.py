@@ -25,17 +25,21 @@ from hypothesis import strategies as st
 
 from cdc.compiled import FORCE_REFERENCE_ENV
 from cdc.decoder.changes import ChangeDecoder
-from cdc.decoder.pgoutput import UNCHANGED
-from cdc.event import ChangeEvent, Event, TableInfo, TransactionBlock
+from cdc.event import ChangeEvent, Event, TransactionBlock
 from cdc.lsn import Lsn
 from cdc.render.codec import TableRenderer
 from cdc.sink import envelopes
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.records import EventSerializer
 from cdc.sink.rendering import RenderedRow
-from tests.support.accounts import numeric_typmod
-from tests.support.envelope_workload import account, two_transactions, variants
-from tests.support.pgoutput import begin, commit, delete, insert, relation, tuple_data, update
+from tests.support.envelope_workload import (
+    TABLES,
+    account,
+    transactions,
+    variants,
+    workload,
+)
+from tests.support.pgoutput import begin, commit, insert, relation, tuple_data
 
 try:
     from cdc.sink import _envelope
@@ -47,41 +51,6 @@ except ImportError as exc:  # pragma: no cover - the reference's run, or a broke
         ) from exc
     pytest.skip(f"{FORCE_REFERENCE_ENV} is set and the compiled envelope is not built", allow_module_level=True)
 
-NUMERIC = numeric_typmod(12, 2)
-# relation id -> (table, columns as a Relation message gives them, replica identity)
-TABLES: dict[int, tuple[TableInfo, tuple[tuple[int, str, int, int], ...], bytes]] = {
-    16384: (
-        TableInfo(
-            "public",
-            "accounts",
-            16384,
-            "d",
-            ("id",),
-            ("id", "name", "amount", "at", "ref", "doc", "note"),
-            frozenset({"id", "name"}),
-        ),
-        (
-            (1, "id", 20, -1),
-            (0, "name", 25, -1),
-            (0, "amount", 1700, NUMERIC),
-            (0, "at", 1184, -1),
-            (0, "ref", 2950, -1),
-            (0, "doc", 3802, -1),
-            (0, "note", 1043, 24),
-        ),
-        b"d",
-    ),
-    16385: (
-        TableInfo("shop", "orders", 16385, "f", ("order_id",), ("order_id", "item", "qty"), frozenset({"order_id"})),
-        ((1, "order_id", 20, -1), (0, "item", 25, -1), (0, "qty", 23, -1)),
-        b"f",
-    ),
-    16386: (
-        TableInfo("public", "pairs", 16386, "d", ("a", "b"), ("a", "b", "v"), frozenset({"a", "b"})),
-        ((1, "a", 23, -1), (1, "b", 25, -1), (0, "v", 16, -1)),
-        b"d",
-    ),
-}
 CLOCK = 1_700_000_000_123_456_789
 
 
@@ -153,19 +122,6 @@ def compare(events: Sequence[Event], schemas: bool, headers: bool, clock_start: 
         if isinstance(b, list):
             assert [type(r) for r in a] == [type(r) for r in b]
     return sum(isinstance(e, ChangeEvent) for e in events) - len(handed)
-
-
-def workload() -> list[tuple[bytes, int]]:
-    """Three transactions over three tables: every op, NULLs, unchanged TOAST, key changes."""
-    third = [
-        (begin(final_lsn=0xFFFFFFFFFFFFFF00, ts=0, xid=0xFFFFFFFF), 0xFFFFFFFFFFFFFE00),
-        (insert(16384, account(4)), 0xFFFFFFFFFFFFFE01),
-        (insert(16384, account(5, name=None)), 0xFFFFFFFFFFFFFE02),  # a NULL in a NOT NULL column: typed path
-        (insert(16386, tuple_data(None, None, b"t")), 0xFFFFFFFFFFFFFE03),  # a NULL key: an error, the same one
-        (delete(16384, key=tuple_data(b"4", None, None, None, None, None, None)), 0xFFFFFFFFFFFFFFFF),
-        (commit(commit_lsn=0xFFFFFFFFFFFFFF00, end_lsn=0xFFFFFFFFFFFFFF10), 0xFFFFFFFFFFFFFF10),
-    ]
-    return two_transactions() + third
 
 
 @pytest.mark.parametrize("headers", [False, True])
@@ -255,62 +211,6 @@ def test_clocks_before_the_epoch_and_past_2262_write_the_same_times() -> None:
 
 
 # -- hypothesis: values, positions, transactions and clocks ---------------------------------------------
-
-INTS = st.integers(-(2**63), 2**63 - 1).map(lambda n: str(n).encode())
-TEXTS = st.text(max_size=10).map(str.encode)
-AMOUNTS = st.integers(-(10**10), 10**10).map(lambda n: f"{n / 100:.2f}".encode()) | st.sampled_from(
-    [b"NaN", b"1.5", b"-0.00"]
-)
-VALUE = st.one_of(st.none(), st.just(UNCHANGED))
-
-
-@st.composite
-def transactions(draw: st.DrawFn) -> list[tuple[bytes, int]]:
-    payloads: list[tuple[bytes, int]] = []
-    for _ in range(draw(st.integers(1, 3))):
-        lsn = draw(st.integers(0, 2**64 - 40))
-        payloads.append(
-            (
-                begin(
-                    final_lsn=draw(st.integers(0, 2**64 - 1)),
-                    ts=draw(st.integers(0, 2**62)),
-                    xid=draw(st.integers(1, 2**32 - 1)),
-                ),
-                lsn,
-            )
-        )
-        for i in range(draw(st.integers(1, 6))):
-            rel = draw(st.sampled_from([16384, 16385]))
-            if rel == 16384:
-                new = tuple_data(
-                    draw(INTS),
-                    draw(TEXTS | VALUE),
-                    draw(AMOUNTS | VALUE),
-                    b"2026-01-02 03:04:05+00",
-                    b"a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
-                    b"{}",
-                    draw(TEXTS | VALUE),
-                )
-                key = tuple_data(draw(INTS), None, None, None, None, None, None)
-            else:
-                new = tuple_data(draw(INTS), draw(TEXTS | VALUE), draw(INTS | VALUE))
-                key = tuple_data(draw(INTS), draw(TEXTS | st.none()), draw(INTS | st.none()))
-            kind = draw(st.sampled_from(["insert", "update", "update_old", "delete"]))
-            if kind == "insert":
-                payload = insert(rel, new)
-            elif kind == "update":
-                payload = update(rel, new)
-            elif kind == "update_old":
-                payload = (
-                    update(rel, new, old=new if draw(st.booleans()) else key)
-                    if rel == 16385
-                    else update(rel, new, key=key)
-                )
-            else:
-                payload = delete(rel, old=new) if rel == 16385 and draw(st.booleans()) else delete(rel, key=key)
-            payloads.append((payload, lsn + 1 + i))
-        payloads.append((commit(), lsn + 20))
-    return payloads
 
 
 @settings(max_examples=300, deadline=None)

@@ -19,8 +19,8 @@ from cdc.sink.position import (
     parse_sequence,
     record_position,
 )
-from tests.unit.test_avro import avro, decode
-from tests.unit.test_serialize import ALICE_AFTER, ALICE_BEFORE, COMMIT_US, CUSTOMERS
+from tests.support.avro import avro, decode
+from tests.support.customers import ALICE_AFTER, ALICE_BEFORE, COMMIT_US, CUSTOMERS
 
 LSN, COMMIT, XID = 24023128, 24023200, 771
 

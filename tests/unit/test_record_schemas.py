@@ -40,7 +40,7 @@ from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.metadata import Heartbeat, TransactionMetadata
 from cdc.sink.record import Record
 from cdc.sink.records import EventSerializer
-from tests.unit.test_avro import FakeRegistry
+from tests.support.avro import FakeRegistry
 
 COMMIT_US = 1714566896789012
 CLOCK_NS = 1714566897101234567

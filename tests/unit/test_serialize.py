@@ -23,23 +23,23 @@ from cdc.sink.errors import SerializationError
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.sink.record import Record
 from cdc.values import UNCHANGED_TOAST, Infinity, Interval, Point, TimeTz
+from tests.support.customers import (
+    ALICE_AFTER,
+    ALICE_BEFORE,
+    COMMIT_US,
+    CUSTOMERS,
+    INT4,
+    INT8,
+    NUMERIC,
+    TEXT,
+    TSTZ,
+    T,
+    numeric_mod,
+)
 
 # The team's note, in shared/ beside the checkout (as CI lays it out), wherever the checkout is.
 NOTE = Path(__file__).resolve().parents[3] / "shared" / "notes" / "debezium-envelope.md"
 CLOCK_NS = 1714566897101234567
-COMMIT_US = 1714566896789012
-
-
-def T(oid: int, name: str) -> PgType:
-    return PgType(oid, name)
-
-
-INT4, INT8, TEXT = T(23, "int4"), T(20, "int8"), T(25, "text")
-NUMERIC, TSTZ = T(1700, "numeric"), T(1184, "timestamptz")
-
-
-def numeric_mod(precision: int, scale: int) -> int:
-    return ((precision << 16) | scale) + 4
 
 
 def serializer(
@@ -79,22 +79,6 @@ def payload(record: Record) -> Any:
 def schema_of(record: Record) -> Any:
     assert record.value is not None
     return orjson.loads(record.value)["schema"]
-
-
-CUSTOMERS = TableSchema(
-    "public",
-    "customers",
-    (
-        Column("id", INT4, key=True, nullable=False),
-        Column("name", TEXT),
-        Column("balance", NUMERIC, modifier=numeric_mod(10, 2)),
-        Column("updated_at", TSTZ),
-    ),
-    replica_identity="f",
-)
-
-ALICE_BEFORE = {"id": 1, "name": "Alice", "balance": Decimal("1000.00"), "updated_at": 1714467600_000000}
-ALICE_AFTER = {"id": 1, "name": "Alice", "balance": Decimal("1234.56"), "updated_at": COMMIT_US}
 
 
 # --- §8 of the note, byte for byte ---------------------------------------------
