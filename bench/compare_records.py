@@ -376,7 +376,8 @@ def main() -> int:
             for pair in slots.values():
                 for slot in pair:
                     admin.execute(
-                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s AND NOT active",
+                        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s "
+                        "AND NOT active",
                         (slot,),
                     )
             admin.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")

@@ -203,7 +203,8 @@ def big_transaction(dsn: str, bootstrap: str, workdir: Path, rows: int, meter: S
     create_slots(dsn, [slot])
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "INSERT INTO bench_rows SELECT g, 'name ' || g, (g %% 1000000) * 1.25, 'C' || (g %% 1000), now(), gen_random_uuid() "
+            "INSERT INTO bench_rows SELECT g, 'name ' || g, (g %% 1000000) * 1.25, 'C' || (g %% 1000), now(), "
+            "gen_random_uuid() "
             "FROM generate_series(%s::bigint, %s::bigint) g",
             (20_000_000_000, 20_000_000_000 + rows - 1),
         )

@@ -310,7 +310,9 @@ def main() -> int:
     parser.add_argument(
         "--compare-reference",
         action="store_true",
-        help="alternate with this checkout on its pure-Python row codec (CDC_PURE_PYTHON=1) instead of another checkout",
+        help=(
+            "alternate with this checkout on its pure-Python row codec (CDC_PURE_PYTHON=1) instead of another checkout"
+        ),
     )
     parser.add_argument("--calls", action="store_true", help="one more run under cProfile: Python calls per row")
     parser.add_argument(
@@ -379,7 +381,8 @@ def main() -> int:
                 continue
             per_row = instructions_per_row(src, frames, args.format, args.instructions, args.work)
             print(
-                f"{who}: {per_row:,.0f} instructions a row (valgrind, {args.instructions:,} and {2 * args.instructions:,} rows)"
+                f"{who}: {per_row:,.0f} instructions a row (valgrind, {args.instructions:,} and "
+                f"{2 * args.instructions:,} rows)"
             )
     if args.perf:
         for who, src in [("this checkout", None), (args.compare, args.compare)]:
@@ -389,7 +392,8 @@ def main() -> int:
             result = one_run(src, frames, args.format, perf=data)
             n, shares, busiest = perf_breakdown(data, int(result["pid"]), list(result["window"]))
             print(
-                f"{who}: {n} perf samples of the main thread over the rows ({result['us_cpu']:.2f} µs a row in this run):"
+                f"{who}: {n} perf samples of the main thread over the rows ({result['us_cpu']:.2f} µs a row in "
+                "this run):"
             )
             for group, share in shares:
                 print(f"  {100 * share:5.1f}%  {group}")

@@ -279,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     total = read_batch(spark, source, [topic]).count()
     print(
-        f"topic {topic} ({args.format}): {total} records, {args.partitions} partitions; Spark {spark.version}, {args.master}"
+        f"topic {topic} ({args.format}): {total} records, {args.partitions} partitions; Spark {spark.version}, "
+        f"{args.master}"
     )
     timings: dict[str, list[float]] = {"count": [], "rebuild": [], "rebuild again": []}
     for run in range(1, args.runs + 1):
@@ -310,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in timings.items():
         median = statistics.median(values)
         print(
-            f"  {name:<14} {median:8.1f} s  {total / median:12,.0f} records/s   (runs: {', '.join(f'{v:.1f}' for v in values)})"
+            f"  {name:<14} {median:8.1f} s  {total / median:12,.0f} records/s   (runs: "
+            f"{', '.join(f'{v:.1f}' for v in values)})"
         )
     count_median = statistics.median(timings["count"])
     print(f"  rebuild / count: {count_median / statistics.median(timings['rebuild']):.2f} of the plain count's rate")
@@ -340,7 +342,10 @@ def refresh(
         views=[
             DeclaredView(
                 name="orders_per_customer",
-                sql="SELECT customer_id, count(*) AS orders, sum(amount) AS total FROM public_bench_orders GROUP BY customer_id",
+                sql=(
+                    "SELECT customer_id, count(*) AS orders, sum(amount) AS total FROM public_bench_orders GROUP "
+                    "BY customer_id"
+                ),
                 key=["customer_id"],
             )
         ]

@@ -196,7 +196,10 @@ def main(argv: list[str] | None = None) -> int:
             DeclaredView(
                 name="orders_per_customer",
                 key=["customer_id"],
-                sql="SELECT customer_id, count(*) AS orders, sum(amount) AS total FROM public_bench_orders GROUP BY customer_id",
+                sql=(
+                    "SELECT customer_id, count(*) AS orders, sum(amount) AS total FROM public_bench_orders GROUP "
+                    "BY customer_id"
+                ),
             )
         ],
         indexes=[
@@ -283,15 +286,18 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     print(
-        f"\n{'step':<15}{'wall s':>8}  stages (name: seconds, tasks, executor run s / cpu s / gc s, records in, shuffle read/write MB)"
+        f"\n{'step':<15}{'wall s':>8}  stages (name: seconds, tasks, executor run s / cpu s / gc s, records in, "
+        "shuffle read/write MB)"
     )
     for name, seconds, rows in report:
         cpu = sum(r["cpu_s"] for r in rows)
         print(f"{name:<15}{seconds:8.1f}  (stages running {busy_seconds(rows):.1f} s of it; executor cpu {cpu:.1f} s)")
         for r in rows:
             print(
-                f"{'':<25}{r['stage']:>4} {r['name']:<28} {r['seconds']:6.1f} s {r['tasks']:>4} tasks  run {r['run_s']:6.1f} "
-                f"cpu {r['cpu_s']:6.1f} gc {r['gc_s']:5.1f}  in {r['input_records']:>9}  shuffle {r['shuffle_read_mb']:7.1f}/"
+                f"{'':<25}{r['stage']:>4} {r['name']:<28} {r['seconds']:6.1f} s {r['tasks']:>4} tasks  run "
+                f"{r['run_s']:6.1f} "
+                f"cpu {r['cpu_s']:6.1f} gc {r['gc_s']:5.1f}  in {r['input_records']:>9}  shuffle "
+                f"{r['shuffle_read_mb']:7.1f}/"
                 f"{r['shuffle_write_mb']:7.1f}  spill {r['spill_mb']:.0f}"
             )
     spark.stop()

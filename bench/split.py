@@ -9,8 +9,9 @@ spare. This benchmark measures the obvious split, built from the daemon's own pa
 - process A (this one): ``ReplicationStream`` + ``ChangeDecoder`` (rows rendered, as the daemon
   decodes for JSON) + ``JsonSerializer.records``; each transaction's records, with its begin and
   commit, marshalled and sent down a pipe; confirms to the server what B reports acknowledged;
-- process B (a receiving thread, a 64-batch queue) unmarshals them and hands them to the daemon's ``AtLeastOnce`` delivery (idempotent
-  producer, ``acks=all``, per-record acknowledgment tracking), and reports the acknowledged LSN.
+- process B (a receiving thread, a 64-batch queue) unmarshals them and hands them to the daemon's
+  ``AtLeastOnce`` delivery (idempotent producer, ``acks=all``, per-record acknowledgment tracking), and
+  reports the acknowledged LSN.
 
 Per run, over the same WAL (slots made before one workload, as in ``e2e.py``): the decoder-only
 reader (typed events, the reference of the target) and the split, timed from the start of streaming

@@ -58,7 +58,8 @@ def setup(admin_dsn: str, rows: int) -> str:
             conn.execute(
                 f"INSERT INTO {table} SELECT g, 0, "
                 "(SELECT string_agg(md5(g::text || ':' || i), '') FROM generate_series(1, 128) i), "
-                "jsonb_build_object('id', g, 'blob', (SELECT string_agg(md5(i || ':' || g), '') FROM generate_series(1, 128) i)) "
+                "jsonb_build_object('id', g, 'blob', (SELECT string_agg(md5(i || ':' || g), '') FROM "
+                "generate_series(1, 128) i)) "
                 "FROM generate_series(1, %s) g",
                 (rows,),
             )

@@ -144,7 +144,8 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 [
                     (f"cdc:transaction_events:p99_5m{{{INST}}}", "p99 {{instance}}"),
                     (
-                        f"histogram_quantile(0.5, sum by (instance, le) (rate(cdc_transaction_events_bucket{{{INST}}}[$__rate_interval])))",
+                        "histogram_quantile(0.5, sum by (instance, le) "
+                        f"(rate(cdc_transaction_events_bucket{{{INST}}}[$__rate_interval])))",
                         "p50 {{instance}}",
                     ),
                 ],

@@ -107,8 +107,10 @@ class TableVersions:
         for i, entry in enumerate(self.entries):
             if entry.error is not None:
                 unreadable = (
-                    f"its version in the schema history topic {self.topic} (partition 0, offset {entry.offset}) cannot be "
-                    f"read: {entry.error}. Fix: upgrade the jobs to the connector's version, or remove what wrote that record"
+                    f"its version in the schema history topic {self.topic} (partition 0, offset {entry.offset}) "
+                    "cannot be "
+                    f"read: {entry.error}. Fix: upgrade the jobs to the connector's version, or remove what wrote "
+                    "that record"
                 )
                 reason = F.when(index == i, F.lit(unreadable)).otherwise(reason)
         return reason

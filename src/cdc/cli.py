@@ -222,7 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--with-prometheus",
         action="store_true",
-        help="also run Prometheus (Debian's package, cached by scripts/prometheus.sh) with deploy/observability's rules",
+        help=(
+            "also run Prometheus (Debian's package, cached by scripts/prometheus.sh) with deploy/observability's rules"
+        ),
     )
     p.add_argument(
         "--metrics-target", default="127.0.0.1:8080", help="the daemon's http.host:http.port Prometheus scrapes"

@@ -279,9 +279,9 @@ class KafkaConfig(_Section):
     )
     position_headers: bool = Field(
         default=False,
-        description="cdc.lsn, cdc.commit_lsn, cdc.txid and cdc.ordinal headers on every change record; off, readers take "
-        "the position from the envelope (source.lsn, source.sequence, source.txId), and records cost the producer "
-        "less (bench/README.md, headers in e2e.py); on for consumers that read the headers",
+        description="cdc.lsn, cdc.commit_lsn, cdc.txid and cdc.ordinal headers on every change record; off, "
+        "readers take the position from the envelope (source.lsn, source.sequence, source.txId), and records cost "
+        "the producer less (bench/README.md, headers in e2e.py); on for consumers that read the headers",
     )
 
     @field_validator("topic_config")
@@ -321,8 +321,8 @@ class DeliveryConfig(_Section):
     split_records: int = Field(
         default=1_000_000,
         ge=1024,
-        description="exactly_once: a source transaction with more "
-        "records, or producing for half of transaction.timeout.ms, goes to Kafka in parts (read_committed sees the parts)",
+        description="exactly_once: a source transaction with more records, or producing for half of "
+        "transaction.timeout.ms, goes to Kafka in parts (read_committed sees the parts)",
     )
 
 

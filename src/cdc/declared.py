@@ -115,7 +115,8 @@ def read_declarations_file(path: Path) -> dict[str, Any]:
         text = path.read_text()
     except OSError as e:
         raise ValueError(
-            f"cannot read the declarations file {path} named by spark.file ({e.strerror}). Fix: give a path that exists, "
+            f"cannot read the declarations file {path} named by spark.file ({e.strerror}). Fix: give a path that "
+            "exists, "
             "absolute or relative to the configuration file's directory, or write the views under spark: itself"
         ) from None
     try:
@@ -127,7 +128,8 @@ def read_declarations_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or set(data) - {"views", "indexes"}:
         found = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
         raise ValueError(
-            f"the declarations file {path} (spark.file) must be a mapping with the keys views and indexes (what the spark: section holds), "
+            f"the declarations file {path} (spark.file) must be a mapping with the keys views and indexes (what "
+            "the spark: section holds), "
             f"not {found}. Fix: put the declarations under views: and indexes: at its top level"
         )
     for kind in ("views", "indexes"):

@@ -290,11 +290,13 @@ def _print_where_to_look(metrics: str, prometheus: Prometheus | None) -> None:
     print(f"  metrics:    {metrics}   (health: /healthz, readiness: /readyz)")
     if prometheus is not None:
         print(
-            f"  prometheus: {prometheus.url}   (alerts: {prometheus.url}/alerts, rules: deploy/observability/cdc-rules.yml)"
+            f"  prometheus: {prometheus.url}   (alerts: {prometheus.url}/alerts, rules: "
+            "deploy/observability/cdc-rules.yml)"
         )
     else:
         print(
-            "  prometheus: not started (no binaries in the cache: `bash scripts/prometheus.sh`, which make install runs)"
+            "  prometheus: not started (no binaries in the cache: `bash scripts/prometheus.sh`, which make install "
+            "runs)"
         )
     print("  dashboard:  deploy/observability/grafana-dashboard.json (import it into Grafana)")
     sys.stdout.flush()
@@ -328,7 +330,8 @@ def _print_metrics(port: int, prometheus: Prometheus | None) -> None:
             log.warning("demo_prometheus_unavailable", error=str(e))
             return
         print(
-            f"  prometheus: up={[r['value'][1] for r in up]}, alerts: {[r['metric']['alertname'] for r in alerts] or 'none'}"
+            f"  prometheus: up={[r['value'][1] for r in up]}, alerts: "
+            f"{[r['metric']['alertname'] for r in alerts] or 'none'}"
         )
 
 
@@ -339,7 +342,8 @@ def _print_outbox(bootstrap: str, event_ids: list[str]) -> bool:
     for m in msgs:
         headers = {k: v.decode() for k, v in (m.headers() or [])}
         print(
-            f"  p{m.partition()} key={m.key().decode():<4} {headers['eventType']} id={headers['id']} {m.value().decode()}"
+            f"  p{m.partition()} key={m.key().decode():<4} {headers['eventType']} id={headers['id']} "
+            f"{m.value().decode()}"
         )
     got = sorted(dict(m.headers() or [])["id"].decode() for m in msgs)
     ok = got == sorted(event_ids)

@@ -58,7 +58,8 @@ class InstanceLock:
             holder = self._holder(conn)
             conn.close()
             who = (
-                f" (its lock connection is backend PID {holder[0]} from {holder[1] or 'local socket'} since {holder[2]})"
+                f" (its lock connection is backend PID {holder[0]} from {holder[1] or 'local socket'} since "
+                f"{holder[2]})"
                 if holder
                 else ""
             )

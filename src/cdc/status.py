@@ -115,7 +115,8 @@ def render(status: dict[str, Any]) -> str:
                 else (
                     "NOT ready: its copy of the slot is temporary (not caught up yet)"
                     if h["synced"] and h["temporary"]
-                    else "NOT ready: no synchronized copy of the slot (see docs/operations.md, 'Beside a primary with standbys')"
+                    else "NOT ready: no synchronized copy of the slot "
+                    "(see docs/operations.md, 'Beside a primary with standbys')"
                 )
             )
             behind = "" if h["behind_bytes"] is None else f", {h['behind_bytes']} bytes behind"

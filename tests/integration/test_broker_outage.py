@@ -138,7 +138,8 @@ def _outage(
     assert rows_during_outage > 0
     growth_mib = (max(samples) - baseline) / 1024
     print(
-        f"rss baseline={baseline / 1024:.1f}MiB max={max(samples) / 1024:.1f}MiB growth={growth_mib:.1f}MiB rows={count}"
+        f"rss baseline={baseline / 1024:.1f}MiB max={max(samples) / 1024:.1f}MiB growth={growth_mib:.1f}MiB "
+        f"rows={count}"
     )
     # The workload kept writing ~1 MB/s for a minute: holding it would add tens of MiB.
     assert growth_mib < 16, f"memory grew by {growth_mib:.1f} MiB during the outage"

@@ -315,7 +315,8 @@ def _differences(src_dsn: str, dst_dsn: str, table: str) -> list[str]:
     problems = []
     if set(src) != set(dst):
         problems.append(
-            f"{table}: keys only in source {sorted(set(src) - set(dst))}, only in destination {sorted(set(dst) - set(src))}"
+            f"{table}: keys only in source {sorted(set(src) - set(dst))}, only in destination "
+            f"{sorted(set(dst) - set(src))}"
         )
     for key in sorted(set(src) & set(dst)):
         for column in columns:

@@ -435,7 +435,8 @@ def test_a_large_transaction_passes_through_the_daemon_in_bounded_memory(
     assert code == 0, daemon.output()
     grown_mib = (peak_kib - idle_kib) / 1024
     print(
-        f"streaming={streaming}: idle peak {idle_kib / 1024:.0f} MiB, peak {peak_kib / 1024:.0f} MiB, grew {grown_mib:.0f} MiB"
+        f"streaming={streaming}: idle peak {idle_kib / 1024:.0f} MiB, peak {peak_kib / 1024:.0f} MiB, grew "
+        f"{grown_mib:.0f} MiB"
     )
     streamed = [e for e in daemon.log_events() if e.get("event") == "streamed_transaction_committed"]
     assert bool(streamed) == streaming, daemon.output()[-3000:]

@@ -148,7 +148,8 @@ def test_sigkill_at_random_moments_of_a_workload(
     assert all(any(n == "cdc.lsn" for n, _ in m.headers() or []) is headers for m in messages)
     identities = Counter(identity(messages))
     print(
-        f"mode={mode} position_headers={headers} records={len(messages)} resent={sum(n - 1 for n in identities.values())}"
+        f"mode={mode} position_headers={headers} records={len(messages)} "
+        f"resent={sum(n - 1 for n in identities.values())}"
     )
     if mode == "exactly_once":
         # Every change once: no (LSN, key, tombstone?) identity twice among committed records.

@@ -226,7 +226,10 @@ def test_malformed_events_go_to_the_dead_letter_topic_and_the_stream_goes_on(
     try:
         c.wait_streaming(dsn, slot_name)
         with psycopg.connect(dsn, autocommit=True) as conn:
-            insert = "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) VALUES (gen_random_uuid(), %s, %s, 'T', %s)"
+            insert = (
+                "INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload) "
+                "VALUES (gen_random_uuid(), %s, %s, 'T', %s)"
+            )
             conn.execute(insert, ("order", None, "{}"))  # no aggregate id
             conn.execute(insert, ("order", "7", "{not json"))  # text payload that is not JSON
             conn.execute(insert, ("invoice", "8", "{}"))  # not an allowed aggregate type

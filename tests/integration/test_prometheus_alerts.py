@@ -158,7 +158,8 @@ def _multi_host(primary_dsn: str, standby_dsn: str) -> str:
     p = psycopg.conninfo.conninfo_to_dict(primary_dsn)
     s = psycopg.conninfo.conninfo_to_dict(standby_dsn)
     return (
-        f"host={p['host']},{s['host']} port={p['port']},{s['port']} user={p['user']} dbname={p.get('dbname', 'postgres')} "
+        f"host={p['host']},{s['host']} port={p['port']},{s['port']} user={p['user']} "
+        f"dbname={p.get('dbname', 'postgres')} "
         "target_session_attrs=primary connect_timeout=3"
     )
 

@@ -221,7 +221,8 @@ def test_rendered_rows_make_the_typed_rows_records_byte_for_byte(
             conn.execute("UPDATE edges SET t = 'full' WHERE id IN (7, 8, 1000)")  # whole old rows 'O'
             conn.execute("DELETE FROM edges WHERE id IN (9, 1001)")
             conn.execute(
-                "INSERT INTO keyed VALUES ('a\"b', -1.5, '2024-01-31 12:00:00.25+00', 1), ('é', 0, '1999-12-31 23:59:59+00', NULL)"
+                "INSERT INTO keyed VALUES ('a\"b', -1.5, '2024-01-31 12:00:00.25+00', 1), ('é', 0, '1999-12-31 "
+                "23:59:59+00', NULL)"
             )
             conn.execute("UPDATE keyed SET k2 = k2 + 1")  # key changes: delete, tombstone, create with key headers
             conn.execute("DELETE FROM keyed")

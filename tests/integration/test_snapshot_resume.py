@@ -52,7 +52,8 @@ def finish(pipeline: SnapshotPipeline, running: Running, dsn: str, slot: str, wo
 def snapshot_connections(dsn: str) -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'cdc-snapshot-%'"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE "
+            "'cdc-snapshot-%'"
         ).fetchone()
     return int(row[0]) if row else 0
 

@@ -221,7 +221,8 @@ def test_position_headers_absent_fall_back_to_the_envelope_and_malformed_make_th
             (b'{"id":4}', sequenced.encode(), "p.public.t", 0, 3, []),
             (b'{"id":5}', too_big.encode(), "p.public.t", 0, 4, []),
         ],
-        "key binary, value binary, topic string, partition int, offset long, headers array<struct<key:string,value:binary>>",
+        "key binary, value binary, topic string, partition int, offset long, headers "
+        "array<struct<key:string,value:binary>>",
     )
     got = {r["offset"]: r for r in envelopes(raw, Encoding()).collect()}
 

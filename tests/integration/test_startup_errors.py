@@ -103,7 +103,8 @@ def test_malformed_yaml_exits_2_with_a_message(tmp_path):
 def test_validate_explains_errors_with_the_key_path(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(
-        "source:\n  dsn: postgresql://x@h/db\n  slot: s\ntables: [public.t]\nkafka: {bootstrap_servers: a:1, partitons: 3}\ntopic_prefix: p\n"
+        "source:\n  dsn: postgresql://x@h/db\n  slot: s\ntables: [public.t]\nkafka: {bootstrap_servers: a:1, "
+        "partitons: 3}\ntopic_prefix: p\n"
     )
     proc = subprocess.run(
         [sys.executable, "-m", "cdc.cli", "validate", str(bad)], capture_output=True, text=True, timeout=60

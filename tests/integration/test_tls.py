@@ -103,7 +103,8 @@ def test_the_connector_streams_over_verify_full_tls_and_produces_over_kafka_ssl(
         with psycopg.connect(secure, autocommit=True) as conn:
             conn.execute("INSERT INTO items VALUES (2, 'streamed')")
             walsender_tls = conn.execute(
-                "SELECT s.ssl FROM pg_stat_replication r JOIN pg_stat_ssl s ON s.pid = r.pid WHERE r.application_name <> ''"
+                "SELECT s.ssl FROM pg_stat_replication r JOIN pg_stat_ssl s ON s.pid = r.pid WHERE "
+                "r.application_name <> ''"
             ).fetchall()
         assert walsender_tls == [(True,)]  # the replication connection is encrypted too
         topic = f"{topic_prefix}.public.items"

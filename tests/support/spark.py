@@ -1,7 +1,7 @@
 """What the Spark tests share: the session's SparkSession, a database of their own captured by a running
 connector (module-wide: starting one per test would double their runtime), and the demo shop's schema,
-workload and declared view and search index (docs/examples/shop-spark.yaml, what `make demo` builds). The jobs' package (spark/cdc_views) goes on sys.path here; without pyspark the importing
-module is skipped.
+workload and declared view and search index (docs/examples/shop-spark.yaml, what `make demo` builds).
+Without pyspark the importing module is skipped.
 
 A test module takes the SparkSession as the ``spark`` fixture (tests/integration/conftest.py).
 """

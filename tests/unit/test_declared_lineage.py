@@ -36,7 +36,8 @@ def lineage(sql: str, key: list[str]) -> KeyLineage | NoKeyLineage:
             {"member": "member", "isbn": "isbn"},
         ),
         (
-            "SELECT b.isbn AS book, upper(b.title) AS title, m.name FROM public_books b JOIN public_members m ON m.id = b.author_id",
+            "SELECT b.isbn AS book, upper(b.title) AS title, m.name FROM public_books b JOIN public_members m ON "
+            "m.id = b.author_id",
             ["book"],
             "public.books",
             {"book": "isbn"},
@@ -59,7 +60,8 @@ def test_a_row_by_row_view_keyed_by_its_first_tables_key_has_key_lineage(
     ("sql", "key", "reason"),
     [
         (
-            "SELECT m.id, count(l.isbn) AS n FROM public_members m LEFT JOIN public_loans l ON l.member = m.id GROUP BY m.id",
+            "SELECT m.id, count(l.isbn) AS n FROM public_members m LEFT JOIN public_loans l ON l.member = m.id "
+            "GROUP BY m.id",
             ["id"],
             "GROUP BY",
         ),

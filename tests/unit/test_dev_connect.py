@@ -29,7 +29,10 @@ def test_the_postgres_source_pom_is_package_data_and_names_the_connector() -> No
 
 
 def test_a_pom_property_is_read_by_name_and_a_missing_one_is_an_error() -> None:
-    pom = "<properties>\n  <debezium.version> 3.3.1.Final </debezium.version>\n  <kafka.version>4.3.1</kafka.version>\n</properties>"
+    pom = (
+        "<properties>\n  <debezium.version> 3.3.1.Final </debezium.version>\n"
+        "  <kafka.version>4.3.1</kafka.version>\n</properties>"
+    )
     assert connect.pom_property(pom, "kafka.version") == "4.3.1"
     assert connect.pom_property(pom, "debezium.version") == "3.3.1.Final"
     with pytest.raises(DevServiceError, match="no <postgresql.version>"):

@@ -1,4 +1,5 @@
-"""cdc.sink.registry: the schema registry client, against stand-ins (no services); the real registry is in tests/integration."""
+"""cdc.sink.registry: the schema registry client, against stand-ins (no services); the real registry is in
+tests/integration."""
 
 from __future__ import annotations
 

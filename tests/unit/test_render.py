@@ -74,9 +74,8 @@ def test_utc_timestamps_render_as_zoned_timestamps_at_the_columns_precision(mome
     micro = moment.microsecond - moment.microsecond % 10 ** (6 - precision)  # what the column keeps
     fraction = f"{micro:06d}".rstrip("0")
     text = (
-        f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d} {moment.hour:02d}:{moment.minute:02d}:{moment.second:02d}"
-        + ("." + fraction if fraction else "")
-        + "+00"
+        f"{moment.year:04d}-{moment.month:02d}-{moment.day:02d} "
+        f"{moment.hour:02d}:{moment.minute:02d}:{moment.second:02d}" + ("." + fraction if fraction else "") + "+00"
     )
     assert render("timestamptz", precision, text.encode()) == typed_json("timestamptz", precision, text.encode())
     assert render("timestamptz", -1, text.encode()) == typed_json("timestamptz", -1, text.encode())

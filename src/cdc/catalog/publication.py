@@ -112,7 +112,8 @@ def publication_shape(
         generated = {
             str(r[0])
             for r in conn.execute(
-                "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND attgenerated <> ''",
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND "
+                "attgenerated <> ''",
                 (info.oid,),
             )
         }

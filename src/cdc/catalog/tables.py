@@ -136,7 +136,8 @@ def _describe_table(
         return None
     if not rel.can_select:
         problems.append(
-            f"role {conn.info.user} cannot SELECT from {t.qualified}. Fix: GRANT SELECT ON {t.qualified} TO {conn.info.user};"
+            f"role {conn.info.user} cannot SELECT from {t.qualified}. Fix: GRANT SELECT ON {t.qualified} TO "
+            f"{conn.info.user};"
         )
     cols = conn.execute(
         """

@@ -92,7 +92,8 @@ def plugin_path(log: FilteringBoundLogger) -> Path:
 
 
 def postgres_plugin_path(log: FilteringBoundLogger) -> Path:
-    """A ``plugin.path`` directory whose one plugin (``libs/``) is Debezium's PostgreSQL source, fetched on first use."""
+    """A ``plugin.path`` directory whose one plugin (``libs/``) is Debezium's PostgreSQL source, fetched on
+    first use."""
     root = _proc.maven_fetch(POSTGRES_POM, "connect", f"debezium-postgres-{postgres_source_version()}", log)
     if not any((root / "libs").glob("debezium-connector-postgres-*.jar")):
         raise DevServiceError(f"the Debezium PostgreSQL connector cache {root} is incomplete; delete it and retry")
@@ -108,7 +109,8 @@ def postgres_source_config(
     ``never`` was before Debezium 3 removed it): with no stored offset Debezium then streams from the slot's
     position, so it reads exactly the WAL a daemon on a slot made at the same point reads (``no_data`` would
     start at the server's current position, past what the slot holds). The publication is the caller's
-    (``disabled``: never made or altered). JSON without schemas, the daemon's default format. Everything else is Debezium's default."""
+    (``disabled``: never made or altered). JSON without schemas, the daemon's default format. Everything else
+    is Debezium's default."""
     conn = psycopg.conninfo.conninfo_to_dict(dsn)
     return {
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",

@@ -333,7 +333,8 @@ class OutboxRouter:
         if self._allowed is not None and aggregate_type not in self._allowed:
             return (
                 MalformedReason.AGGREGATE_TYPE_NOT_ALLOWED,
-                f"aggregate type {aggregate_type!r} is not in outbox.aggregate_types ({', '.join(sorted(self._allowed))})",
+                f"aggregate type {aggregate_type!r} is not in outbox.aggregate_types "
+                f"({', '.join(sorted(self._allowed))})",
             )
         topic = self.topic(aggregate_type) if TOPIC_CHARS.fullmatch(aggregate_type) else None
         if topic is None or len(topic) > _MAX_TOPIC or topic in (".", ".."):

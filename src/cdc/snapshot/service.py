@@ -227,9 +227,11 @@ class Snapshots:
                 continue
             if table_plan.chunking is Chunking.CTID:
                 raise SnapshotError(
-                    f"the initial snapshot of {name} was interrupted, and {name} has no primary key (nor a unique index "
+                    f"the initial snapshot of {name} was interrupted, and {name} has no primary key (nor a unique "
+                    "index "
                     "over NOT NULL columns), so it cannot be finished while streaming. Fix: add a primary key and "
-                    f"restart, or drop the slot (SELECT pg_drop_replication_slot('{self._slot}')) to take a new snapshot."
+                    f"restart, or drop the slot (SELECT pg_drop_replication_slot('{self._slot}')) to take a new "
+                    "snapshot."
                 )
             ranges = [
                 JobRange(c.keys.lower, c.keys.upper, resolved=c.keys.upper is not None)

@@ -55,7 +55,8 @@ def ensure_signal_table(conn: psycopg.Connection[Any], signal_table: str) -> Non
     except psycopg.errors.InsufficientPrivilege as e:
         raise SignalTableError(
             f"the signal table {signal_table} does not exist and role {conn.info.user} may not create it "
-            f"({e.diag.message_primary}). Fix, as the schema's owner: {signal_table_statements(signal_table, conn.info.user)}"
+            f"({e.diag.message_primary}). Fix, as the schema's owner: "
+            f"{signal_table_statements(signal_table, conn.info.user)}"
         ) from None
 
 
