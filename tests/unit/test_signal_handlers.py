@@ -1,6 +1,6 @@
 """The daemon's signal handlers must not log: structlog's writer holds a non-reentrant lock while it writes a
 line, and a handler runs in the main thread between two bytecodes, possibly inside that write. A SIGTERM that
-arrived while a line was written hung the daemon until SIGKILL (seen in the suite, 2026-11-28). Each case runs
+arrived while a line was written hung the daemon until SIGKILL (it happened in the suite). Each case runs
 in a child process, with a writer that sends the signal from inside the write, and a timeout."""
 
 from __future__ import annotations

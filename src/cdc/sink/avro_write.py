@@ -1,7 +1,8 @@
 """Avro binary writers compiled once per registered schema, for the schemas ``cdc.sink.avro`` makes.
 
-``fastavro.schemaless_writer`` interprets the schema on every call: ~0.5-1 µs per field, ~20 µs
-for one change event's envelope (its ``source`` block alone has 16 fields). A writer compiled
+``fastavro.schemaless_writer`` interprets the schema on every call, per field, so one change event's
+envelope (its ``source`` block alone has 16 fields) costs tens of microseconds (bench/README.md, "Figures
+behind the code's choices"). A writer compiled
 here is a tree of closures made once per schema, and the envelope's ``source`` block, the same
 for every event of a transaction but for its LSN, can be spliced in already encoded
 (``Encoded``). The bytes are exactly fastavro's (``tests/unit/test_avro_write.py`` compares them

@@ -183,7 +183,7 @@ class Producing:
             try:
                 if partition is None and by_name is None:
                     # Positional alone: given any keyword, confluent-kafka's argument parsing looks up each of
-                    # its optional keywords by name, ~0.2-0.4 µs a call (bench/README). The fourth and fifth
+                    # its optional keywords by name, on every call (bench/README.md). The fourth and fifth
                     # arguments are the partition (ANY_PARTITION: the partitioner's choice, as when left
                     # out) and the delivery callback.
                     produce(topic, value, key, ANY_PARTITION, delivered)

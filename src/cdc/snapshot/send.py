@@ -96,7 +96,7 @@ def send_rendered(chunk: RenderedChunk) -> int:
         while True:
             try:
                 # Positional alone when there are no headers: given any keyword, confluent-kafka's argument
-                # parsing looks up each of its optional keywords by name, ~0.3-0.4 µs a call (bench/README).
+                # parsing looks up each of its optional keywords by name, on every call (bench/README.md).
                 if headers is None:
                     produce(topic, value, key)
                 else:

@@ -1,7 +1,8 @@
 """Snapshot rows as JSON text built by the server: the per-row work of the initial snapshot moved into the COPY.
 
-Reading a chunk the ordinary way costs Python ~25 µs per row (parse the COPY
-line into typed values, build the event, encode it, serialize the envelope).
+Reading a chunk the ordinary way costs Python tens of microseconds per row (parse the COPY line into
+typed values, build the event, encode it, serialize the envelope; bench/README.md, "Figures behind the
+code's choices").
 For tables whose every column has a type in the list below, and the JSON
 format, the chunk's ``COPY (SELECT ...)`` instead returns per row the key
 object and the ``after`` object already as Debezium's JSON (``'{"id":' ||
