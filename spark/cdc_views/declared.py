@@ -14,7 +14,7 @@ anything is read, naming the view.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import tantivy
 from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import DataFrame, SparkSession
 
-from cdc.declared import DeclarationError, DeclaredIndex, SparkSection, sql_name
+from cdc.declared import DeclarationError, DeclaredIndex, KeyLineage, NoKeyLineage, SparkSection, sql_name
 from cdc_views.search import WRITER_HEAP_BYTES, write_index
 
 log = structlog.get_logger("cdc_views.declared")
@@ -61,6 +61,102 @@ def check(spark: SparkSession, section: SparkSection, frames: Mapping[str, DataF
             problems.append(f"{what}: its query does not give the column(s) {', '.join(missing)} it declares")
     if problems:
         raise DeclarationError("the declared Spark views and indexes cannot be built:\n  " + "\n  ".join(problems))
+
+
+# --------------------------------------------------------------------------- group lineage
+
+_NOT_PER_GROUP: tuple[tuple[str, str], ...] = (  # node class -> why a group's row may depend on other groups
+    ("Window", "a window function"),
+    ("Limit", "LIMIT"),
+    ("Offset", "OFFSET"),
+    ("Qualify", "QUALIFY"),
+    ("Subquery", "a subquery"),
+    ("SetOperation", "UNION/EXCEPT/INTERSECT"),
+    ("With", "WITH"),
+    ("Lateral", "LATERAL"),
+    ("Pivot", "PIVOT"),
+    ("TableSample", "TABLESAMPLE"),
+    ("Values", "VALUES"),
+    ("Exists", "EXISTS"),
+    ("Explode", "a generator (explode)"),
+    ("Posexplode", "a generator (posexplode)"),
+    ("Unnest", "a generator"),
+    ("Inline", "a generator (inline)"),
+    ("Stack", "a generator (stack)"),
+    ("Rollup", "ROLLUP"),
+    ("Cube", "CUBE"),
+    ("GroupingSets", "GROUPING SETS"),
+    ("Rand", "rand()"),
+    ("Randn", "randn()"),
+    ("Uuid", "uuid()"),
+    ("CurrentTimestamp", "current_timestamp()"),
+    ("CurrentDate", "current_date()"),
+    ("CurrentTime", "current_time()"),
+    ("Anonymous", "a function the checker does not know (it may not be deterministic)"),
+)
+
+
+def group_lineage(sql: str, key: Sequence[str], tables: Mapping[str, Sequence[str]]) -> KeyLineage | NoKeyLineage:
+    """Whether the view's row of one key is an aggregate over only the rows of one table (``table``) that hold
+    the same values in ``columns`` (view key column -> that table's column), with the other tables it joins.
+
+    Then, when a micro-batch changed ``table`` alone, recomputing the groups whose values the batch's rows had
+    before or after is the same as recomputing the whole view. Conservative: one SELECT with GROUP BY (plain
+    columns, no ROLLUP, CUBE or GROUPING SETS) from one table read once, then only inner or LEFT joins; each
+    of the view's key columns is one of that table's columns taken unchanged and grouped by; no window,
+    LIMIT, subquery, set operation, generator, non-deterministic or unknown function. ``tables``: qualified
+    table -> its columns. Anything else: ``NoKeyLineage`` with why.
+    """
+    import sqlglot
+    from sqlglot import exp
+    from sqlglot.errors import OptimizeError, ParseError
+    from sqlglot.optimizer.qualify import qualify
+
+    by_sql_name = {sql_name(t): t for t in tables}
+    schema: dict[str, object] = {sql_name(t): {c: "string" for c in cols} for t, cols in tables.items()}
+    try:
+        tree = qualify(
+            sqlglot.parse_one(sql, read="spark"), schema=schema, dialect="spark", validate_qualify_columns=True
+        )
+    except (ParseError, OptimizeError) as e:
+        return NoKeyLineage(reason=f"its SQL does not resolve: {str(e).splitlines()[0]}")
+    if not isinstance(tree, exp.Select):
+        return NoKeyLineage(reason="it is not a single SELECT")
+    group = tree.args.get("group")
+    if group is None or not group.expressions:
+        return NoKeyLineage(reason="it has an aggregate or DISTINCT without GROUP BY")
+    if tree.args.get("distinct") is not None:
+        return NoKeyLineage(reason="it has SELECT DISTINCT")
+    for node in tree.walk():
+        if isinstance(node, exp.Select) and node is not tree:
+            return NoKeyLineage(reason="it has a subquery")
+        for name, what in _NOT_PER_GROUP:
+            if isinstance(node, getattr(exp, name)):
+                return NoKeyLineage(reason=f"it has {what}")
+    from_ = tree.find(exp.From)
+    if from_ is None or not isinstance(from_.this, exp.Table):
+        return NoKeyLineage(reason="it reads no table")
+    base = from_.this
+    joins = list(tree.args.get("joins") or [])
+    if any(j.side not in ("", "LEFT") or not isinstance(j.this, exp.Table) for j in joins):
+        return NoKeyLineage(reason="it has a RIGHT or FULL join (rows that come from another table)")
+    if [t.name for t in tree.find_all(exp.Table)].count(base.name) > 1:
+        return NoKeyLineage(reason=f"it reads {base.name} more than once")
+    table = by_sql_name.get(base.name)
+    if table is None:
+        return NoKeyLineage(reason=f"{base.name} is not a captured table")
+    alias = base.alias_or_name
+    grouped = {(c.table, c.name) for c in group.expressions if isinstance(c, exp.Column)}
+    columns: dict[str, str] = {}
+    for name in key:
+        select = next((s for s in tree.selects if s.alias_or_name == name), None)
+        source = select.unalias() if select is not None else None
+        if not (isinstance(source, exp.Column) and source.table == alias and (alias, source.name) in grouped):
+            return NoKeyLineage(
+                reason=f"its key column {name} is not a column of {table} it groups by, taken unchanged"
+            )
+        columns[name] = source.name
+    return KeyLineage(table=table, columns=columns)
 
 
 # --------------------------------------------------------------------------- indexes

@@ -16,8 +16,8 @@ Continuous (``start_continuous``): the same topics as one stream (so one checkpo
 tables) with ``foreachBatch``: each micro-batch is reduced the same way and MERGEd into the
 warehouse tables with the LSN guard (a replayed batch changes nothing); then each declared view and
 index is brought up to date from the warehouse tables (``refresh_declared``: the keys the batch touched
-where the view's key lineage allows it, the whole view otherwise; the log says which). A restart
-continues from the checkpoint.
+where the view's key lineage allows it, the groups it touched where the view is an aggregate by columns of
+one table, the whole view otherwise; the log says which). A restart continues from the checkpoint.
 """
 
 from __future__ import annotations
@@ -352,8 +352,8 @@ def _write_index(
 
 
 def _refreshed(keys: TouchedKeys | None, reason: str) -> dict[str, object]:
-    """What ``view_written`` and ``index_written`` say of how: by keys (how many) or whole, and why."""
-    return {"mode": "keys" if keys else "whole", "keys": len(keys.values) if keys else None, "reason": reason}
+    """What ``view_written`` and ``index_written`` say of how: by keys or by groups (how many), or whole, and why."""
+    return {"mode": keys.by if keys else "whole", "keys": len(keys.values) if keys else None, "reason": reason}
 
 
 def _query(
@@ -380,21 +380,37 @@ def _declaration_file(path: Path) -> Path:
 
 @dataclass(frozen=True)
 class TouchedKeys:
-    """The key values of ``lineage.table`` a micro-batch changed (before or after), as rows of ``schema``."""
+    """The values of ``lineage.table``'s lineage columns (its key, or the columns a view groups by: ``by``)
+    that a micro-batch's rows had before or after it, as rows of ``schema``."""
 
     lineage: KeyLineage
     values: list[tuple[object, ...]]
     schema: StructType
+    by: Literal["keys", "groups"] = "keys"
+
+
+Touched = tuple[str, str, tuple[str, ...]]  # by keys or groups, table, columns: what TouchedKeys are taken by
 
 
 @dataclass(frozen=True)
 class Refresh:
-    """How the continuous job keeps one declared view or index: the tables it reads, and its key lineage
-    (None: recomputed whole whenever a batch touches one of its tables; ``reason`` says why)."""
+    """How the continuous job keeps one declared view or index: the tables it reads, and its lineage (None:
+    recomputed whole whenever a batch touches one of its tables; ``reason`` says why). ``by``: ``keys`` (a
+    view row per row of ``lineage.table``) or ``groups`` (a view row per group of ``lineage.table``'s rows
+    that share the values of ``lineage.columns``: an aggregate by them)."""
 
     reads: frozenset[str]
     lineage: KeyLineage | None
     reason: str
+    by: Literal["keys", "groups"] = "keys"
+
+    @property
+    def touched(self) -> Touched | None:
+        """What a batch's touched values are taken by: by keys or groups, the lineage table and its columns (None:
+        the view is recomputed whole)."""
+        if self.lineage is None:
+            return None
+        return self.by, self.lineage.table, tuple(sorted(set(self.lineage.columns.values())))
 
 
 _ROW_BY_ROW_PLAN = {
@@ -409,6 +425,7 @@ _ROW_BY_ROW_PLAN = {
     "LogicalRelation",
 }
 _ROW_BY_ROW_JOINS = {"Inner", "LeftOuter", "LeftSemi", "LeftAnti", "Cross"}
+_PER_GROUP_PLAN = {*_ROW_BY_ROW_PLAN, "Aggregate", "Sort"}
 
 
 def _plan_nodes(frame: DataFrame) -> list[str]:
@@ -430,29 +447,44 @@ def refresh_plan(spark: SparkSession, cfg: JobConfig, name: str, sql: str, key: 
     lineage = declared_model.key_lineage(
         DeclaredView(name=name, sql=sql, key=list(key)), columns, {n: list(t.key) for n, t in cfg.tables.items()}
     )
+    by: Literal["keys", "groups"] = "keys"
+    allowed = _ROW_BY_ROW_PLAN
     if isinstance(lineage, NoKeyLineage):
-        return Refresh(reads, None, f"recomputed whole: {lineage.reason}")
+        grouped = declared.group_lineage(sql, key, columns)
+        if isinstance(grouped, NoKeyLineage):
+            return Refresh(reads, None, f"recomputed whole: {lineage.reason}; and not by groups: {grouped.reason}")
+        lineage, by, allowed = grouped, "groups", _PER_GROUP_PLAN
     declared.register(_empty_frames(spark, cfg))
-    other = [
-        n
-        for n in _plan_nodes(spark.sql(sql))
-        if n not in _ROW_BY_ROW_PLAN and not (n.startswith("Join ") and n.split()[1] in _ROW_BY_ROW_JOINS)
-    ]
+    nodes = _plan_nodes(spark.sql(sql))
+    other = [n for n in nodes if n not in allowed and not (n.startswith("Join ") and n.split()[1] in _ROW_BY_ROW_JOINS)]
+    if by == "groups" and nodes.count("Aggregate") > 1:
+        other.append("more than one Aggregate")
     if other:
         return Refresh(reads, None, f"recomputed whole: Spark's plan has {', '.join(sorted(set(other)))}")
+    if by == "groups":
+        grouped_by = ", ".join(lineage.columns.values())
+        reason = f"the groups ({grouped_by}) of {lineage.table} a batch touched, when it touched no other table"
+        return Refresh(reads, lineage, reason, by)
     return Refresh(reads, lineage, f"the keys of {lineage.table} a batch touched, when it touched no other table")
 
 
-def _touched_keys(spark: SparkSession, cfg: JobConfig, lineage: KeyLineage, change: Changes) -> TouchedKeys | str:
-    """The key values of the table's rows the batch changes (read before it is merged), or why not by keys."""
+def _touched_keys(plan: Refresh, change: Changes, touched_rows: Callable[[], DataFrame]) -> TouchedKeys | str:
+    """The values of the lineage columns (the table's key, or the view's group columns) of the table's rows the
+    batch changes, before and after (``touched_rows``, read before it is merged); or why the view is
+    recomputed whole."""
+    lineage = plan.lineage
+    assert lineage is not None
     if change.truncates:
         return "the batch truncates " + lineage.table
-    table = cfg.tables[lineage.table]
-    rows = _touched_rows(spark, cfg, lineage.table, change).select(*table.key).distinct()
+    columns = list(dict.fromkeys(lineage.columns.values()))
+    rows = touched_rows().select(*columns).distinct()
     values = [tuple(r) for r in rows.limit(FULL_REFRESH_ABOVE + 1).collect()]
+    what = "keys" if plan.by == "keys" else "groups"
     if len(values) > FULL_REFRESH_ABOVE:
-        return f"the batch touched more than {FULL_REFRESH_ABOVE} keys of {lineage.table}"
-    return TouchedKeys(lineage, values, rows.schema)
+        return f"the batch touched more than {FULL_REFRESH_ABOVE} {what} of {lineage.table}"
+    if plan.by == "groups" and any(v is None for value in values for v in value):
+        return f"the batch touched a group of {lineage.table} with a null in {', '.join(columns)}"
+    return TouchedKeys(lineage, values, rows.schema, plan.by)
 
 
 def _by_keys(refresh: Refresh, path: Path, declaration: str, touched: set[str], interrupted: bool) -> str | None:
@@ -536,7 +568,8 @@ def micro_batch_writer(
             log.info(
                 "stream.refresh_planned",
                 declared=what,
-                by_keys_of=plan.lineage.table if plan.lineage else None,
+                by_keys_of=plan.lineage.table if plan.lineage and plan.by == "keys" else None,
+                by_groups_of=plan.lineage.table if plan.lineage and plan.by == "groups" else None,
                 reads=sorted(plan.reads),
                 reason=plan.reason,
             )
@@ -550,6 +583,7 @@ def micro_batch_writer(
         avro = avro_schemas(batch, cfg.encoding, registry)
         reduced = latest(envelopes(batch, cfg.encoding, avro)).persist(StorageLevel.MEMORY_AND_DISK)
         changes: dict[str, Changes] = {}
+        touched_rows: dict[str, DataFrame] = {}
         try:
             present = [by_topic[r[0]] for r in reduced.select("topic").distinct().collect() if r[0] in by_topic]
             found = Changes.of_topics(
@@ -564,29 +598,43 @@ def micro_batch_writer(
                 avro,
                 history,
             )
-            keys: dict[str, TouchedKeys | str] = {}  # before the merge: the warehouse still has the old rows
+            phases = {"decode": time.monotonic() - started}  # with the schema history and the placeholders' fill
+            # before the merge: the warehouse still has the old rows
+            keys: dict[Touched, TouchedKeys | str] = {}
             for plan in plans.values():
-                if (
-                    plan.lineage
-                    and set(changes) & plan.reads == {plan.lineage.table}
-                    and plan.lineage.table not in keys
-                ):
-                    keys[plan.lineage.table] = _touched_keys(spark, cfg, plan.lineage, changes[plan.lineage.table])
+                touched = plan.touched
+                if touched and set(changes) & plan.reads == {touched[1]} and touched not in keys:
+                    name = touched[1]
+
+                    def rows_of(name: str = name) -> DataFrame:  # read once for all the views that need them
+                        if name not in touched_rows:
+                            touched_rows[name] = _touched_rows(spark, cfg, name, changes[name]).persist(
+                                StorageLevel.MEMORY_AND_DISK
+                            )
+                        return touched_rows[name]
+
+                    keys[touched] = _touched_keys(plan, changes[name], rows_of)
+            phases["touched"] = time.monotonic() - started - sum(phases.values())
             interrupted = mark_pending(cfg, set(changes), {what: plan.reads for what, plan in plans.items()})
             written = {
                 n: merge_rows(spark, table_path(cfg.warehouse, c.table), c.rows, c.truncates, full=False)
                 for n, c in changes.items()
             }
+            phases["merge"] = time.monotonic() - started - sum(phases.values())
             if plans and changes:
                 _refresh_declared(spark, cfg, plans, set(changes), keys, interrupted, job=f"batch {batch_id}")
+            phases["declared"] = time.monotonic() - started - sum(phases.values())
             log.info(
                 "stream.batch_written",
                 batch=batch_id,
                 changed_keys=written,
                 seconds=round(time.monotonic() - started, 2),
+                **{f"{phase}_seconds": round(spent, 2) for phase, spent in phases.items()},
             )
         finally:
             reduced.unpersist()
+            for rows in touched_rows.values():
+                rows.unpersist()
             for change in changes.values():
                 change.unpersist()
 
@@ -598,7 +646,7 @@ def _refresh_declared(
     cfg: JobConfig,
     plans: Mapping[str, Refresh],
     touched: set[str],
-    keys: Mapping[str, TouchedKeys | str],
+    keys: Mapping[Touched, TouchedKeys | str],
     interrupted: set[str],
     *,
     job: str,
@@ -619,8 +667,8 @@ def _refresh_declared(
             continue
         why = _by_keys(plan, path, declaration.model_dump_json(), touched, what in interrupted)
         by_keys = None
-        if why is None and plan.lineage is not None:
-            selected = keys.get(plan.lineage.table)  # TouchedKeys, or why the batch's keys were not taken
+        if why is None and plan.touched is not None:
+            selected = keys.get(plan.touched)  # TouchedKeys, or why the batch's keys were not taken
             if isinstance(selected, TouchedKeys):
                 by_keys = selected
             else:
