@@ -1,122 +1,44 @@
-"""The jobs on a real cluster: a Spark standalone master and one worker started from the installed pyspark
-distribution (loopback only), the rebuild and verify submitted with ``spark-submit --master spark://...``,
-declared views included. Marked ``cluster``: ``make test-cluster`` runs it (it takes about two minutes
-more than the local-mode tests it repeats)."""
+"""The jobs on a real cluster: a Spark standalone master and two workers started from the installed pyspark
+distribution (loopback only, one core each), the rebuild and verify submitted with ``spark-submit --master
+spark://...``, declared views included; the rebuild's event log shows its tasks ran on both workers'
+executors. Marked ``cluster``: ``make test-cluster`` runs it (it takes about two minutes more than the
+local-mode tests it repeats). bench/spark_cluster.py times the rebuild on one worker against two.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import signal
-import socket
 import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyspark
 import pytest
 
 from cdc import dev
 from tests.support.spark import captured_database
+from tests.support.spark_cluster import (
+    PYTHON,
+    SPARK_HOME,
+    Cluster,
+    event_log_conf,
+    spark_env,
+    standalone_cluster,
+    tasks_by_executor,
+)
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.cluster, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.spark, pytest.mark.cluster, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
-SPARK_HOME = Path(pyspark.__file__).parent
-PYTHON = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _env() -> dict[str, str]:
-    return {
-        **os.environ,
-        "SPARK_HOME": str(SPARK_HOME),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "PYSPARK_PYTHON": PYTHON,
-        "PYSPARK_DRIVER_PYTHON": PYTHON,
-        "SPARK_NO_DAEMONIZE": "1",
-    }
+WORKERS = 2
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
-    """A standalone master and one worker (1 core, 1 GiB), stopped at the end; yields the master URL and
-    the port of its status page."""
-    logs = tmp_path_factory.mktemp("spark-cluster")
-    port, ui, worker_ui = free_port(), free_port(), free_port()
-    spark_class = str(SPARK_HOME / "bin" / "spark-class")
-    url = f"spark://127.0.0.1:{port}"
-    with open(logs / "master.log", "wb") as out:  # the child keeps its own copy of the descriptor
-        master = subprocess.Popen(
-            [
-                spark_class,
-                "org.apache.spark.deploy.master.Master",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--webui-port",
-                str(ui),
-            ],
-            env=_env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    with open(logs / "worker.log", "wb") as out:
-        worker = subprocess.Popen(
-            [
-                spark_class,
-                "org.apache.spark.deploy.worker.Worker",
-                url,
-                "--host",
-                "127.0.0.1",
-                "--cores",
-                "1",
-                "--memory",
-                "1g",
-                "--webui-port",
-                str(worker_ui),
-                "--work-dir",
-                str(logs / "work"),
-            ],
-            env=_env(),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as r:
-                    state = json.loads(r.read())
-                if state.get("aliveworkers", 0) >= 1:
-                    break
-            except OSError:
-                pass
-            assert master.poll() is None and worker.poll() is None, (logs / "master.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the worker never registered with the master"
-            time.sleep(1)
-        yield url, ui
-    finally:
-        for proc in (worker, master):
-            os.killpg(proc.pid, signal.SIGTERM)
-        for proc in (worker, master):
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A standalone master and two workers (1 core, 1 GiB each), stopped at the end."""
+    with standalone_cluster(tmp_path_factory.mktemp("spark-cluster"), WORKERS) as cluster:
+        yield cluster
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +69,7 @@ def library(services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory) -
         yield db.config, name
 
 
-def submit(master: str, job: str, *args: str) -> subprocess.CompletedProcess[str]:
+def submit(master: str, job: str, *args: str, conf: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     jars = subprocess.run(
         [PYTHON, str(REPO / "spark" / "cdc_views" / "jars.py"), "submit-args"],
         capture_output=True,
@@ -160,26 +82,33 @@ def submit(master: str, job: str, *args: str) -> subprocess.CompletedProcess[str
         master,
         "--conf",
         "spark.executor.memory=768m",
+        *[arg for key, value in (conf or {}).items() for arg in ("--conf", f"{key}={value}")],
         *jars,
         str(REPO / "spark" / job),
         *args,
     ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env())
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=840, env=spark_env())  # ~90 s on an idle machine
 
 
-def test_rebuild_and_verify_run_on_a_standalone_cluster(
-    cluster: tuple[str, int], library: tuple[Path, str], tmp_path: Path
+def test_rebuild_and_verify_run_on_a_standalone_cluster_across_both_workers(
+    cluster: Cluster, library: tuple[Path, str], tmp_path: Path
 ) -> None:
-    master, ui = cluster
     config, _ = library
-    warehouse = tmp_path / "wh"
-    rebuilt = submit(master, "rebuild.py", "--config", str(config), "--warehouse", str(warehouse))
+    warehouse, events = tmp_path / "wh", tmp_path / "events"
+    rebuilt = submit(
+        cluster.url, "rebuild.py", "--config", str(config), "--warehouse", str(warehouse), conf=event_log_conf(events)
+    )
     assert rebuilt.returncode == 0, rebuilt.stdout[-3000:] + rebuilt.stderr[-6000:]
     summary: dict[str, Any] = json.JSONDecoder().raw_decode(rebuilt.stdout[rebuilt.stdout.index("{\n") :])[0]
     assert summary["view author_stats"] == 20
-    verified = submit(master, "verify.py", "--config", str(config), "--warehouse", str(warehouse))
+    # the rebuild's tasks ran on an executor of each worker (the event log names each task's executor)
+    [(_, tasks)] = tasks_by_executor(events)
+    assert len(tasks) == WORKERS and all(n > 0 for n in tasks.values()), tasks
+    state = cluster.state()
+    assert len(state["workers"]) == WORKERS and all(w["state"] == "ALIVE" for w in state["workers"])
+
+    verified = submit(cluster.url, "verify.py", "--config", str(config), "--warehouse", str(warehouse))
     assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-6000:]
     assert "view author_stats" in verified.stdout
-    with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=10) as r:
-        apps = json.loads(r.read())["completedapps"]
+    apps = cluster.state()["completedapps"]
     assert len(apps) >= 2 and all(a["state"] == "FINISHED" for a in apps)  # both ran on the cluster's executors
