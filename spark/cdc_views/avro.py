@@ -67,12 +67,23 @@ class AvroSchemaError(RuntimeError):
 
 def framed(data: Column) -> Column:
     """True where ``data`` is in the Confluent wire format (magic byte 0, 4-byte id, a body)."""
-    return (F.length(data) >= 5) & (F.hex(F.substring(data, 1, 1)) == F.lit("00"))
+    return (F.length(data) >= 5) & (F.substring(data, 1, 1) == F.lit(bytearray(b"\x00")))
 
 
 def schema_id(data: Column) -> Column:
     """The schema id of a framed record (null where it is not framed)."""
     return F.when(framed(data), F.conv(F.hex(F.substring(data, 2, 4)), 16, 10).cast("long"))
+
+
+def known_schema_id(data: Column, ids: Iterable[int]) -> Column:
+    """``schema_id(data)``, found for the ``ids`` by comparing the record's first 5 bytes with theirs (magic byte,
+    id): bytes compared, where ``schema_id`` makes two strings of every record (hex, then base 10) (#39)."""
+    found = schema_id(data)
+    prefix = F.substring(data, 1, 5)
+    for sid in sorted(ids, reverse=True):
+        if 0 <= sid < 2**32:
+            found = F.when(prefix == F.lit(bytearray(b"\x00" + sid.to_bytes(4, "big"))), F.lit(sid)).otherwise(found)
+    return found.cast("long")
 
 
 def body(data: Column) -> Column:
@@ -281,7 +292,7 @@ class AvroSchemas:
             return None
         pruned = _pruned(schemas.reader, {"after": None})
         reader = json.dumps(pruned)
-        vid = schema_id(value)
+        vid = known_schema_id(value, self.value_ids & set(self.writers))
         row: Column = F.lit(None)
         for sid in sorted(self.value_ids & set(self.writers)):
             writer = self.writers[sid]

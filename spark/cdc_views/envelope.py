@@ -74,7 +74,7 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
     if encoding.format == "avro":
         if avro is None:
             raise ValueError("format avro: envelopes() needs the records' schemas (AvroSchemas.scan)")
-        from cdc_views.avro import schema_id
+        from cdc_views.avro import known_schema_id
 
         # three projections, so that each schema id and each decode is computed once per record
         ids = raw.select(
@@ -83,8 +83,8 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
             "offset",
             "key",
             "value",
-            schema_id(F.col("key")).alias("kid"),
-            schema_id(F.col("value")).alias("vid"),
+            known_schema_id(F.col("key"), avro.key_ids & set(avro.writers)).alias("kid"),
+            known_schema_id(F.col("value"), avro.value_ids & set(avro.writers)).alias("vid"),
             lsn_header.alias("lsn_header"),
             commit_header.alias("commit_header"),
             ordinal_header.alias("ordinal"),
