@@ -18,6 +18,7 @@ nothing. The batch and continuous jobs that call this are in ``jobs.py``.
 from __future__ import annotations
 
 import functools
+import json
 import operator
 from pathlib import Path
 
@@ -99,11 +100,16 @@ def ensure_table(spark: SparkSession, path: Path, schema: StructType) -> DeltaTa
 
 
 def written_rows(spark: SparkSession, path: Path) -> int:
-    """Rows the Delta table's latest commit wrote (its ``numOutputRows``; no second read of the data)."""
-    last = DeltaTable.forPath(spark, str(path)).history(1).select("operationMetrics").first()
-    metrics = last["operationMetrics"] if last is not None else None
-    if metrics and "numOutputRows" in metrics:
-        return int(metrics["numOutputRows"])
+    """Rows the Delta table's latest commit wrote (its ``numOutputRows``; no second read of the data).
+
+    Read in the driver from the commit file itself (Delta's log protocol: ``_delta_log/<20-digit
+    version>.json``, one action per line, ``commitInfo.operationMetrics``): ``DeltaTable.history`` would
+    load the table's snapshot and run a Spark job for the same line (#39)."""
+    commits = sorted(path.glob("_delta_log/" + "[0-9]" * 20 + ".json"))
+    for line in commits[-1].read_text().splitlines() if commits else []:
+        info = json.loads(line).get("commitInfo")
+        if info is not None and "numOutputRows" in (info.get("operationMetrics") or {}):
+            return int(info["operationMetrics"]["numOutputRows"])
     return spark.read.format("delta").load(str(path)).count()
 
 
