@@ -202,9 +202,13 @@ def latest(env: DataFrame) -> DataFrame:
     )
     carried = [c for c in env.columns if c not in ("topic",)]
     positioned = F.when(F.col("lsn").isNotNull(), F.col("offset"))  # max_by skips a null ordering
+    # max_by over a struct has no fixed-width buffer, so Spark aggregates by sorting every record on the
+    # grouping columns. A hash of the group first makes that sort a radix sort on a long: the topic (the
+    # same in every record) and the key text (``{"id":...``: the same first bytes) give its 8-byte sort
+    # prefix nothing to tell records apart by, and every comparison then reads both strings (#39).
     reduced = (
         env.withColumn("_group", group)
-        .groupBy("topic", "_group")
+        .groupBy(F.xxhash64("topic", "_group").alias("_hash"), "topic", "_group")
         .agg(
             F.max_by(F.struct(*carried), F.col("offset")).alias("last"),
             F.max_by(F.struct("lsn", "commit_lsn", "ordinal"), positioned).alias("_pos"),
