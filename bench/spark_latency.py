@@ -267,8 +267,8 @@ def main(argv: list[str] | None = None) -> int:
         view = warehouse / "views" / KEYED_VIEW
         deadline = time.monotonic() + args.drain_timeout
         while True:  # until the view holds the last order
-            if query.exception() is not None:
-                raise SystemExit(f"the continuous job failed: {query.exception()}")
+            if query.exception() is not None or not query.isActive:
+                raise SystemExit(f"the continuous job stopped: {query.exception() or 'its log says why'}")
             if (view / "_delta_log").is_dir() and (
                 spark.read.format("delta").load(str(view)).where(f"id = {last}").count() > 0
             ):
