@@ -57,7 +57,8 @@ exactly-once-full: $(STAMP)
 
 # The Spark jobs under spark-submit on a standalone master and two workers started from the installed pyspark
 # (tests/integration/test_spark_cluster.py; the rebuild's event log shows tasks on both workers' executors;
-# about 3 min). The rebuild's speed-up from one worker to two: bench/spark_cluster.py.
+# 11.5 min at load ~20 on the shared 2-core machine, 2026-12-02). The rebuild's speed-up from one worker to two:
+# bench/spark_cluster.py.
 test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -ra -m cluster tests/integration/test_spark_cluster.py
 
