@@ -188,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: the daemon and the slot are cleaned up too
 
+    from delta.tables import DeltaTable
+
     from cdc.declared import DeclaredView, SparkSection
     from cdc_views.jobs import JobConfig, start_continuous
     from cdc_views.reader import KafkaSource
@@ -269,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         while True:  # until the view holds the last order
             if query.exception() is not None or not query.isActive:
                 raise SystemExit(f"the continuous job stopped: {query.exception() or 'its log says why'}")
-            if (view / "_delta_log").is_dir() and (
+            if DeltaTable.isDeltaTable(spark, str(view)) and (
                 spark.read.format("delta").load(str(view)).where(f"id = {last}").count() > 0
             ):
                 break
