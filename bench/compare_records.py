@@ -46,7 +46,7 @@ from confluent_kafka.admin import AdminClient
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from cdc import dev  # noqa: E402
+from cdc import dev
 
 FORMATS = {
     "json": {"format": "json"},

@@ -34,8 +34,8 @@ sys.path.insert(0, str(REPO / "spark"))
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO))
 
-from spark_rebuild import produce, publish_history  # noqa: E402
-from tests.support.spark_cluster import event_log_conf, standalone_cluster, tasks_by_executor  # noqa: E402
+from spark_rebuild import produce, publish_history
+from tests.support.spark_cluster import event_log_conf, standalone_cluster, tasks_by_executor
 
 
 def main(argv: list[str] | None = None) -> int:

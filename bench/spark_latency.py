@@ -74,7 +74,8 @@ def setup_database(admin_dsn: str) -> str:
     dsn = psycopg.conninfo.make_conninfo(admin_dsn, dbname=DB)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
-            "CREATE TABLE public.orders (id bigint PRIMARY KEY, customer_id int NOT NULL, amount numeric(12,2), note text)"
+            "CREATE TABLE public.orders (id bigint PRIMARY KEY, customer_id int NOT NULL, amount numeric(12,2), "
+            "note text)"
         )
         conn.execute(f"CREATE PUBLICATION {PUBLICATION} FOR TABLE public.orders")
     return dsn
@@ -260,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         committed: dict[int, float] = {int(i): float(t) for i, t in load["committed"]}
         transactions = len(committed) + load["updates"]
         print(
-            f"\nload: {transactions} transactions in {load['seconds']:.1f} s ({transactions / load['seconds']:,.0f}/s of "
+            f"\nload: {transactions} transactions in {load['seconds']:.1f} s "
+            f"({transactions / load['seconds']:,.0f}/s of "
             f"{args.rate}/s offered; {len(committed)} inserts, {load['updates']} updates), Spark {spark.version}, "
             f"{args.master}, trigger {args.interval if args.interval is not None else 'default'}",
             flush=True,
@@ -303,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         for name, values in (("after warm-up", steady_ms), ("all orders", all_ms)):
             print(
-                f"commit -> row in {KEYED_VIEW} ({name}, {len(values)} orders): p50 {percentile(values, 0.5) / 1000:.1f} s, "
+                f"commit -> row in {KEYED_VIEW} ({name}, {len(values)} orders): p50 "
+                f"{percentile(values, 0.5) / 1000:.1f} s, "
                 f"p90 {percentile(values, 0.9) / 1000:.1f} s, p99 {percentile(values, 0.99) / 1000:.1f} s, "
                 f"max {max(values) / 1000:.1f} s"
             )

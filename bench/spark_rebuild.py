@@ -51,15 +51,15 @@ from confluent_kafka.admin import AdminClient, NewTopic
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "spark"))
 
-from cdc.event import ChangeEvent, Column, Op, PgType, TableSchema, TruncateEvent  # noqa: E402
-from cdc.lsn import Lsn  # noqa: E402
-from cdc.pipeline.history import SchemaHistory, acknowledged_writer  # noqa: E402
-from cdc.schema_history import BEGINNING, topic_for  # noqa: E402
-from cdc.sink.avro import AvroSerializer, AvroSettings  # noqa: E402
-from cdc.sink.json import JsonSerializer, JsonSettings  # noqa: E402
-from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config  # noqa: E402
-from cdc.sink.records import EventSerializer  # noqa: E402
-from cdc.sink.registry import RegistryClient  # noqa: E402
+from cdc.event import ChangeEvent, Column, Op, PgType, TableSchema, TruncateEvent
+from cdc.lsn import Lsn
+from cdc.pipeline.history import SchemaHistory, acknowledged_writer
+from cdc.schema_history import BEGINNING, topic_for
+from cdc.sink.avro import AvroSerializer, AvroSettings
+from cdc.sink.json import JsonSerializer, JsonSettings
+from cdc.sink.kafka import TopicSpec, admin_client, ensure_topics, producer_config
+from cdc.sink.records import EventSerializer
+from cdc.sink.registry import RegistryClient
 
 log = structlog.get_logger("bench.spark_rebuild")
 

@@ -263,7 +263,8 @@ class AvroSchemas:
     # --- values -----------------------------------------------------------------
 
     def envelope(self, value: Column, vid: Column) -> Column:
-        """struct<op, source: struct<lsn, ts_ms, sequence>> of a value with schema id ``vid`` (null fields: no decode)."""
+        """struct<op, source: struct<lsn, ts_ms, sequence>> of a value with schema id ``vid`` (null fields: no
+        decode)."""
         env: Column = F.lit(None)
         for sid in sorted(self.value_ids & set(self.writers)):
             writer = self.writers[sid]

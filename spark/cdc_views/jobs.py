@@ -495,7 +495,10 @@ def _by_keys(refresh: Refresh, path: Path, declaration: str, touched: set[str], 
     if others:
         return f"recomputed whole: the batch touched {', '.join(sorted(others))}, which it reads too"
     if interrupted:  # its tables were merged without it: the keys those changes touched are unknown now
-        return "recomputed whole: its tables changed since it was refreshed (a job stopped in between, or merged the tables alone)"
+        return (
+            "recomputed whole: its tables changed since it was refreshed (a job stopped in between, or merged "
+            "the tables alone)"
+        )
     meta = _declaration_file(path)
     if not (path.is_dir() and meta.exists() and meta.read_text() == declaration):
         return "recomputed whole: not yet built whole from this declaration"

@@ -144,7 +144,8 @@ def check_topics(source: KafkaSource, topics: Sequence[str]) -> None:
         prefixes = sorted({t.split(".", 1)[0] for t in existing if not t.startswith("__")})
         raise TopicNotFound(
             f"topic(s) {', '.join(missing)} do not exist on {source.bootstrap}: check the topic prefix and the table "
-            f"names, and that the connector captures these tables and has run (some topic prefixes there: {prefixes[:10]})"
+            "names, and that the connector captures these tables and has run (some topic prefixes there: "
+            f"{prefixes[:10]})"
         )
 
 

@@ -62,7 +62,8 @@ def library(services: dev.Endpoints, tmp_path_factory: pytest.TempPathFactory) -
         db.run(
             [
                 "INSERT INTO authors SELECT i, 'Author ' || i FROM generate_series(1, 20) i",
-                "INSERT INTO books SELECT 'isbn-' || i, 1 + i % 20, 'Book ' || i, i * 2.5 FROM generate_series(1, 100) i",
+                "INSERT INTO books SELECT 'isbn-' || i, 1 + i % 20, 'Book ' || i, i * 2.5 FROM generate_series(1, "
+                "100) i",
                 "DELETE FROM books WHERE isbn = 'isbn-3'",
             ]
         )

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("pyspark")
 pytest.importorskip("delta")
 
-from cdc_views.warehouse import written_rows  # noqa: E402
+from cdc_views.warehouse import written_rows  # noqa: E402 - after the skips: importing it needs pyspark and delta
 
 
 def _commit(log: Path, version: int, *actions: dict[str, Any]) -> None:
