@@ -64,9 +64,13 @@ def build_session(
 
 
 def _java_options(quick_start: bool) -> str:
-    options = "-Duser.timezone=UTC"
+    # A 64 MiB thread stack: with the default one, the continuous job's first micro-batch over a few thousand
+    # records from the daemon died with StackOverflowError in java.util.regex on the stream execution thread
+    # (bench/spark_latency.py; the regular expressions Spark runs over generated code recurse per
+    # character); the same run with -Xss64m went through. Reserved, not committed, per thread.
+    options = "-Duser.timezone=UTC -Xss64m"
     if quick_start:
-        options += " -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss4m"
+        options += " -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     return options
 
 
