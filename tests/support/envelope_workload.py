@@ -145,13 +145,15 @@ AMOUNTS = st.integers(-(10**10), 10**10).map(lambda n: f"{n / 100:.2f}".encode()
 
 
 VALUE = st.one_of(st.none(), st.just(UNCHANGED))
+ANY_LSN = st.integers(0, 2**64 - 40)
 
 
 @st.composite
-def transactions(draw: st.DrawFn) -> list[tuple[bytes, int]]:
+def transactions(draw: st.DrawFn, lsns: st.SearchStrategy[int] = ANY_LSN) -> list[tuple[bytes, int]]:
+    """One to three random transactions over the two accounts tables; ``lsns`` draws each one's first LSN."""
     payloads: list[tuple[bytes, int]] = []
     for _ in range(draw(st.integers(1, 3))):
-        lsn = draw(st.integers(0, 2**64 - 40))
+        lsn = draw(lsns)
         payloads.append(
             (
                 begin(
