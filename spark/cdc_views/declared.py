@@ -23,7 +23,15 @@ import tantivy
 from pyspark.errors import AnalysisException, ParseException
 from pyspark.sql import DataFrame, SparkSession
 
-from cdc.declared import DeclarationError, DeclaredIndex, KeyLineage, NoKeyLineage, SparkSection, sql_name
+from cdc.declared import (
+    DeclarationError,
+    DeclaredIndex,
+    KeyLineage,
+    NoKeyLineage,
+    SparkSection,
+    one_table_select,
+    sql_name,
+)
 from cdc_views.search import WRITER_HEAP_BYTES, write_index
 
 log = structlog.get_logger("cdc_views.declared")
@@ -107,45 +115,21 @@ def group_lineage(sql: str, key: Sequence[str], tables: Mapping[str, Sequence[st
     LIMIT, subquery, set operation, generator, non-deterministic or unknown function. ``tables``: qualified
     table -> its columns. Anything else: ``NoKeyLineage`` with why.
     """
-    import sqlglot
     from sqlglot import exp
-    from sqlglot.errors import OptimizeError, ParseError
-    from sqlglot.optimizer.qualify import qualify
 
-    by_sql_name = {sql_name(t): t for t in tables}
-    schema: dict[str, object] = {sql_name(t): {c: "string" for c in cols} for t, cols in tables.items()}
-    try:
-        tree = qualify(
-            sqlglot.parse_one(sql, read="spark"), schema=schema, dialect="spark", validate_qualify_columns=True
-        )
-    except (ParseError, OptimizeError) as e:
-        return NoKeyLineage(reason=f"its SQL does not resolve: {str(e).splitlines()[0]}")
-    if not isinstance(tree, exp.Select):
-        return NoKeyLineage(reason="it is not a single SELECT")
-    group = tree.args.get("group")
-    if group is None or not group.expressions:
-        return NoKeyLineage(reason="it has an aggregate or DISTINCT without GROUP BY")
-    if tree.args.get("distinct") is not None:
-        return NoKeyLineage(reason="it has SELECT DISTINCT")
-    for node in tree.walk():
-        if isinstance(node, exp.Select) and node is not tree:
-            return NoKeyLineage(reason="it has a subquery")
-        for name, what in _NOT_PER_GROUP:
-            if isinstance(node, getattr(exp, name)):
-                return NoKeyLineage(reason=f"it has {what}")
-    from_ = tree.find(exp.From)
-    if from_ is None or not isinstance(from_.this, exp.Table):
-        return NoKeyLineage(reason="it reads no table")
-    base = from_.this
-    joins = list(tree.args.get("joins") or [])
-    if any(j.side not in ("", "LEFT") or not isinstance(j.this, exp.Table) for j in joins):
-        return NoKeyLineage(reason="it has a RIGHT or FULL join (rows that come from another table)")
-    if [t.name for t in tree.find_all(exp.Table)].count(base.name) > 1:
-        return NoKeyLineage(reason=f"it reads {base.name} more than once")
-    table = by_sql_name.get(base.name)
-    if table is None:
-        return NoKeyLineage(reason=f"{base.name} is not a captured table")
-    alias = base.alias_or_name
+    def grouped_select(tree: Any) -> str | None:
+        group = tree.args.get("group")
+        if group is None or not group.expressions:
+            return "it has an aggregate or DISTINCT without GROUP BY"
+        if tree.args.get("distinct") is not None:
+            return "it has SELECT DISTINCT"
+        return None
+
+    found = one_table_select(sql, tables, _NOT_PER_GROUP, grouped_select)
+    if isinstance(found, NoKeyLineage):
+        return found
+    tree, table, alias = found.tree, found.table, found.alias
+    group = tree.args["group"]
     grouped = {(c.table, c.name) for c in group.expressions if isinstance(c, exp.Column)}
     columns: dict[str, str] = {}
     for name in key:

@@ -13,7 +13,7 @@ with Spark's own analyzer before they read any data.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +257,64 @@ _NOT_ROW_BY_ROW: tuple[tuple[str, str], ...] = (  # node class -> why a key's ro
 )
 
 
+class OneTableSelect(BaseModel):
+    """A declared query that reads one captured table first (``table``, aliased ``alias`` in ``tree``)."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    tree: Any  # the qualified sqlglot Select
+    table: str
+    alias: str
+
+
+def one_table_select(
+    sql: str,
+    tables: Mapping[str, Sequence[str]],
+    not_allowed: Sequence[tuple[str, str]],
+    check: Callable[[Any], str | None] | None = None,
+) -> OneTableSelect | NoKeyLineage:
+    """The checks key and group lineage share: ``sql`` resolves against ``tables`` (qualified table -> its
+    columns) as a single SELECT (then ``check``, given the tree, may name why not), with no subquery and no
+    node of ``not_allowed`` (sqlglot class name, what to call it), from one captured table read once, then
+    only inner or LEFT joins. Anything else: ``NoKeyLineage`` with why."""
+    import sqlglot
+    from sqlglot import exp
+    from sqlglot.errors import OptimizeError, ParseError
+    from sqlglot.optimizer.qualify import qualify
+
+    by_sql_name = {sql_name(t): t for t in tables}
+    schema: dict[str, object] = {sql_name(t): {c: "string" for c in cols} for t, cols in tables.items()}
+    try:
+        tree = qualify(
+            sqlglot.parse_one(sql, read="spark"), schema=schema, dialect="spark", validate_qualify_columns=True
+        )
+    except (ParseError, OptimizeError) as e:
+        return NoKeyLineage(reason=f"its SQL does not resolve: {str(e).splitlines()[0]}")
+    if not isinstance(tree, exp.Select):
+        return NoKeyLineage(reason="it is not a single SELECT")
+    why = check(tree) if check is not None else None
+    if why is not None:
+        return NoKeyLineage(reason=why)
+    for node in tree.walk():
+        if isinstance(node, exp.Select) and node is not tree:
+            return NoKeyLineage(reason="it has a subquery")
+        for name, what in not_allowed:
+            if isinstance(node, getattr(exp, name)):
+                return NoKeyLineage(reason=f"it has {what}")
+    from_ = tree.find(exp.From)
+    if from_ is None or not isinstance(from_.this, exp.Table):
+        return NoKeyLineage(reason="it reads no table")
+    base = from_.this
+    joins = list(tree.args.get("joins") or [])
+    if any(j.side not in ("", "LEFT") or not isinstance(j.this, exp.Table) for j in joins):
+        return NoKeyLineage(reason="it has a RIGHT or FULL join (rows that come from another table)")
+    if [t.name for t in tree.find_all(exp.Table)].count(base.name) > 1:
+        return NoKeyLineage(reason=f"it reads {base.name} more than once")
+    table = by_sql_name.get(base.name)
+    if table is None:
+        return NoKeyLineage(reason=f"{base.name} is not a captured table")
+    return OneTableSelect(tree=tree, table=table, alias=base.alias_or_name)
+
+
 def key_lineage(
     view: DeclaredView, tables: Mapping[str, Sequence[str]], keys: Mapping[str, Sequence[str]]
 ) -> KeyLineage | NoKeyLineage:
@@ -268,44 +326,15 @@ def key_lineage(
     non-deterministic or unknown function; each of the view's key columns is one of that table's key
     columns, unchanged, and together they are all of them. Anything else: ``NoKeyLineage`` with why.
     """
-    import sqlglot
     from sqlglot import exp
-    from sqlglot.errors import OptimizeError, ParseError
-    from sqlglot.optimizer.qualify import qualify
 
-    by_sql_name = {sql_name(t): t for t in tables}
-    schema: dict[str, object] = {sql_name(t): {c: "string" for c in cols} for t, cols in tables.items()}
-    try:
-        tree = qualify(
-            sqlglot.parse_one(view.sql, read="spark"), schema=schema, dialect="spark", validate_qualify_columns=True
-        )
-    except (ParseError, OptimizeError) as e:
-        return NoKeyLineage(reason=f"its SQL does not resolve: {str(e).splitlines()[0]}")
-    if not isinstance(tree, exp.Select):
-        return NoKeyLineage(reason="it is not a single SELECT")
-    for node in tree.walk():
-        if isinstance(node, exp.Select) and node is not tree:
-            return NoKeyLineage(reason="it has a subquery")
-        for name, what in _NOT_ROW_BY_ROW:
-            if isinstance(node, getattr(exp, name)):
-                return NoKeyLineage(reason=f"it has {what}")
-    from_ = tree.find(exp.From)
-    if from_ is None or not isinstance(from_.this, exp.Table):
-        return NoKeyLineage(reason="it reads no table")
-    base = from_.this
-    joins = list(tree.args.get("joins") or [])
-    if any(j.side not in ("", "LEFT") or not isinstance(j.this, exp.Table) for j in joins):
-        return NoKeyLineage(reason="it has a RIGHT or FULL join (rows that come from another table)")
-    read = [t.name for t in tree.find_all(exp.Table)]
-    if read.count(base.name) > 1:
-        return NoKeyLineage(reason=f"it reads {base.name} more than once")
-    table = by_sql_name.get(base.name)
-    if table is None:
-        return NoKeyLineage(reason=f"{base.name} is not a captured table")
-    alias = base.alias_or_name
+    found = one_table_select(view.sql, tables, _NOT_ROW_BY_ROW)
+    if isinstance(found, NoKeyLineage):
+        return found
+    table, alias = found.table, found.alias
     columns: dict[str, str] = {}
     for key in view.key:
-        select = next((s for s in tree.selects if s.alias_or_name == key), None)
+        select = next((s for s in found.tree.selects if s.alias_or_name == key), None)
         source = select.unalias() if select is not None else None
         if not (isinstance(source, exp.Column) and source.table == alias and source.name in keys.get(table, ())):
             return NoKeyLineage(reason=f"its key column {key} is not a key column of {table} taken unchanged")
