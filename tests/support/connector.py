@@ -45,11 +45,16 @@ class Connector:
             )
         return self
 
-    def wait_streaming(self, dsn: str, slot: str, timeout: float = 60.0) -> None:
+    def wait_streaming(self, dsn: str, slot: str, timeout: float = 180.0) -> None:
         """Until the daemon streams (this run logged replication_started and the slot is active) or died.
 
         The slot alone is not enough: it is active while the daemon creates it for the initial snapshot
-        too (a test restarted Postgres then, and the snapshot's worker could not connect)."""
+        too (a test restarted Postgres then, and the snapshot's worker could not connect).
+
+        The wait is long because a daemon's start is slow on a loaded machine, not because it ever is when
+        idle (under 1 s here): in one CI run, with the podman image builds beside it, a daemon wrote no line
+        at all in 60 s, not even its first (``http_listening``), and was stopped before its signal handlers
+        were installed. A daemon that dies ends the wait at once."""
         deadline = time.monotonic() + timeout
         with psycopg.connect(dsn, autocommit=True) as conn:
             while time.monotonic() < deadline:
