@@ -226,7 +226,7 @@ def test_exactly_once_splits_a_source_transaction_over_the_kafka_timeout_and_res
     splits = 0
     for i in range(KILLS - 1):
         c = Connector(cfg, tmp_path / f"run{i}.log").start()
-        c.wait_streaming(pg_dsn, slot_name, timeout=120)
+        c.wait_streaming(pg_dsn, slot_name)
         # Killed after 1-3 committed parts of its own, or at a random moment, whichever comes first: on a
         # fast machine the daemon delivers all of the transaction within the random moment's range, and a
         # kill after the end never tests resuming inside it.
@@ -235,7 +235,7 @@ def test_exactly_once_splits_a_source_transaction_over_the_kafka_timeout_and_res
         splits += sum(e.get("event") == "kafka_transaction_split" for e in c.log_events())
     final = Connector(cfg, tmp_path / "final.log").start()
     try:
-        final.wait_streaming(pg_dsn, slot_name, timeout=120)
+        final.wait_streaming(pg_dsn, slot_name)
         wait_confirmed(pg_dsn, slot_name, end, timeout=max(600, BIG_ROWS / 2000))
     finally:
         assert final.stop() == 0, final.output()[-4000:]

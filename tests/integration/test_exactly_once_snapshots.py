@@ -82,7 +82,7 @@ def _kill_at_random_moments(cfg: Path, tmp_path: Path, rng: random.Random, kills
 def _finish(cfg: Path, tmp_path: Path, dsn: str, slot: str, store: KafkaStore) -> Connector:
     """A last run to the end: every snapshot job recorded done, the stream caught up, stopped cleanly."""
     final = Connector(cfg, tmp_path / "final.log").start()
-    final.wait_streaming(dsn, slot, timeout=120)
+    final.wait_streaming(dsn, slot)
     deadline = time.monotonic() + 180
     while True:
         state = store.load()
@@ -295,7 +295,7 @@ def test_snapshot_workers_killed_mid_copy_leave_no_duplicate_and_no_open_transac
             assert len(workers) >= 2, workers
             os.kill(workers[0], signal.SIGKILL)
             os.kill(pid, signal.SIGCONT)
-        daemon.wait_streaming(pg_dsn, slot_name, timeout=120)
+        daemon.wait_streaming(pg_dsn, slot_name)
     finally:
         code = daemon.stop()
     assert code == 0, daemon.output()[-4000:]

@@ -227,7 +227,7 @@ def test_every_panel_and_rule_has_data_and_the_delivery_and_invalidation_alerts_
     try:
         port = http_port(daemon)
         with running(tmp_path / "prometheus", [f"127.0.0.1:{port}"]) as prom:
-            daemon.wait_streaming(primary_dsn, slot_name, timeout=120)
+            daemon.wait_streaming(primary_dsn, slot_name)
             body_size = [50]
 
             def workload() -> None:
