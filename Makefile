@@ -56,9 +56,8 @@ exactly-once-full: $(STAMP)
 		tests/integration/test_exactly_once_snapshots.py tests/integration/test_delivery.py::test_exactly_once_splits_a_source_transaction_over_the_kafka_timeout_and_resumes_inside_it_after_kills
 
 # The Spark jobs under spark-submit on a standalone master and two workers started from the installed pyspark
-# (tests/integration/test_spark_cluster.py; the rebuild's event log shows tasks on both workers' executors;
-# 11.5 min at load ~20 on the shared 2-core machine, 2026-12-02). The rebuild's speed-up from one worker to two:
-# bench/spark_cluster.py.
+# (tests/integration/test_spark_cluster.py; the rebuild's event log shows tasks on both workers' executors).
+# Its duration, and the rebuild's speed-up from one worker to two (bench/spark_cluster.py): bench/README.md.
 test-cluster: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -ra -m cluster tests/integration/test_spark_cluster.py
 

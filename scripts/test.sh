@@ -4,8 +4,7 @@
 # (scripts/test-versions.sh, each version with its own server beside the suite's Kafka; $PG_VERSION_REFERENCE's run on
 # the pure-Python row codec and envelopes), then the unit
 # tests again on the pure-Python row codec (make unit-reference), still beside the suite. The tests mostly
-# wait on the servers: on two cores the version runs take about as long beside the suite as on their own
-# (~3 min each), which is why a third worker pays (measured in the closing note of 2026-11-28).
+# wait on the servers, which is why a third worker pays (bench/README.md, "Figures behind the code's choices").
 # With CDC_TEST_STOP_SERVICES=1 (CI) the services are stopped once, after the last session.
 set -uo pipefail
 cd "$(dirname "$0")/.."

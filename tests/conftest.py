@@ -8,11 +8,11 @@ that stops or reconfigures a server uses one of its own (test_broker_outage.py s
 failover and slot invalidation tests their own PostgreSQL).
 
 The longest groups go first (``FIRST``, in the collection's order, which ``pytest_collection_modifyitems``
-sets): the Spark modules took 1,550 s of a 1,572 s suite on one worker (2026-11-28), so a Spark group
-handed out late ends the run alone. xdist's own reordering of groups by their number of tests (on by
-default) would put the unit modules first: the scheduler turns it off. The Spark modules are not split
-over two workers: two Spark JVMs beside the podman builds made the run slower on two cores (27:34
-against 26:17, 2026-11-28), the machine's CPU being the limit, not the workers.
+sets): the Spark modules are most of one worker's time, so a Spark group handed out late ends the run
+alone. xdist's own reordering of groups by their number of tests (on by default) would put the unit
+modules first: the scheduler turns it off. The Spark modules are not split
+over two workers: two Spark JVMs beside the podman builds made the run slower on two cores, the machine's
+CPU being the limit, not the workers (the figures: bench/README.md, "Figures behind the code's choices").
 
 xdist's own ``--dist loadgroup`` is not used: with pytest 9 it leaves the node ids alone (xdist 3.8
 renames ``_nodeid``, pytest 9 reads ``_id``), so its groups are silently ignored.
