@@ -36,17 +36,10 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
 from cdc import dev
-from cdc.dev import _proc
+from cdc.dev.flink import kafka_connector_jar
 
 log = structlog.get_logger("flink_compat")
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _connector_jar() -> Path:
-    root = _proc.maven_fetch(
-        "flink-kafka-pom.xml", "flink", "flink-sql-connector-kafka-5.0.0-2.2", log, goal=("dependency:copy",)
-    )
-    return next((root / "libs").glob("flink-sql-connector-kafka-*.jar"))
 
 
 def _end_offset(bootstrap: str, topic: str) -> int:
@@ -87,7 +80,7 @@ def main() -> int:
     parser.add_argument("--flink-python", required=True, help="a Python with apache-flink 2.2.1 installed")
     args = parser.parse_args()
     endpoints = dev.up(dev.default_state_dir(), registry=False)
-    jar = _connector_jar()
+    jar = kafka_connector_jar(log)
     suffix = secrets.token_hex(3)
     dbname, prefix = f"flink_compat_{suffix}", f"flink_{suffix}"
     with psycopg.connect(endpoints.postgres_dsn, autocommit=True) as admin:
