@@ -70,94 +70,18 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
     (lsn_header, lsn_bad), (commit_header, commit_bad), (ordinal_header, ordinal_bad) = (
         _long_header(name, has_headers) for name in (LSN_HEADER, COMMIT_LSN_HEADER, ORDINAL_HEADER)
     )
-    header_problem = F.coalesce(lsn_bad, commit_bad, ordinal_bad).alias("header_problem")
+    headers = [
+        lsn_header.alias("lsn_header"),
+        commit_header.alias("commit_header"),
+        ordinal_header.alias("ordinal"),
+        F.coalesce(lsn_bad, commit_bad, ordinal_bad).alias("header_problem"),
+    ]
     if encoding.format == "avro":
         if avro is None:
             raise ValueError("format avro: envelopes() needs the records' schemas (AvroSchemas.scan)")
-        from cdc_views.avro import known_schema_id
-
-        # three projections, so that each schema id and each decode is computed once per record
-        ids = raw.select(
-            "topic",
-            "partition",
-            "offset",
-            "key",
-            "value",
-            known_schema_id(F.col("key"), avro.key_ids & set(avro.writers)).alias("kid"),
-            known_schema_id(F.col("value"), avro.value_ids & set(avro.writers)).alias("vid"),
-            lsn_header.alias("lsn_header"),
-            commit_header.alias("commit_header"),
-            ordinal_header.alias("ordinal"),
-            header_problem,
-        )
-        kid, vid = F.col("kid"), F.col("vid")
-        decoded = ids.select(
-            "*", avro.key_text(F.col("key"), kid).alias("key_text"), avro.envelope(F.col("value"), vid).alias("env")
-        )
-        df = decoded.select(
-            "topic",
-            "partition",
-            "offset",
-            "key_text",
-            F.col("key").isNull().alias("key_missing"),
-            F.when(F.col("key").isNotNull(), avro.key_problem(kid, F.col("key_text"))).alias("key_problem"),
-            avro.is_marker(kid).alias("is_marker"),
-            F.col("value").isNull().alias("tombstone"),
-            "env",
-            F.col("value").alias("after"),
-            "lsn_header",
-            "commit_header",
-            "ordinal",
-            "header_problem",
-            F.when(F.col("value").isNotNull(), avro.value_problem(vid, F.col("env"))).alias("value_problem"),
-            F.lit(None).cast(_SCALES).alias("after_scales"),  # Avro: the writer schema says (cdc_views.avro)
-        )
+        df = _avro_parts(raw, avro, headers)
     else:
-        key = F.col("key").cast(StringType())
-        value = F.col("value").cast(StringType())
-        parsed = (
-            F.from_json(value, _WRAPPED_ENVELOPE)["payload"]
-            if encoding.schemas_enable
-            else F.from_json(value, _ENVELOPE)
-        )
-        key_map = F.from_json(key, "map<string,string>")
-        if encoding.schemas_enable:
-            key_map = F.from_json(F.get_json_object(key, "$.payload"), "map<string,string>")
-            key = F.get_json_object(key, "$.payload")
-        # two projections, so that each from_json runs once per record (Spark keeps a projection
-        # whose expensive columns are referenced several times apart from the next one)
-        parsed_df = raw.select(
-            "topic",
-            "partition",
-            "offset",
-            key.alias("key_text"),
-            key_map.alias("key_map"),
-            value.isNull().alias("tombstone"),
-            parsed.alias("env"),
-            lsn_header.alias("lsn_header"),
-            commit_header.alias("commit_header"),
-            ordinal_header.alias("ordinal"),
-            header_problem,
-            (_after_scales(value) if encoding.schemas_enable else F.lit(None).cast(_SCALES)).alias("after_scales"),
-        )
-        df = parsed_df.select(
-            "topic",
-            "partition",
-            "offset",
-            "key_text",
-            F.col("key_text").isNull().alias("key_missing"),
-            F.when(F.col("key_map").isNull(), F.lit("key is not a JSON object")).alias("key_problem"),
-            _json_marker_key(F.col("key_map")).alias("is_marker"),
-            "tombstone",
-            "env",
-            F.col("env.after").alias("after"),
-            "lsn_header",
-            "commit_header",
-            "ordinal",
-            "header_problem",
-            F.lit(None).cast(StringType()).alias("value_problem"),
-            "after_scales",
-        )
+        df = _json_parts(raw, encoding, headers)
     op = F.col("env.op")
     record, reason = _classify(op, check_after=encoding.format != "avro")
     lsn = F.coalesce(F.col("lsn_header"), F.col("env.source.lsn"))
@@ -176,6 +100,86 @@ def envelopes(raw: DataFrame, encoding: Encoding, avro: AvroSchemas | None = Non
         F.col("env.source.ts_ms").alias("ts_ms"),
         F.col("after"),
         F.col("after_scales"),
+    )
+
+
+_HEADER_COLUMNS = ("lsn_header", "commit_header", "ordinal", "header_problem")
+
+
+def _avro_parts(raw: DataFrame, avro: AvroSchemas, headers: list[Column]) -> DataFrame:
+    """The parts ``_classify`` reads of Avro records: key text, marker, envelope, problems; ``after`` is the
+    value's bytes. Three projections, so that each schema id and each decode is computed once per record."""
+    from cdc_views.avro import known_schema_id
+
+    ids = raw.select(
+        "topic",
+        "partition",
+        "offset",
+        "key",
+        "value",
+        known_schema_id(F.col("key"), avro.key_ids & set(avro.writers)).alias("kid"),
+        known_schema_id(F.col("value"), avro.value_ids & set(avro.writers)).alias("vid"),
+        *headers,
+    )
+    kid, vid = F.col("kid"), F.col("vid")
+    decoded = ids.select(
+        "*", avro.key_text(F.col("key"), kid).alias("key_text"), avro.envelope(F.col("value"), vid).alias("env")
+    )
+    return decoded.select(
+        "topic",
+        "partition",
+        "offset",
+        "key_text",
+        F.col("key").isNull().alias("key_missing"),
+        F.when(F.col("key").isNotNull(), avro.key_problem(kid, F.col("key_text"))).alias("key_problem"),
+        avro.is_marker(kid).alias("is_marker"),
+        F.col("value").isNull().alias("tombstone"),
+        "env",
+        F.col("value").alias("after"),
+        *_HEADER_COLUMNS,
+        F.when(F.col("value").isNotNull(), avro.value_problem(vid, F.col("env"))).alias("value_problem"),
+        F.lit(None).cast(_SCALES).alias("after_scales"),  # Avro: the writer schema says (cdc_views.avro)
+    )
+
+
+def _json_parts(raw: DataFrame, encoding: Encoding, headers: list[Column]) -> DataFrame:
+    """The parts ``_classify`` reads of JSON records: key text, marker, envelope, problems; ``after`` is the
+    row object's text. Two projections, so that each ``from_json`` runs once per record (Spark keeps a
+    projection whose expensive columns are referenced several times apart from the next one)."""
+    key = F.col("key").cast(StringType())
+    value = F.col("value").cast(StringType())
+    parsed = (
+        F.from_json(value, _WRAPPED_ENVELOPE)["payload"] if encoding.schemas_enable else F.from_json(value, _ENVELOPE)
+    )
+    key_map = F.from_json(key, "map<string,string>")
+    if encoding.schemas_enable:
+        key_map = F.from_json(F.get_json_object(key, "$.payload"), "map<string,string>")
+        key = F.get_json_object(key, "$.payload")
+    parsed_df = raw.select(
+        "topic",
+        "partition",
+        "offset",
+        key.alias("key_text"),
+        key_map.alias("key_map"),
+        value.isNull().alias("tombstone"),
+        parsed.alias("env"),
+        *headers,
+        (_after_scales(value) if encoding.schemas_enable else F.lit(None).cast(_SCALES)).alias("after_scales"),
+    )
+    return parsed_df.select(
+        "topic",
+        "partition",
+        "offset",
+        "key_text",
+        F.col("key_text").isNull().alias("key_missing"),
+        F.when(F.col("key_map").isNull(), F.lit("key is not a JSON object")).alias("key_problem"),
+        _json_marker_key(F.col("key_map")).alias("is_marker"),
+        "tombstone",
+        "env",
+        F.col("env.after").alias("after"),
+        *_HEADER_COLUMNS,
+        F.lit(None).cast(StringType()).alias("value_problem"),
+        "after_scales",
     )
 
 

@@ -553,6 +553,26 @@ def _touched_rows(spark: SparkSession, cfg: JobConfig, name: str, change: Change
     return after.select(*present).unionByName(before.select(*present))
 
 
+def _refresh_plans(spark: SparkSession, cfg: JobConfig) -> dict[str, Refresh]:
+    """How the continuous job refreshes each declared view and index (``refresh_plan``), checked and logged."""
+    declared.check(spark, cfg.declared, _empty_frames(spark, cfg))
+    plans: dict[str, Refresh] = {}
+    for v in cfg.declared.views:
+        plans[f"view {v.name}"] = refresh_plan(spark, cfg, v.name, v.sql, v.key)
+    for i in cfg.declared.indexes:
+        plans[f"index {i.name}"] = refresh_plan(spark, cfg, i.name, i.sql, [i.id])
+    for what, plan in plans.items():
+        log.info(
+            "stream.refresh_planned",
+            declared=what,
+            by_keys_of=plan.lineage.table if plan.lineage and plan.by == "keys" else None,
+            by_groups_of=plan.lineage.table if plan.lineage and plan.by == "groups" else None,
+            reads=sorted(plan.reads),
+            reason=plan.reason,
+        )
+    return plans
+
+
 def micro_batch_writer(
     spark: SparkSession, cfg: JobConfig, wanted: Sequence[View] = ALL_VIEWS
 ) -> Callable[[DataFrame, int], None]:
@@ -560,22 +580,7 @@ def micro_batch_writer(
     topics = cfg.topics
     by_topic = {t: n for n, t in topics.items()}
     wants_declared = "declared" in wanted and bool(cfg.declared.views or cfg.declared.indexes)
-    plans: dict[str, Refresh] = {}
-    if wants_declared:  # before the stream starts: a bad declaration reads nothing
-        declared.check(spark, cfg.declared, _empty_frames(spark, cfg))
-        for v in cfg.declared.views:
-            plans[f"view {v.name}"] = refresh_plan(spark, cfg, v.name, v.sql, v.key)
-        for i in cfg.declared.indexes:
-            plans[f"index {i.name}"] = refresh_plan(spark, cfg, i.name, i.sql, [i.id])
-        for what, plan in plans.items():
-            log.info(
-                "stream.refresh_planned",
-                declared=what,
-                by_keys_of=plan.lineage.table if plan.lineage and plan.by == "keys" else None,
-                by_groups_of=plan.lineage.table if plan.lineage and plan.by == "groups" else None,
-                reads=sorted(plan.reads),
-                reason=plan.reason,
-            )
+    plans = _refresh_plans(spark, cfg) if wants_declared else {}  # before the stream starts: a bad one reads nothing
     registry = cfg.registry_client()  # one client: schemas by id are fetched once for all micro-batches
 
     def write(batch: DataFrame, batch_id: int) -> None:

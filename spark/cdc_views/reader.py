@@ -225,6 +225,17 @@ def latest(env: DataFrame) -> DataFrame:
 # --------------------------------------------------------------------------- step 3
 
 
+@dataclass
+class _Typed:
+    """The typed columns of the latest records, before they are assembled: ``decode_rows``' one format's part."""
+
+    parsed: DataFrame  # the reduced records with ``_row``, the parsed ``after``
+    typed: list[Column] = field(default_factory=list)  # one per table column, aliased
+    failures: list[tuple[Column, str | Column]] = field(default_factory=list)  # (fails, column or problem)
+    flags: list[tuple[Column, str]] = field(default_factory=list)  # (is the placeholder, column): cdc_views.toast
+    missing: str = ""  # the reason when ``after`` is not a row
+
+
 def decode_rows(
     reduced: DataFrame,
     table: TableShape,
@@ -240,72 +251,19 @@ def decode_rows(
     ``history``: JSON without the schema block, each Decimal read at the scale of the table's version in
     force at the record's position (``cdc_views.history``); a Decimal no readable version covers fails.
     """
-    typed: list[Column] = []
-    failures: list[tuple[Column, str | Column]] = []
-    flags: list[tuple[Column, str]] = []  # (is the placeholder, column): cdc_views.toast
     if encoding.format == "avro":
         if avro is None:
             raise ValueError("format avro: decode_rows() needs the records' schemas (AvroSchemas.scan)")
-        from cdc_views.avro import column_value
-
-        after = avro.after(topic, F.col("after"))
-        if after is None:  # no value was ever written: only deletes and markers
-            parsed = reduced.withColumn("_row", F.lit(None).cast(StructType([])))
-        else:
-            parsed = reduced.withColumn("_row", F.when(F.col("record") == "row", after))
-        row_type = parsed.schema["_row"].dataType
-        assert isinstance(row_type, StructType)
-        for column in table.columns:
-            value, bad = column_value(F.col("_row"), row_type, column, encoding)
-            placeholder = avro_placeholder(F.col("_row"), row_type, column, encoding.unavailable_value)
-            if placeholder is not None:  # the placeholder is no value: null here, and no decode failure
-                value, bad = F.when(~placeholder, value), bad & ~placeholder
-                flags.append((placeholder, column.name))
-            typed.append(value.alias(column.name))
-            failures.append((bad, column.name))
-        missing = (
-            "'after' is missing or does not decode with the topic's latest value schema (or a decimal"
-            " written before a type change does not fit the latest precision)"
-        )
+        part = _avro_typed(reduced, table, encoding, avro, topic)
     else:
-        parsed = reduced.withColumn("_row", F.from_json(F.col("after"), row_schema(table.columns)))
-        versions = history if history is not None and any(c.kind is Kind.DECIMAL for c in table.columns) else None
-        if versions is not None:
-            parsed = parsed.withColumn("_version", versions.index(F.col("commit_lsn"), F.col("ordinal"), F.col("lsn")))
-        for column in table.columns:
-            raw = F.col("_row").getField(column.name)
-            scale = F.element_at(F.col("after_scales"), F.lit(column.name)) if encoding.schemas_enable else None
-            placeholder = json_placeholder(raw, column, encoding.unavailable_value)
-            mine: list[tuple[Column, str | Column]] = []
-            if versions is not None and column.kind is Kind.DECIMAL:
-                index = F.col("_version")
-                problem = versions.problem(index, F.col("commit_lsn"), F.col("ordinal"), F.col("lsn"))
-                value = F.when(
-                    problem.isNull(), decode(raw, column, encoding, scale=versions.scale(column.name, index))
-                )
-                mine.append(
-                    (raw.isNotNull() & problem.isNotNull(), F.concat(F.lit(f"column {column.name!r}: "), problem))
-                )
-            else:
-                value = decode(raw, column, encoding, scale=scale)
-                if scale is not None and column.kind is Kind.DECIMAL and encoding.decimal_handling == "precise":
-                    no_scale = F.lit(f"column {column.name!r}: the record's schema block states no Decimal scale")
-                    mine.append((raw.isNotNull() & scale.isNull(), no_scale))
-            mine.append((failed(raw, value, column), column.name))
-            if placeholder is not None:  # the placeholder is no value: null here, and no decode failure
-                value = F.when(~placeholder, value)
-                mine = [(condition & ~placeholder, why) for condition, why in mine]
-                flags.append((placeholder, column.name))
-            typed.append(value.alias(column.name))
-            failures.extend(mine)
-        missing = "'after' is not a JSON object"
+        part = _json_typed(reduced, table, encoding, history)
     row_ok = (F.col("record") == "row") & F.col("_row").isNotNull()
     reason: Column = F.lit(None).cast(StringType())
-    for condition, name in reversed(failures):
+    for condition, name in reversed(part.failures):
         why = name if isinstance(name, Column) else F.lit(f"column {name!r}: value cannot be converted")
         reason = F.when(condition, why).otherwise(reason)
-    reason = F.when(F.col("record") == "row", F.when(F.col("_row").isNull(), F.lit(missing)).otherwise(reason))
-    decoded = parsed.select(
+    reason = F.when(F.col("record") == "row", F.when(F.col("_row").isNull(), F.lit(part.missing)).otherwise(reason))
+    decoded = part.parsed.select(
         "topic",
         "partition",
         "offset",
@@ -317,8 +275,8 @@ def decode_rows(
         "commit_lsn",
         "ts_ms",
         reason.alias("_decode_error"),
-        *[F.when(row_ok, value) for value in typed],
-        F.when(row_ok, placeholder_names(flags)),
+        *[F.when(row_ok, value) for value in part.typed],
+        F.when(row_ok, placeholder_names(part.flags)),
     )
     decoded = decoded.toDF(*decoded.columns[:11], *[c.name for c in table.columns], PLACEHOLDERS)
     is_bad = F.col("_decode_error").isNotNull()
@@ -327,6 +285,68 @@ def decode_rows(
         .withColumn("record", F.when(is_bad, F.lit("bad_row")).otherwise(F.col("record")))
         .drop("_decode_error")
     )
+
+
+def _avro_typed(reduced: DataFrame, table: TableShape, encoding: Encoding, avro: AvroSchemas, topic: str) -> _Typed:
+    """Avro: ``after`` (the value's bytes) resolved to the topic's latest value schema, then each column."""
+    from cdc_views.avro import column_value
+
+    after = avro.after(topic, F.col("after"))
+    if after is None:  # no value was ever written: only deletes and markers
+        parsed = reduced.withColumn("_row", F.lit(None).cast(StructType([])))
+    else:
+        parsed = reduced.withColumn("_row", F.when(F.col("record") == "row", after))
+    row_type = parsed.schema["_row"].dataType
+    assert isinstance(row_type, StructType)
+    part = _Typed(
+        parsed,
+        missing=(
+            "'after' is missing or does not decode with the topic's latest value schema (or a decimal"
+            " written before a type change does not fit the latest precision)"
+        ),
+    )
+    for column in table.columns:
+        value, bad = column_value(F.col("_row"), row_type, column, encoding)
+        placeholder = avro_placeholder(F.col("_row"), row_type, column, encoding.unavailable_value)
+        if placeholder is not None:  # the placeholder is no value: null here, and no decode failure
+            value, bad = F.when(~placeholder, value), bad & ~placeholder
+            part.flags.append((placeholder, column.name))
+        part.typed.append(value.alias(column.name))
+        part.failures.append((bad, column.name))
+    return part
+
+
+def _json_typed(reduced: DataFrame, table: TableShape, encoding: Encoding, history: TableVersions | None) -> _Typed:
+    """JSON: ``after`` (the row object's text) parsed to the table's row type, then each column, a Decimal at
+    the scale its record's schema block or the schema history states."""
+    parsed = reduced.withColumn("_row", F.from_json(F.col("after"), row_schema(table.columns)))
+    versions = history if history is not None and any(c.kind is Kind.DECIMAL for c in table.columns) else None
+    if versions is not None:
+        parsed = parsed.withColumn("_version", versions.index(F.col("commit_lsn"), F.col("ordinal"), F.col("lsn")))
+    part = _Typed(parsed, missing="'after' is not a JSON object")
+    for column in table.columns:
+        raw = F.col("_row").getField(column.name)
+        scale = F.element_at(F.col("after_scales"), F.lit(column.name)) if encoding.schemas_enable else None
+        placeholder = json_placeholder(raw, column, encoding.unavailable_value)
+        mine: list[tuple[Column, str | Column]] = []
+        if versions is not None and column.kind is Kind.DECIMAL:
+            index = F.col("_version")
+            problem = versions.problem(index, F.col("commit_lsn"), F.col("ordinal"), F.col("lsn"))
+            value = F.when(problem.isNull(), decode(raw, column, encoding, scale=versions.scale(column.name, index)))
+            mine.append((raw.isNotNull() & problem.isNotNull(), F.concat(F.lit(f"column {column.name!r}: "), problem)))
+        else:
+            value = decode(raw, column, encoding, scale=scale)
+            if scale is not None and column.kind is Kind.DECIMAL and encoding.decimal_handling == "precise":
+                no_scale = F.lit(f"column {column.name!r}: the record's schema block states no Decimal scale")
+                mine.append((raw.isNotNull() & scale.isNull(), no_scale))
+        mine.append((failed(raw, value, column), column.name))
+        if placeholder is not None:  # the placeholder is no value: null here, and no decode failure
+            value = F.when(~placeholder, value)
+            mine = [(condition & ~placeholder, why) for condition, why in mine]
+            part.flags.append((placeholder, column.name))
+        part.typed.append(value.alias(column.name))
+        part.failures.extend(mine)
+    return part
 
 
 # --------------------------------------------------------------------------- the whole read

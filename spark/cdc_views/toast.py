@@ -168,7 +168,7 @@ def resolve(
     """``changes`` (a table whose latest records hold placeholders) with each placeholder replaced by the key's
     previous value: from ``earlier`` (the same read's envelopes, ``cdc_views.envelope.envelopes``, of any topics)
     or ``previous`` (the warehouse table, None when there is none); see the module docstring."""
-    from cdc_views.reader import _rows, _truncated, decode_rows
+    from cdc_views.reader import _rows, _truncated
 
     table = changes.table
     decoded = changes.decoded
@@ -181,6 +181,37 @@ def resolve(
     fine = decoded.where(~holds)
 
     # the earlier records of the keys whose latest record holds a placeholder, decoded like the latest ones
+    found = _earlier_values(held, earlier, changes, topic, columns, encoding, avro, history)
+    fixed = _filled(held, found, previous, columns, decoded.columns).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        stats = _fill_report(fixed, table.qualified, topic, encoding.unavailable_value, on_bad_record)
+    except BaseException:
+        fixed.unpersist()
+        raise
+    rows = _rows(fine.unionByName(fixed.select(*decoded.columns)), table, changes.truncates)
+    return replace(
+        changes,
+        rows=rows,
+        placeholders_filled=stats.filled,
+        placeholders_unresolved=stats.missing,
+        also_persisted=[*changes.also_persisted, fixed],
+    )
+
+
+def _earlier_values(
+    held: DataFrame,
+    earlier: DataFrame,
+    changes: Changes,
+    topic: str,
+    columns: list[str],
+    encoding: Encoding,
+    avro: AvroSchemas | None,
+    history: TableVersions | None,
+) -> DataFrame:
+    """Per key of ``held``: column ``_topic{i}`` the last value of ``columns[i]`` its earlier records wrote,
+    null where none did or a delete came after it (decoded like the latest records)."""
+    from cdc_views.reader import _truncated, decode_rows
+
     targets = held.select(
         F.col("key").alias("_t_key"), F.col("partition").alias("_t_partition"), F.col("offset").alias("_t_offset")
     )
@@ -190,14 +221,14 @@ def resolve(
         .where((F.col("offset") < F.col("_t_offset")) & ~_truncated(changes.truncates))
         .drop("_t_key", "_t_partition", "_t_offset")
     )
-    values = decode_rows(prior, table, encoding, avro, topic=topic, history=history)
+    values = decode_rows(prior, changes.table, encoding, avro, topic=topic, history=history)
     row = F.col("record") == "row"
     aggregates = [F.max(F.when(F.col("record") == "delete", F.col("offset"))).alias("_deleted")]
     for i, name in enumerate(columns):
         value = F.struct(F.col("offset").alias("o"), F.col(name).alias("v"))
         aggregates.append(F.max_by(value, F.when(row & F.col(name).isNotNull(), F.col("offset"))).alias(f"_e{i}"))
     found = values.groupBy(F.col("key").alias("_f_key")).agg(*aggregates)
-    found = found.select(
+    return found.select(
         "_f_key",
         *[
             F.when(F.col("_deleted").isNull() | (F.col(f"_e{i}.o") > F.col("_deleted")), F.col(f"_e{i}.v")).alias(
@@ -206,6 +237,13 @@ def resolve(
             for i in range(len(columns))
         ],
     )
+
+
+def _filled(
+    held: DataFrame, found: DataFrame, previous: DataFrame | None, columns: list[str], decoded_columns: list[str]
+) -> DataFrame:
+    """``held`` with each placeholder replaced by the topic's earlier value, else the warehouse's; besides,
+    ``_missing`` (the columns neither holds) and the counts ``_from_topic`` and ``_from_warehouse``."""
     joined = held.join(found, F.col("key") == F.col("_f_key"), "left")
     if previous is not None:
         kept = [c for c in columns if c in previous.columns]
@@ -215,7 +253,6 @@ def resolve(
         joined = joined.join(warehouse, F.col("key") == F.col("_w_key"), "left")
     else:
         kept = []
-
     out: dict[str, Column] = {}
     unresolved: list[Column] = []
     from_topic: list[Column] = []
@@ -231,63 +268,62 @@ def resolve(
             F.when(is_placeholder & topic_value.isNull() & warehouse_value.isNotNull(), F.lit(1)).otherwise(F.lit(0))
         )
     missing = F.filter(F.array(*unresolved), lambda n: n.isNotNull())
-    fixed = joined.select(
-        *[out[c].alias(c) if c in out else F.col(c) for c in decoded.columns],
+    return joined.select(
+        *[out[c].alias(c) if c in out else F.col(c) for c in decoded_columns],
         missing.alias("_missing"),
         functools.reduce(operator.add, from_topic).alias("_from_topic"),
         functools.reduce(operator.add, from_warehouse).alias("_from_warehouse"),
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        stats = fixed.agg(
-            F.count(F.lit(1)).alias("records"),
-            F.coalesce(F.sum("_from_topic"), F.lit(0)).alias("from_topic"),
-            F.coalesce(F.sum("_from_warehouse"), F.lit(0)).alias("from_warehouse"),
-            F.coalesce(F.sum(F.size("_missing")), F.lit(0)).alias("missing"),
-            F.slice(
-                F.sort_array(
-                    F.collect_list(F.when(F.size("_missing") > 0, F.struct("partition", "offset", "key", "_missing")))
-                ),
-                1,
-                REPORTED,
-            ).alias("first"),
-        ).first()
-        assert stats is not None
-        examples = [
-            Unresolved(str(r["key"]), str(c), int(r["partition"]), int(r["offset"]))
-            for r in stats["first"]
-            for c in r["_missing"]
-        ]
-        missing_count = int(stats["missing"])
-        if missing_count and on_bad_record == "fail":
-            raise UnresolvedPlaceholders(
-                table.qualified, topic, encoding.unavailable_value, missing_count, examples[:REPORTED]
-            )
-        log.info(
-            "toast.placeholders_filled",
-            table=table.qualified,
-            topic=topic,
-            records=int(stats["records"]),
-            from_topic=int(stats["from_topic"]),
-            from_warehouse=int(stats["from_warehouse"]),
-        )
-        if missing_count:
-            log.warning(
-                "toast.placeholders_unresolved_skipped",
-                table=table.qualified,
-                topic=topic,
-                count=missing_count,
-                written_as="null",
-                first=[str(u) for u in examples[:5]],
-            )
-    except BaseException:
-        fixed.unpersist()
-        raise
-    rows = _rows(fine.unionByName(fixed.select(*decoded.columns)), table, changes.truncates)
-    filled = int(stats["from_topic"]) + int(stats["from_warehouse"])
-    return replace(
-        changes,
-        rows=rows,
-        placeholders_filled=filled,
-        placeholders_unresolved=missing_count,
-        also_persisted=[*changes.also_persisted, fixed],
     )
+
+
+@dataclass(frozen=True)
+class FillStats:
+    """What a fill did: placeholder values filled (from the topic or the warehouse) and those neither held."""
+
+    filled: int
+    missing: int
+
+
+def _fill_report(fixed: DataFrame, table: str, topic: str, placeholder: str, on_bad_record: OnBadRecord) -> FillStats:
+    """Count what ``_filled`` did, log it, and raise ``UnresolvedPlaceholders`` for a value neither source
+    holds unless ``on_bad_record`` is ``skip`` (the value is then written as null, and said so)."""
+    stats = fixed.agg(
+        F.count(F.lit(1)).alias("records"),
+        F.coalesce(F.sum("_from_topic"), F.lit(0)).alias("from_topic"),
+        F.coalesce(F.sum("_from_warehouse"), F.lit(0)).alias("from_warehouse"),
+        F.coalesce(F.sum(F.size("_missing")), F.lit(0)).alias("missing"),
+        F.slice(
+            F.sort_array(
+                F.collect_list(F.when(F.size("_missing") > 0, F.struct("partition", "offset", "key", "_missing")))
+            ),
+            1,
+            REPORTED,
+        ).alias("first"),
+    ).first()
+    assert stats is not None
+    examples = [
+        Unresolved(str(r["key"]), str(c), int(r["partition"]), int(r["offset"]))
+        for r in stats["first"]
+        for c in r["_missing"]
+    ]
+    missing_count = int(stats["missing"])
+    if missing_count and on_bad_record == "fail":
+        raise UnresolvedPlaceholders(table, topic, placeholder, missing_count, examples[:REPORTED])
+    log.info(
+        "toast.placeholders_filled",
+        table=table,
+        topic=topic,
+        records=int(stats["records"]),
+        from_topic=int(stats["from_topic"]),
+        from_warehouse=int(stats["from_warehouse"]),
+    )
+    if missing_count:
+        log.warning(
+            "toast.placeholders_unresolved_skipped",
+            table=table,
+            topic=topic,
+            count=missing_count,
+            written_as="null",
+            first=[str(u) for u in examples[:5]],
+        )
+    return FillStats(int(stats["from_topic"]) + int(stats["from_warehouse"]), missing_count)
