@@ -99,7 +99,7 @@ def run(
             ]
         except Exception as exc:
             out.append((type(exc).__name__, str(exc)))
-    compiled = [isinstance(rel.parse, _compiled.RowCodec) for rel in decoder._tx.relations.values()]
+    compiled = [isinstance(rel.parse, _compiled.RowCodec) for rel in decoder.tx.relations.values()]
     return out, rows, compiled
 
 

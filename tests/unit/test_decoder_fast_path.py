@@ -39,7 +39,7 @@ def new_decoder(compiled: bool, rendered: bool) -> ChangeDecoder:
     tables = {f"{info.schema}.{info.name}": info for info, _, _ in TABLES.values()}
     # each side chosen here, whatever CDC_PURE_PYTHON says
     decoder = ChangeDecoder(tables, {}, renderer=renderer, fast_changes=FastChanges if compiled else None)
-    fast = decoder._fast_change
+    fast = decoder.fast_change
     chosen = fast if compiled else getattr(fast, "__self__", None)  # the reference: a bound method
     assert isinstance(chosen, FastChanges if compiled else FastChangesReference)
     for rel, (info, columns, identity) in TABLES.items():
@@ -66,7 +66,7 @@ def run(decoder: ChangeDecoder, payloads: Sequence[tuple[bytes, int]]) -> list[A
             events = [plain(e) for e in decoder.feed(payload, Lsn(lsn))]
         except Exception as exc:
             events = [(type(exc).__name__, str(exc))]
-        tx = decoder._tx
+        tx = decoder.tx
         state = (tx.ordinal, tx.last_lsn, tx.xid, tx.commit_lsn, tx.commit_ts)
         out.append((events, state))
     return out

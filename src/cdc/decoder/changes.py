@@ -49,7 +49,7 @@ import structlog
 from cdc.compiled import CHOSEN
 from cdc.decoder import pgoutput as pg
 from cdc.decoder.errors import ChangeError
-from cdc.decoder.fast import build_fast_change
+from cdc.decoder.fast import FastChange, build_fast_change
 from cdc.decoder.fast import row_parser as _row_parser
 from cdc.decoder.rows import RowParser, RowRenderer
 from cdc.decoder.spool import Spool
@@ -168,6 +168,16 @@ class ChangeDecoder:
 
     def table(self, relation_id: int) -> TableSchema:
         return self._relation(relation_id).schema
+
+    @property
+    def tx(self) -> TxState:
+        """The transaction being decoded and the relation cache (read-only for callers: the decoder moves it)."""
+        return self._tx
+
+    @property
+    def fast_change(self) -> FastChange:
+        """The fast path chosen at construction: the compiled ``FastChanges`` or the reference's bound method."""
+        return self._fast_change
 
     # -- raw payloads, streamed transactions included ---------------------------------------------
 
