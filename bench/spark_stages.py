@@ -18,6 +18,11 @@ Steps, each a Spark job group, timed on the wall clock, in the order the batch j
 * ``view SQL``: the bench's declared view (orders per customer) computed from the changes and written;
 * ``index``: a declared tantivy index of the live rows (``id``, ``note`` text, ``status`` facet).
 
+``--parts N`` instead times the parts of the read on their own, into Spark's ``noop`` sink, N rounds (medians
+printed): ``count``; the key and value cast to text; ``from_json`` of every value with the envelope's schema;
+the same and the key's ``from_json`` to a map; ``envelopes()``; ``envelopes()`` then ``latest()``. The
+gap between the count and ``from_json`` alone is what any rebuild that parses every record pays (JSON).
+
 Per step: the wall time, how much of it some Spark stage was running (the rest is the driver's: planning,
 code generation, Delta's log, Python), and per Spark stage its duration, tasks, executor run and CPU time, GC time,
 records read and shuffle bytes, from the Spark UI's REST API. ``--plans FILE`` writes
@@ -33,6 +38,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plans", type=Path, help="write explain('formatted') of the main frames here")
     parser.add_argument(
         "--skip", default="", help="comma-separated steps to leave out (e.g. index; latest: every step after it)"
+    )
+    parser.add_argument(
+        "--parts", type=int, default=0, help="time the read's parts into the noop sink, this many rounds (JSON)"
     )
     parser.add_argument(
         "--whole",
@@ -231,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         log.info("bench.step", step=name, seconds=round(seconds, 2))
         return result
 
+    if args.parts:
+        parts(spark, stages, source, topic, encoding, args.parts)
+        spark.stop()
+        return 0
     try:
         step("count", lambda: read_batch(spark, source, [topic]).count())
         if args.whole:
@@ -302,6 +315,50 @@ def main(argv: list[str] | None = None) -> int:
             )
     spark.stop()
     return 0
+
+
+def parts(spark: Any, stages: Stages, source: Any, topic: str, encoding: Any, rounds: int) -> None:
+    """``--parts``: each part of the read into the ``noop`` sink, ``rounds`` times; wall and executor CPU medians."""
+    import statistics
+
+    from pyspark.sql import functions as F
+
+    from cdc_views.envelope import _ENVELOPE
+    from cdc_views.reader import envelopes, latest, read_batch
+
+    def raw() -> Any:
+        return read_batch(spark, source, [topic])
+
+    def noop(frame: Any) -> None:
+        frame.write.format("noop").mode("overwrite").save()
+
+    value, key = F.col("value").cast("string"), F.col("key").cast("string")
+    variants: dict[str, Callable[[], Any]] = {
+        "count": lambda: raw().count(),
+        "cast to text": lambda: noop(raw().select(key, value)),
+        "from_json envelope": lambda: noop(raw().select(F.from_json(value, _ENVELOPE))),
+        "+ key from_json map": lambda: noop(
+            raw().select(F.from_json(value, _ENVELOPE), F.from_json(key, "map<string,string>"))
+        ),
+        "envelopes()": lambda: noop(envelopes(raw(), encoding)),
+        "envelopes()+latest()": lambda: noop(latest(envelopes(raw(), encoding))),
+    }
+    seen: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
+    for round_ in range(1, rounds + 1):
+        for name, run in variants.items():
+            group = f"{name} #{round_}"
+            spark.sparkContext.setJobGroup(group, group)
+            t = time.monotonic()
+            run()
+            wall = time.monotonic() - t
+            cpu = sum(r["cpu_s"] for r in stages.of_group(group))
+            seen[name].append((wall, cpu))
+            log.info("bench.part", part=name, round=round_, wall_s=round(wall, 2), executor_cpu_s=round(cpu, 2))
+    count_wall = statistics.median(w for w, _ in seen["count"])
+    print(f"\n{'part (into noop)':<24}{'wall s':>8}{'cpu s':>8}  count's wall / this wall   (medians of {rounds})")
+    for name, runs in seen.items():
+        wall = statistics.median(w for w, _ in runs)
+        print(f"{name:<24}{wall:8.1f}{statistics.median(c for _, c in runs):8.1f}  {count_wall / wall:.2f}")
 
 
 if __name__ == "__main__":
