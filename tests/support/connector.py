@@ -52,9 +52,9 @@ class Connector:
         too (a test restarted Postgres then, and the snapshot's worker could not connect).
 
         The wait is long because a daemon's start is slow on a loaded machine, not because it ever is when
-        idle (under 1 s here): in one CI run, with the podman image builds beside it, a daemon wrote no line
-        at all in 60 s, not even its first (``http_listening``), and was stopped before its signal handlers
-        were installed. A daemon that dies ends the wait at once."""
+        idle (under 1 s here): in one CI run, 40% slower than the one before it, a daemon started near the
+        end of the suite wrote no line at all in 60 s, not even its first (``http_listening``), and was
+        stopped before its signal handlers were installed. A daemon that dies ends the wait at once."""
         deadline = time.monotonic() + timeout
         with psycopg.connect(dsn, autocommit=True) as conn:
             while time.monotonic() < deadline:
