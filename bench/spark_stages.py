@@ -199,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         f"topic {topic} ({args.format}): {total} records; Spark {spark.version}, {args.master}, "
         f"{args.shuffle_partitions} shuffle partitions"
     )
+    if args.parts:  # before the warehouse folder and the declarations: it writes nothing
+        parts(spark, stages, source, topic, encoding, args.parts)
+        spark.stop()
+        return 0
     report: list[tuple[str, float, list[dict[str, Any]]]] = []
     work = Path(tempfile.mkdtemp(prefix="bench-stages-"))
     section = SparkSection(
@@ -241,10 +245,6 @@ def main(argv: list[str] | None = None) -> int:
         log.info("bench.step", step=name, seconds=round(seconds, 2))
         return result
 
-    if args.parts:
-        parts(spark, stages, source, topic, encoding, args.parts)
-        spark.stop()
-        return 0
     try:
         step("count", lambda: read_batch(spark, source, [topic]).count())
         if args.whole:
