@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import structlog
 from delta.tables import DeltaTable
@@ -48,17 +48,14 @@ from cdc_views.reader import (
     OnBadRecord,
     avro_schemas,
     envelopes,
-    latest,
     read_batch,
     read_stream,
+    reduce_records,
     reduce_topics,
     schema_history,
 )
 from cdc_views.tables import Encoding, TableShape
 from cdc_views.warehouse import ensure_table, merge_rows, table_path, table_schema, written_rows
-
-if TYPE_CHECKING:
-    from cdc_views.avro import AvroSchemas
 
 log = structlog.get_logger("cdc_views.jobs")
 
@@ -196,8 +193,7 @@ def rebuild(spark: SparkSession, cfg: JobConfig, wanted: Sequence[View] = ALL_VI
             spark,
             cfg,
             changes,
-            lambda wanted: envelopes(read_batch(spark, cfg.source, wanted), cfg.encoding, avro),
-            avro,
+            lambda wanted: read_batch(spark, cfg.source, wanted),
             history,
         )
         summary["placeholders_filled"] = {n: c.placeholders_filled for n, c in changes.items() if c.placeholders_filled}
@@ -231,17 +227,19 @@ def fill_placeholders(
     cfg: JobConfig,
     changes: dict[str, Changes],
     earlier: Callable[[list[str]], DataFrame],
-    avro: AvroSchemas | None,
     history: SchemaHistory | None,
 ) -> None:
     """Replace, in place, each table's changes whose latest records hold the unchanged-TOAST placeholder by
-    ``toast.resolve``'s: the key's previous value from ``earlier(topics)`` (the same read's envelopes of those
-    topics) or the warehouse table. Raises ``UnresolvedPlaceholders`` unless ``cfg.on_bad_record == 'skip'``.
-    Tables without placeholders cost nothing here."""
+    ``toast.resolve``'s: the key's previous value from ``earlier(topics)`` (the same read's records of those
+    topics, every one: not only those ``compacted`` keeps) or the warehouse table. Raises
+    ``UnresolvedPlaceholders`` unless ``cfg.on_bad_record == 'skip'``. Tables without placeholders cost nothing
+    here."""
     held = [n for n, c in changes.items() if c.placeholders]
     if not held:
         return
-    records = earlier([cfg.topic(n) for n in held])
+    raw = earlier([cfg.topic(n) for n in held])
+    avro = avro_schemas(raw, cfg.encoding, cfg.registry_client())  # the superseded records' schemas too
+    records = envelopes(raw, cfg.encoding, avro)
     for name in held:
         change = changes[name]
         path = table_path(cfg.warehouse, change.table)
@@ -588,8 +586,7 @@ def micro_batch_writer(
         # Read after the batch's offsets were fixed: it covers the batch (the connector acknowledges a version
         # before it produces the records that use it).
         history = schema_history(cfg.source, cfg.topic_prefix, cfg.encoding)
-        avro = avro_schemas(batch, cfg.encoding, registry)
-        reduced = latest(envelopes(batch, cfg.encoding, avro)).persist(StorageLevel.MEMORY_AND_DISK)
+        reduced, avro = reduce_records(batch, cfg.encoding, registry)
         changes: dict[str, Changes] = {}
         touched_rows: dict[str, DataFrame] = {}
         try:
@@ -602,8 +599,7 @@ def micro_batch_writer(
                 spark,
                 cfg,
                 changes,
-                lambda wanted: envelopes(batch.where(F.col("topic").isin(*wanted)), cfg.encoding, avro),
-                avro,
+                lambda wanted: batch.where(F.col("topic").isin(*wanted)),
                 history,
             )
             phases = {"decode": time.monotonic() - started}  # with the schema history and the placeholders' fill

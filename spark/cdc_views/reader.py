@@ -1,9 +1,14 @@
 """The one reading library of the jobs: change topics from offset 0 -> the latest state per key.
 
 A table's topic is read with Spark's Kafka source (batch from the earliest offsets, or as a stream)
-and reduced in three steps, each a plain DataFrame transformation, so batch jobs and streaming
-micro-batches share them:
+and reduced in four steps, each a plain DataFrame transformation, so batch jobs and streaming
+micro-batches share them (``reduce_records`` runs steps 0-2):
 
+0. ``compacted(raw)``: the records Kafka's log compaction keeps, found before any is parsed: per
+   partition and key (its bytes) the last record, and where that is a tombstone the last one before
+   it with a value (its delete event). Superseded records are not parsed, decoded or checked: the
+   jobs read a topic as the log cleaner leaves it, so their result and the bad records they report
+   are the same before and after compaction runs.
 1. ``envelopes(raw, encoding, avro)`` (``cdc_views.envelope``): one row per record: the key's text
    (the row identity), its position from the ``cdc.lsn``/``cdc.commit_lsn``/``cdc.ordinal`` headers
    or, where a header is absent (``kafka.position_headers: false``), from the envelope
@@ -30,7 +35,7 @@ micro-batches share them:
 o of partition p discards every record of p below o), collects bad records, and fails with
 ``UndecodableRecords`` (partition and offset of each, up to a limit, and the count) unless
 ``on_bad_record="skip"``, in which case they are left out, counted and logged. Superseded records
-are checked as envelopes only. ``Changes.unpersist()`` frees the decoded records.
+are not checked (step 0). ``Changes.unpersist()`` frees the decoded records.
 
 Columns of the reduced rows: the table's columns, then the ``META`` columns:
 ``_cdc_key`` (key text), ``_cdc_partition``, ``_cdc_offset``, ``_cdc_lsn``, ``_cdc_commit_lsn``
@@ -180,6 +185,38 @@ def read_stream(
     if max_offsets_per_trigger:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     return reader.load()
+
+
+# --------------------------------------------------------------------------- step 0
+
+
+_CARRIED = ("topic", "partition", "offset", "key", "value", "headers")  # what ``envelopes`` reads of a record
+
+
+def compacted(raw: DataFrame) -> DataFrame:
+    """Kafka records -> the records Kafka's log compaction keeps, before any is parsed: per topic, partition and
+    key (its bytes, as the log cleaner compares them) the last record; and, where that is a tombstone, the last
+    record before it that has a value (its delete event, whose position a tombstone written without position
+    headers takes: ``latest``). A record without a key stays on its own (``envelopes`` makes it ``bad``).
+
+    So a rebuild parses what a compacted topic holds, not every superseded version of each key: the records
+    ``latest`` reduces further, and ``Changes`` checks, are the same whether or not the cleaner has run (#39:
+    the envelope's ``from_json`` of every record was half a rebuild's CPU). A group of records is one task's
+    sort-based aggregate: a key lives in one partition, which one task reads."""
+    carried = F.struct(*[c for c in _CARRIED if c in raw.columns])
+    unkeyed = F.when(F.col("key").isNull(), F.col("offset"))  # null for a keyed record: grouped by its key
+    groups = raw.groupBy(
+        F.xxhash64("key", "partition", unkeyed).alias("_hash"),  # a long first: the sort is a radix sort (latest)
+        "topic",
+        "partition",
+        F.col("key").alias("_key"),
+        unkeyed.alias("_unkeyed"),
+    ).agg(
+        F.max_by(carried, F.col("offset")).alias("last"),
+        F.max_by(carried, F.when(F.col("value").isNotNull(), F.col("offset"))).alias("before"),
+    )
+    kept = F.array("last", F.when(F.col("last.value").isNull(), F.col("before")))
+    return groups.select(F.explode(kept).alias("_r")).where(F.col("_r").isNotNull()).select("_r.*")
 
 
 # --------------------------------------------------------------------------- step 1: cdc_views.envelope
@@ -537,7 +574,7 @@ def table_changes(
     placeholders are left null (``Changes.placeholders``); the jobs fill them (``jobs.fill_placeholders``).
 
     JSON without the schema block: give ``history`` (``schema_history(source, topic_prefix, encoding)``)."""
-    raw = read_batch(spark, source, [topic])
+    raw = compacted(read_batch(spark, source, [topic]))
     avro = avro_schemas(raw, encoding, registry)
     reduced = latest(envelopes(raw, encoding, avro))
     return Changes.of(reduced, table, encoding, topic=topic, on_bad_record=on_bad_record, avro=avro, history=history)
@@ -565,7 +602,23 @@ def reduce_topics(
 
     Take a topic's part with ``.where(F.col("topic") == topic)``; ``unpersist()`` when done.
     """
-    raw = read_batch(spark, source, topics)
-    avro = avro_schemas(raw, encoding, registry)
-    reduced = latest(envelopes(raw, encoding, avro))
-    return reduced.persist(StorageLevel.MEMORY_AND_DISK), avro
+    return reduce_records(read_batch(spark, source, topics), encoding, registry)
+
+
+def reduce_records(
+    raw: DataFrame, encoding: Encoding, registry: RegistryClient | None = None
+) -> tuple[DataFrame, AvroSchemas | None]:
+    """``compacted``, ``envelopes`` and ``latest`` of Kafka records (a batch read or a micro-batch), persisted;
+    and, for format avro, the schemas of the records kept (``avro_schemas`` of those, not of every record: the
+    superseded ones are neither decoded nor looked at). ``unpersist()`` when done."""
+    kept = compacted(raw)
+    if encoding.format != "avro":
+        return latest(envelopes(kept, encoding)).persist(StorageLevel.MEMORY_AND_DISK), None
+    kept = kept.persist(StorageLevel.MEMORY_AND_DISK)  # read twice: its schema ids, then its envelopes
+    try:
+        avro = avro_schemas(kept, encoding, registry)
+        reduced = latest(envelopes(kept, encoding, avro)).persist(StorageLevel.MEMORY_AND_DISK)
+        reduced.count()  # computed while ``kept`` is still cached
+    finally:
+        kept.unpersist()
+    return reduced, avro
