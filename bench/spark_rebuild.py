@@ -230,13 +230,20 @@ def main(argv: list[str] | None = None) -> int:
         default=0.01,
         help="the update batch of the continuous phase, as a share of the records (0: no such phase)",
     )
+    parser.add_argument(
+        "--phases",
+        default="rebuild,refresh",
+        help="which phases to run, comma-separated: rebuild (count, rebuild, rebuild again), refresh (the "
+        "continuous job's catch-up and update batches)",
+    )
     args = parser.parse_args(argv)
+    phases = set(args.phases.split(","))
+    if not phases or phases - {"rebuild", "refresh"}:
+        raise SystemExit(f"error: --phases {args.phases!r}: give rebuild, refresh or both, comma-separated")
 
-    from cdc.sink.registry import RegistrySettings
-    from cdc_views.jobs import JobConfig, rebuild
     from cdc_views.reader import KafkaSource, read_batch
     from cdc_views.session import build_session
-    from cdc_views.tables import ColumnShape, Encoding, Kind, TableShape
+    from cdc_views.tables import ColumnShape, Kind, TableShape
 
     bootstrap, registry = args.bootstrap, args.registry
     avro = args.format == "avro"
@@ -282,7 +289,32 @@ def main(argv: list[str] | None = None) -> int:
         f"topic {topic} ({args.format}): {total} records, {args.partitions} partitions; Spark {spark.version}, "
         f"{args.master}"
     )
+    if "rebuild" in phases:
+        rebuild_phase(spark, source, prefix, shape, topic, total, args, registry if avro else None)
+    if args.refresh_fraction > 0 and "refresh" in phases:
+        refresh(spark, source, prefix, shape, args, total, registry if avro else None, bootstrap)
+    spark.stop()
+    return 0
+
+
+def rebuild_phase(
+    spark: Any,
+    source: Any,
+    prefix: str,
+    shape: Any,
+    topic: str,
+    total: int,
+    args: argparse.Namespace,
+    registry: str | None,
+) -> None:
+    """``--runs`` times: count the topic, rebuild the table into a fresh directory, rebuild it again; medians."""
+    from cdc.sink.registry import RegistrySettings
+    from cdc_views.jobs import JobConfig, rebuild
+    from cdc_views.reader import read_batch
+    from cdc_views.tables import Encoding
+
     timings: dict[str, list[float]] = {"count": [], "rebuild": [], "rebuild again": []}
+    rows = 0
     for run in range(1, args.runs + 1):
         work = Path(tempfile.mkdtemp(prefix="bench-warehouse-"))
         try:
@@ -292,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
                 {shape.qualified: shape},
                 work,
                 Encoding(format=args.format),
-                registry=RegistrySettings(url=registry) if avro and registry else None,
+                registry=RegistrySettings(url=registry) if registry else None,
             )
             t = time.monotonic()
             read_batch(spark, source, [topic]).count()
@@ -316,10 +348,6 @@ def main(argv: list[str] | None = None) -> int:
         )
     count_median = statistics.median(timings["count"])
     print(f"  rebuild / count: {count_median / statistics.median(timings['rebuild']):.2f} of the plain count's rate")
-    if args.refresh_fraction > 0:
-        refresh(spark, source, prefix, shape, args, total, registry if avro else None, bootstrap)
-    spark.stop()
-    return 0
 
 
 def refresh(

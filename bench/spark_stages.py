@@ -326,7 +326,7 @@ def parts(spark: Any, stages: Stages, source: Any, topic: str, encoding: Any, ro
     from pyspark.sql.types import StructType
 
     from cdc_views.envelope import _ENVELOPE
-    from cdc_views.reader import envelopes, latest, read_batch
+    from cdc_views.reader import compacted, envelopes, latest, read_batch
 
     def raw() -> Any:
         return read_batch(spark, source, [topic])
@@ -346,6 +346,8 @@ def parts(spark: Any, stages: Stages, source: Any, topic: str, encoding: Any, ro
         ),
         "envelopes()": lambda: noop(envelopes(raw(), encoding)),
         "envelopes()+latest()": lambda: noop(latest(envelopes(raw(), encoding))),
+        "compacted()": lambda: noop(compacted(raw())),
+        "compacted()+envelopes()+latest()": lambda: noop(latest(envelopes(compacted(raw()), encoding))),
     }
     seen: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
     for round_ in range(1, rounds + 1):
