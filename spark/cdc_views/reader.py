@@ -5,10 +5,9 @@ and reduced in four steps, each a plain DataFrame transformation, so batch jobs 
 micro-batches share them (``reduce_records`` runs steps 0-2):
 
 0. ``compacted(raw)``: the records Kafka's log compaction keeps, found before any is parsed: per
-   partition and key (its bytes) the last record, and where that is a tombstone the last one before
-   it with a value (its delete event). Superseded records are not parsed, decoded or checked: the
-   jobs read a topic as the log cleaner leaves it, so their result and the bad records they report
-   are the same before and after compaction runs.
+   partition and key (its bytes) the last record. Superseded records (a tombstone's delete event
+   among them) are not parsed, decoded or checked: the jobs read a topic as the log cleaner leaves
+   it, so their result and the bad records they report are the same before and after compaction.
 1. ``envelopes(raw, encoding, avro)`` (``cdc_views.envelope``): one row per record: the key's text
    (the row identity), its position from the ``cdc.lsn``/``cdc.commit_lsn``/``cdc.ordinal`` headers
    or, where a header is absent (``kafka.position_headers: false``), from the envelope
@@ -20,8 +19,9 @@ micro-batches share them (``reduce_records`` runs steps 0-2):
    ``{"__cdc_truncate_partition":p}``, still recognised) or ``bad`` (key or value that is not what
    the connector writes; with a reason).
 2. ``latest(envelopes)``: the last record of each key in offset order (a key lives in one
-   partition), a tombstone without a position taking its delete event's (the key's last record with
-   one); markers (one key on every partition) keep their latest per partition; every bad
+   partition), a tombstone without a position taking its delete event's where the records read hold
+   it (the jobs read ``compacted`` records, where they do not: such a delete has no position, and is
+   applied whatever the row's); markers (one key on every partition) keep their latest per partition; every bad
    record stays, on its own.
 3. ``decode_rows(latest, table, encoding, avro)``: the ``after`` of each row parsed and converted to
    typed columns (see ``decode``); a present value that does not convert makes the record ``bad``.
@@ -190,33 +190,28 @@ def read_stream(
 # --------------------------------------------------------------------------- step 0
 
 
-_CARRIED = ("topic", "partition", "offset", "key", "value", "headers")  # what ``envelopes`` reads of a record
-
-
 def compacted(raw: DataFrame) -> DataFrame:
     """Kafka records -> the records Kafka's log compaction keeps, before any is parsed: per topic, partition and
-    key (its bytes, as the log cleaner compares them) the last record; and, where that is a tombstone, the last
-    record before it that has a value (its delete event, whose position a tombstone written without position
-    headers takes: ``latest``). A record without a key stays on its own (``envelopes`` makes it ``bad``).
+    key (its bytes, as the log cleaner compares them) the last record. A record without a key stays on its own
+    (``envelopes`` makes it ``bad``). A tombstone's delete event is superseded too, so a tombstone written
+    without position headers has no position, as it has once the cleaner has run; a delete without a position
+    is applied whatever the row's (``warehouse.NOT_OLDER``).
 
     So a rebuild parses what a compacted topic holds, not every superseded version of each key: the records
     ``latest`` reduces further, and ``Changes`` checks, are the same whether or not the cleaner has run (#39:
-    the envelope's ``from_json`` of every record was half a rebuild's CPU). A group of records is one task's
-    sort-based aggregate: a key lives in one partition, which one task reads."""
-    carried = F.struct(*[c for c in _CARRIED if c in raw.columns])
+    the envelope's ``from_json`` of every record was half a rebuild's CPU). One sort-based aggregate, carrying
+    only what the grouping does not give (a key lives in one partition, which one task reads, so its partial
+    aggregate already keeps one record per key)."""
+    carried = F.struct(*[c for c in ("offset", "value", "headers") if c in raw.columns])
     unkeyed = F.when(F.col("key").isNull(), F.col("offset"))  # null for a keyed record: grouped by its key
-    groups = raw.groupBy(
-        F.xxhash64("key", "partition", unkeyed).alias("_hash"),  # a long first: the sort is a radix sort (latest)
+    last = raw.groupBy(
+        F.xxhash64("key", "partition", unkeyed).alias("_hash"),  # a long first: its sort prefix tells groups apart
         "topic",
         "partition",
-        F.col("key").alias("_key"),
+        "key",
         unkeyed.alias("_unkeyed"),
-    ).agg(
-        F.max_by(carried, F.col("offset")).alias("last"),
-        F.max_by(carried, F.when(F.col("value").isNotNull(), F.col("offset"))).alias("before"),
-    )
-    kept = F.array("last", F.when(F.col("last.value").isNull(), F.col("before")))
-    return groups.select(F.explode(kept).alias("_r")).where(F.col("_r").isNotNull()).select("_r.*")
+    ).agg(F.max_by(carried, F.col("offset")).alias("_last"))
+    return last.select("topic", "partition", "key", "_last.*")
 
 
 # --------------------------------------------------------------------------- step 1: cdc_views.envelope
@@ -225,8 +220,8 @@ def compacted(raw: DataFrame) -> DataFrame:
 
 def latest(env: DataFrame) -> DataFrame:
     """The last record of each key (offset order); each bad record kept on its own. A last record without a
-    position (a tombstone written without position headers) takes the key's last record with one: its
-    delete event, the record before it."""
+    position (a tombstone written without position headers) takes the key's last record with one among
+    ``env``: its delete event, the record before it, when ``env`` holds it (not after ``compacted``)."""
     group = (
         F.when(
             F.col("record") == "bad",
