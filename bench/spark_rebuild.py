@@ -26,6 +26,8 @@ the declared view recomputed; ``--refresh-fraction``) is measured; the median is
 batches stay in the topic: a later invocation counts them among the topic's records. The topic is reused by
 later runs with the same ``--records`` (``--fresh-topic`` to produce it again).
 
+``--phases rebuild`` or ``--phases refresh`` runs one of the two parts alone (both by default).
+
 ``--format avro`` produces the topic with the connector's ``AvroSerializer`` instead (Confluent wire
 format; the local services then include the schema registry, or give ``--registry``) and runs the
 jobs with format avro.

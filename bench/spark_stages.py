@@ -21,7 +21,8 @@ Steps, each a Spark job group, timed on the wall clock, in the order the batch j
 ``--parts N`` instead times the parts of the read on their own, into Spark's ``noop`` sink, N rounds (medians
 printed): ``count``; the key and value cast to text; ``from_json`` of every value with the envelope's schema,
 and with that schema less ``after`` (what a first pass that leaves the row to the decode would parse);
-the same and the key's ``from_json`` to a map; ``envelopes()``; ``envelopes()`` then ``latest()``. The
+the same and the key's ``from_json`` to a map; ``envelopes()``; ``envelopes()`` then ``latest()``;
+``compacted()`` alone, and then ``envelopes()`` and ``latest()`` of the records it keeps (the jobs' read). The
 gap between the count and ``from_json`` alone is what any rebuild that parses every record pays (JSON).
 
 Per step: the wall time, how much of it some Spark stage was running (the rest is the driver's: planning,
