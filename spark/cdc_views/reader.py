@@ -565,14 +565,18 @@ def table_changes(
     registry: RegistryClient | None = None,
     history: SchemaHistory | None = None,
 ) -> Changes:
-    """A batch read of one table's topic from offset 0, reduced to its latest state (not cached). Unchanged-TOAST
+    """A batch read of one table's topic from offset 0, reduced to its latest state (``reduce_records``; the decoded
+    records are persisted: ``Changes.unpersist()`` when done). Unchanged-TOAST
     placeholders are left null (``Changes.placeholders``); the jobs fill them (``jobs.fill_placeholders``).
 
     JSON without the schema block: give ``history`` (``schema_history(source, topic_prefix, encoding)``)."""
-    raw = compacted(read_batch(spark, source, [topic]))
-    avro = avro_schemas(raw, encoding, registry)
-    reduced = latest(envelopes(raw, encoding, avro))
-    return Changes.of(reduced, table, encoding, topic=topic, on_bad_record=on_bad_record, avro=avro, history=history)
+    reduced, avro = reduce_records(read_batch(spark, source, [topic]), encoding, registry)
+    try:
+        return Changes.of(
+            reduced, table, encoding, topic=topic, on_bad_record=on_bad_record, avro=avro, history=history
+        )
+    finally:
+        reduced.unpersist()  # the decoded records are persisted now (Changes.decoded): ``rows`` reads those
 
 
 def schema_history(source: KafkaSource, topic_prefix: str, encoding: Encoding) -> SchemaHistory | None:
