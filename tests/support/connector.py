@@ -92,10 +92,16 @@ class Connector:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def log_events(self) -> list[dict[str, Any]]:
+        """Every JSON log event. Several processes (the daemon and its snapshot workers) write to one file, and
+        one killed between an event and its newline leaves the next event on the same line: each line is
+        read as a run of JSON objects (one that does not parse still raises)."""
         events = []
+        decoder = json.JSONDecoder()
         for line in self.output().splitlines():
-            if line.startswith("{"):
-                events.append(json.loads(line))
+            at = 0
+            while line.startswith("{", at):
+                event, at = decoder.raw_decode(line, at)
+                events.append(event)
         return events
 
 
