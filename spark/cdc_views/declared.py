@@ -143,6 +143,26 @@ def group_lineage(sql: str, key: Sequence[str], tables: Mapping[str, Sequence[st
     return KeyLineage(table=table, columns=columns)
 
 
+def grouped_by_exactly(sql: str, columns: Iterable[str]) -> bool:
+    """Whether the query's one SELECT groups by exactly ``columns`` (plain columns, each once, nothing else): its
+    rows are then one per value of them. Conservative: False when it cannot tell."""
+    import sqlglot
+    from sqlglot import exp
+    from sqlglot.errors import ParseError
+
+    try:
+        tree = sqlglot.parse_one(sql, read="spark")
+    except ParseError:
+        return False
+    selects = list(tree.find_all(exp.Select))
+    group = selects[0].args.get("group") if len(selects) == 1 else None
+    if group is None or not group.expressions:
+        return False
+    names = [c.name for c in group.expressions if isinstance(c, exp.Column)]
+    wanted = set(columns)
+    return len(names) == len(group.expressions) == len(set(names)) == len(wanted) and set(names) == wanted
+
+
 # --------------------------------------------------------------------------- indexes
 
 

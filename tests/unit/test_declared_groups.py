@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from cdc.declared import KeyLineage, NoKeyLineage
-from cdc_views.declared import group_lineage
+from cdc_views.declared import group_lineage, grouped_by_exactly
 
 COLUMNS = {
     "public.orders": ["id", "customer_id", "status", "amount"],
@@ -105,3 +105,37 @@ def test_anything_else_is_recomputed_whole_and_says_why(sql: str, key: list[str]
     found = group_lineage(sql, key, COLUMNS)
     assert isinstance(found, NoKeyLineage)
     assert reason in found.reason
+
+
+@pytest.mark.parametrize(
+    ("sql", "columns", "unique"),
+    [
+        ("SELECT customer_id, count(*) AS n FROM public_orders GROUP BY customer_id", ["customer_id"], True),
+        (
+            "SELECT o.customer_id AS customer, o.status, count(*) AS n FROM public_orders o "
+            "GROUP BY o.status, o.customer_id HAVING count(*) > 1",
+            ["customer_id", "status"],
+            True,
+        ),
+        (  # a further column grouped by: several rows may share the key
+            "SELECT o.customer_id, c.name, sum(o.amount) AS total FROM public_orders o "
+            "LEFT JOIN public_customers c ON c.id = o.customer_id GROUP BY o.customer_id, c.name",
+            ["customer_id"],
+            False,
+        ),
+        (  # the same name from two tables
+            "SELECT o.id, count(*) AS n FROM public_orders o JOIN public_customers c ON c.id = o.customer_id "
+            "GROUP BY o.id, c.id",
+            ["id"],
+            False,
+        ),
+        ("SELECT customer_id, max(amount) AS top FROM public_orders GROUP BY 1", ["customer_id"], False),
+        ("SELECT customer_id, amount FROM public_orders", ["customer_id"], False),
+        ("SELECT customer_id FROM (SELECT * FROM public_orders) GROUP BY customer_id", ["customer_id"], False),
+        ("SELECT FROM WHERE", ["customer_id"], False),
+    ],
+)
+def test_grouped_by_exactly_its_key_says_whether_a_view_has_one_row_per_key(
+    sql: str, columns: list[str], unique: bool
+) -> None:
+    assert grouped_by_exactly(sql, columns) is unique
