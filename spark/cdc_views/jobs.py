@@ -22,6 +22,8 @@ one table, the whole view otherwise; the log says which). A restart continues fr
 
 from __future__ import annotations
 
+import functools
+import operator
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +36,6 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
-from pyspark.sql.types import StructType
 
 from cdc import declared as declared_model
 from cdc.declared import DeclaredIndex, DeclaredView, KeyLineage, NoKeyLineage, SparkSection
@@ -61,7 +62,7 @@ log = structlog.get_logger("cdc_views.jobs")
 
 View = Literal["warehouse", "declared"]
 ALL_VIEWS: tuple[View, ...] = ("warehouse", "declared")
-FULL_REFRESH_ABOVE = 20_000  # touched keys in one micro-batch above which a view is recomputed whole
+FULL_REFRESH_ABOVE = 20_000  # touched keys in one micro-batch above which an index is built whole (they are collected)
 JSON_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"}  # to_json keeps microseconds
 
 
@@ -383,7 +384,9 @@ def _write_index(
     if keys is None:
         count = declared.build_index(index, documents, path)
     else:
-        count = declared.update_index(index, documents, [declared.document_id(v[0]) for v in keys.values], path)
+        values = keys.values
+        assert values is not None  # _refresh_declared builds an index whole when they were too many to collect
+        count = declared.update_index(index, documents, [declared.document_id(v[0]) for v in values], path)
     _pending_file(path).unlink(missing_ok=True)
     log.info("index_written", index=index.name, documents=count, job=job, **_refreshed(keys, reason))
     return count
@@ -391,7 +394,7 @@ def _write_index(
 
 def _refreshed(keys: TouchedKeys | None, reason: str) -> dict[str, object]:
     """What ``view_written`` and ``index_written`` say of how: by keys or by groups (how many), or whole, and why."""
-    return {"mode": keys.by if keys else "whole", "keys": len(keys.values) if keys else None, "reason": reason}
+    return {"mode": keys.by if keys else "whole", "keys": keys.count if keys else None, "reason": reason}
 
 
 def _query(
@@ -402,9 +405,9 @@ def _query(
     if keys is None:
         declared.register(frames)
         return spark.sql(sql), None
-    touched = spark.createDataFrame(keys.values, keys.schema)
+    touched = keys.frame
     restricted = dict(frames)
-    restricted[keys.lineage.table] = frames[keys.lineage.table].join(touched, list(keys.schema.names), "left_semi")
+    restricted[keys.lineage.table] = frames[keys.lineage.table].join(touched, list(touched.columns), "left_semi")
     declared.register(restricted)
     return spark.sql(sql), touched
 
@@ -419,12 +422,23 @@ def _declaration_file(path: Path) -> Path:
 @dataclass(frozen=True)
 class TouchedKeys:
     """The values of ``lineage.table``'s lineage columns (its key, or the columns a view groups by: ``by``)
-    that a micro-batch's rows had before or after it, as rows of ``schema``."""
+    that a micro-batch's rows had before or after it: ``frame`` (distinct, computed before the batch is merged
+    and kept: a local checkpoint, never computed again from the merged table), ``count`` of them.
+
+    A view's refresh joins ``frame`` (#39: collecting the values and sending them back from Python cost
+    seconds per batch, and capped a refresh by keys at ``FULL_REFRESH_ABOVE``); an index takes its document
+    ids from ``values``, collected when there are at most ``FULL_REFRESH_ABOVE`` (None: too many)."""
 
     lineage: KeyLineage
-    values: list[tuple[object, ...]]
-    schema: StructType
+    frame: DataFrame
+    count: int
     by: Literal["keys", "groups"] = "keys"
+
+    @functools.cached_property
+    def values(self) -> list[tuple[object, ...]] | None:
+        if self.count > FULL_REFRESH_ABOVE:
+            return None
+        return [tuple(r) for r in self.frame.collect()]
 
 
 Touched = tuple[str, str, tuple[str, ...]]  # by keys or groups, table, columns: what TouchedKeys are taken by
@@ -520,14 +534,15 @@ def _touched_keys(plan: Refresh, change: Changes, touched_rows: Callable[[], Dat
     if change.truncates:
         return "the batch truncates " + lineage.table
     columns = list(dict.fromkeys(lineage.columns.values()))
-    rows = touched_rows().select(*columns).distinct()
-    values = [tuple(r) for r in rows.limit(FULL_REFRESH_ABOVE + 1).collect()]
-    what = "keys" if plan.by == "keys" else "groups"
-    if len(values) > FULL_REFRESH_ABOVE:
-        return f"the batch touched more than {FULL_REFRESH_ABOVE} {what} of {lineage.table}"
-    if plan.by == "groups" and any(v is None for value in values for v in value):
+    # eager: computed now, while the warehouse table still holds the rows' values before the batch
+    rows = touched_rows().select(*columns).distinct().localCheckpoint(eager=True)
+    null = functools.reduce(operator.or_, [F.col(c).isNull() for c in columns])
+    found = rows.agg(F.count(F.lit(1)).alias("n"), F.count(F.when(null, 1)).alias("nulls")).first()
+    assert found is not None
+    if plan.by == "groups" and found["nulls"]:
+        rows.unpersist()
         return f"the batch touched a group of {lineage.table} with a null in {', '.join(columns)}"
-    return TouchedKeys(lineage, values, rows.schema, plan.by)
+    return TouchedKeys(lineage, rows, int(found["n"]), plan.by)
 
 
 def _by_keys(refresh: Refresh, path: Path, declaration: str, touched: set[str], interrupted: bool) -> str | None:
@@ -634,6 +649,7 @@ def micro_batch_writer(
         reduced, avro = reduce_records(batch, cfg.encoding, registry)
         changes: dict[str, Changes] = {}
         touched_rows: dict[str, DataFrame] = {}
+        keys: dict[Touched, TouchedKeys | str] = {}
         try:
             present = [by_topic[r[0]] for r in reduced.select("topic").distinct().collect() if r[0] in by_topic]
             found = Changes.of_topics(
@@ -649,7 +665,6 @@ def micro_batch_writer(
             )
             phases = {"decode": time.monotonic() - started}  # with the schema history and the placeholders' fill
             # before the merge: the warehouse still has the old rows
-            keys: dict[Touched, TouchedKeys | str] = {}
             for plan in plans.values():
                 touched = plan.touched
                 if touched and set(changes) & plan.reads == {touched[1]} and touched not in keys:
@@ -684,6 +699,9 @@ def micro_batch_writer(
             reduced.unpersist()
             for rows in touched_rows.values():
                 rows.unpersist()
+            for selected in keys.values():
+                if isinstance(selected, TouchedKeys):
+                    selected.frame.unpersist()
             for change in changes.values():
                 change.unpersist()
 
@@ -727,6 +745,8 @@ def _refresh_declared(
             unique = by_keys is not None and plan.unique
             _write_view(spark, cfg, declaration, frames, job=job, keys=by_keys, reason=reason, unique=unique)
         else:
+            if by_keys is not None and by_keys.values is None:
+                by_keys, reason = None, f"recomputed whole: the batch touched more than {FULL_REFRESH_ABOVE} keys"
             _write_index(spark, cfg, declaration, frames, job=job, keys=by_keys, reason=reason)
 
 
