@@ -455,7 +455,7 @@ class Refresh:
     lineage: KeyLineage | None
     reason: str
     by: Literal["keys", "groups"] = "keys"
-    unique: bool = False  # one view row per key by construction: a refresh by keys need not check it
+    unique: bool = False  # one view row per key by the SQL alone (grouped by exactly the key): not checked again
 
     @property
     def touched(self) -> Touched | None:
@@ -519,10 +519,9 @@ def refresh_plan(spark: SparkSession, cfg: JobConfig, name: str, sql: str, key: 
         reason = f"the groups ({grouped_by}) of {lineage.table} a batch touched, when it touched no other table"
         # grouped by exactly its key: one row per key. Else (more columns grouped by) each refresh checks.
         return Refresh(reads, lineage, reason, by, unique=declared.grouped_by_exactly(sql, lineage.columns.values()))
-    # the rows of one table, whose key is the view's, unjoined: one row per key (a join may repeat a row)
-    unique = not any(n.startswith("Join") for n in nodes)
-    reason = f"the keys of {lineage.table} a batch touched, when it touched no other table"
-    return Refresh(reads, lineage, reason, unique=unique)
+    # By keys the check stays: the warehouse holds one row per Kafka key, and two keys may still carry the same
+    # key columns (rows captured before a change of the table's primary key), let alone what a join repeats.
+    return Refresh(reads, lineage, f"the keys of {lineage.table} a batch touched, when it touched no other table")
 
 
 def _touched_keys(plan: Refresh, change: Changes, touched_rows: Callable[[], DataFrame]) -> TouchedKeys | str:
@@ -534,13 +533,14 @@ def _touched_keys(plan: Refresh, change: Changes, touched_rows: Callable[[], Dat
     if change.truncates:
         return "the batch truncates " + lineage.table
     columns = list(dict.fromkeys(lineage.columns.values()))
-    # eager: computed now, while the warehouse table still holds the rows' values before the batch
+    # eager: computed now, while the warehouse table still holds the rows' values before the batch; a local
+    # checkpoint, not a cache, so that a lost block fails the batch instead of being recomputed from the merged
+    # table. Spark's ContextCleaner frees its blocks once the frame is no longer referenced.
     rows = touched_rows().select(*columns).distinct().localCheckpoint(eager=True)
     null = functools.reduce(operator.or_, [F.col(c).isNull() for c in columns])
     found = rows.agg(F.count(F.lit(1)).alias("n"), F.count(F.when(null, 1)).alias("nulls")).first()
     assert found is not None
     if plan.by == "groups" and found["nulls"]:
-        rows.unpersist()
         return f"the batch touched a group of {lineage.table} with a null in {', '.join(columns)}"
     return TouchedKeys(lineage, rows, int(found["n"]), plan.by)
 
@@ -699,9 +699,6 @@ def micro_batch_writer(
             reduced.unpersist()
             for rows in touched_rows.values():
                 rows.unpersist()
-            for selected in keys.values():
-                if isinstance(selected, TouchedKeys):
-                    selected.frame.unpersist()
             for change in changes.values():
                 change.unpersist()
 
