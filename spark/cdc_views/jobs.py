@@ -141,19 +141,26 @@ def merge_view(
         count = changed.count()
         if count == 0:
             return 0
-        condition = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in key)
-        assignments: dict[str, str | Column] = {f"`{c}`": f"s.`{c}`" for c in source.columns}
-        (
-            table.alias("t")
-            .merge(changed.alias("s"), condition)
-            .whenMatchedDelete(condition="s._view_delete")
-            .whenMatchedUpdate(condition="t._view_hash <> s._view_hash", set=assignments)
-            .whenNotMatchedInsert(condition="NOT s._view_delete", values=assignments)
-            .execute()
-        )
+        _view_merge(table, changed, key, source.columns)
         return count
     finally:
         changed.unpersist()
+
+
+def _view_merge(table: DeltaTable, changes: DataFrame, key: Sequence[str], columns: Sequence[str]) -> DataFrame:
+    """MERGE ``changes`` (the view's ``columns``, ``_view_hash`` among them, and ``_view_delete``) into the view on
+    its key: a delete where flagged, an update where the content hash differs, an insert of a new key; returns
+    Delta's metrics of the MERGE (``num_affected_rows``...)."""
+    condition = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in key)
+    assignments: dict[str, str | Column] = {f"`{c}`": f"s.`{c}`" for c in columns}
+    return (
+        table.alias("t")
+        .merge(changes.alias("s"), condition)
+        .whenMatchedDelete(condition="s._view_delete")
+        .whenMatchedUpdate(condition="t._view_hash <> s._view_hash", set=assignments)
+        .whenNotMatchedInsert(condition="NOT s._view_delete", values=assignments)
+        .execute()
+    )
 
 
 def _merge_scoped(
@@ -173,17 +180,7 @@ def _merge_scoped(
         F.col("_view_hash"),
         F.col("_view_hash").isNull().alias("_view_delete"),
     )
-    condition = " AND ".join(f"t.`{k}` <=> s.`{k}`" for k in key)
-    assignments: dict[str, str | Column] = {f"`{c}`": f"s.`{c}`" for c in source.columns}
-    metrics = (
-        table.alias("t")
-        .merge(merged.alias("s"), condition)
-        .whenMatchedDelete(condition="s._view_delete")
-        .whenMatchedUpdate(condition="t._view_hash <> s._view_hash", set=assignments)
-        .whenNotMatchedInsert(condition="NOT s._view_delete", values=assignments)
-        .execute()
-        .collect()
-    )
+    metrics = _view_merge(table, merged, key, source.columns).collect()
     return int(metrics[0]["num_affected_rows"]) if metrics else -1
 
 
