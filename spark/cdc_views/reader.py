@@ -493,6 +493,8 @@ Summary = tuple[dict[int, int], int, list[BadRecord], int]
 def _summaries(decoded: Sequence[DataFrame]) -> dict[str, Summary]:
     """Per topic: truncate markers per partition, bad records (count, first few) and rows holding the
     unchanged-TOAST placeholder (count); one Spark job."""
+    if not decoded:  # a micro-batch with no record, e.g. the first one over empty topics
+        return {}
     columns = ["topic", "record", "partition", "offset", "reason"]
     holds = (F.col("record") == "row") & F.col(PLACEHOLDERS).isNotNull()
     special = functools.reduce(

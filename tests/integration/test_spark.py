@@ -115,6 +115,28 @@ def test_a_topic_that_does_not_exist_is_a_clear_error(spark: Any, shop: Captured
         jobs.rebuild(spark, cfg, ["warehouse"])
 
 
+def test_the_continuous_job_started_on_empty_topics_runs_their_empty_batch_and_writes_nothing(
+    spark: Any, services: dev.Endpoints, shop: CapturedDatabase, tmp_path: Path
+) -> None:
+    prefix = f"empty_{secrets.token_hex(3)}"
+    shapes = {"public.customers": shop.shapes()["public.customers"]}
+    topic, history = f"{prefix}.public.customers", schema_history_topic(prefix)
+    admin = AdminClient({"bootstrap.servers": services.kafka_bootstrap})
+    for created in admin.create_topics([NewTopic(topic, 3, 1), NewTopic(history, 1, 1)]).values():
+        created.result(timeout=30)
+    try:
+        cfg = jobs.JobConfig(KafkaSource(services.kafka_bootstrap), prefix, shapes, tmp_path / "warehouse")
+        query = jobs.start_continuous(spark, cfg, available_now=True)
+        query.awaitTermination(300)
+
+        assert query.exception() is None
+        assert [p["numInputRows"] for p in query.recentProgress] == [0]  # Spark ran the first, empty, batch
+        assert not (cfg.warehouse / "tables" / "public.customers").exists()
+    finally:
+        for deleted in admin.delete_topics([topic, history], operation_timeout=30).values():
+            deleted.result(timeout=60)
+
+
 def test_records_that_do_not_decode_fail_the_job_unless_told_to_skip(
     spark: Any, services: dev.Endpoints, shop: CapturedDatabase, tmp_path: Path
 ) -> None:
