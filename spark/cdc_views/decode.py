@@ -160,9 +160,20 @@ def unscaled_decimal_text(b64: Column) -> tuple[Column, Column]:
     return F.when(negative, F.lit("-")).otherwise(F.lit("")), digits
 
 
-def _scientific(sign: Column, digits: Column, scale: int) -> Column:
-    """``<sign><digits>E-<scale>``: exact when cast to a decimal (Java's BigDecimal parses it)."""
-    return F.concat(sign, digits, F.lit(f"E-{scale}"))
+def signed_unscaled_text(b64: Column) -> Column:
+    """The signed digits (``-123``) of a base64 big-endian two's-complement integer of at most 16 bytes; null
+    beyond. Up to 8 bytes (every unscaled value of a precision up to 18), one ``conv`` of the value sign-extended
+    to 64 bits and read as signed (#39: a third of ``unscaled_decimal_text``'s cost: no complement, no second
+    half, no decimal arithmetic); longer, ``unscaled_decimal_text``, its reference."""
+    hexed = F.hex(F.unbase64(b64))
+    word = F.when(F.substring(hexed, 1, 1) >= F.lit("8"), F.lpad(hexed, 16, "F")).otherwise(F.lpad(hexed, 16, "0"))
+    sign, digits = unscaled_decimal_text(b64)
+    return F.when(F.length(hexed) <= 16, F.conv(word, 16, -10)).otherwise(F.concat(sign, digits))
+
+
+def _scientific(signed: Column, scale: int | Column) -> Column:
+    """``<signed digits>E-<scale>``: exact when cast to a decimal (Java's BigDecimal parses it)."""
+    return F.concat(signed, F.lit("E-"), scale if isinstance(scale, Column) else F.lit(str(scale)))
 
 
 def _let(value: Column, body: Callable[[Column], Column]) -> Column:
@@ -198,12 +209,12 @@ def _decimal(raw: Column, column: ColumnShape, encoding: Encoding, scale: Column
         return raw.try_cast(DoubleType())
     if encoding.decimal_handling == "string":
         return raw.try_cast(target)
-    sign, digits = unscaled_decimal_text(raw)
+    signed = signed_unscaled_text(raw)
     if scale is None:
-        return F.when(_is_base64(raw), _scientific(sign, digits, column.scale).try_cast(target))
+        return F.when(_is_base64(raw), _scientific(signed, column.scale).try_cast(target))
     # The record's own scale (rounded half up to the column's, as PostgreSQL rounded the table, when it shrank)
     exponent = F.coalesce(scale, F.lit(column.scale)).cast(StringType())
-    return F.when(_is_base64(raw), F.concat(sign, digits, F.lit("E-"), exponent).try_cast(target))
+    return F.when(_is_base64(raw), _scientific(signed, exponent).try_cast(target))
 
 
 def _decimal_text(raw: Column, encoding: Encoding) -> Column:
