@@ -22,7 +22,8 @@ micro-batches share them (``reduce_records`` runs steps 0-2):
    partition), a tombstone without a position taking its delete event's where the records read hold
    it (the jobs read ``compacted`` records, where they do not: such a delete has no position, and is
    applied whatever the row's); markers (one key on every partition) keep their latest per partition; every bad
-   record stays, on its own.
+   record stays, on its own. After step 0 this rarely changes anything: ``reduce_records`` runs it
+   (``latest_of_kept``) only where two kept records share a group, which one small aggregate checks.
 3. ``decode_rows(latest, table, encoding, avro)``: the ``after`` of each row parsed and converted to
    typed columns (see ``decode``); a present value that does not convert makes the record ``bad``.
    JSON without the schema block: each Decimal at the scale of its table's version in force at the
@@ -222,17 +223,7 @@ def latest(env: DataFrame) -> DataFrame:
     """The last record of each key (offset order); each bad record kept on its own. A last record without a
     position (a tombstone written without position headers) takes the key's last record with one among
     ``env``: its delete event, the record before it, when ``env`` holds it (not after ``compacted``)."""
-    group = (
-        F.when(
-            F.col("record") == "bad",
-            F.concat(
-                F.lit("\u0000bad:"), F.col("partition").cast("string"), F.lit(":"), F.col("offset").cast("string")
-            ),
-        )
-        # every partition's markers share one key: the latest marker of each partition counts
-        .when(F.col("record") == "truncate", F.concat(F.lit("\u0000truncate:"), F.col("partition").cast("string")))
-        .otherwise(F.col("key"))
-    )
+    group = _latest_group()
     carried = [c for c in env.columns if c not in ("topic",)]
     positioned = F.when(F.col("lsn").isNotNull(), F.col("offset"))  # max_by skips a null ordering
     # max_by over a struct has no fixed-width buffer, so Spark aggregates by sorting every record on the
@@ -252,6 +243,49 @@ def latest(env: DataFrame) -> DataFrame:
         n: F.when(inherit, F.col(f"_pos.{n}")).otherwise(F.col(f"last.{n}")) for n in ("lsn", "commit_lsn", "ordinal")
     }
     return reduced.select("topic", *[position[c].alias(c) if c in position else F.col(f"last.{c}") for c in carried])
+
+
+def _latest_group() -> Column:
+    """What ``latest`` reduces by: the key text; a bad record's own partition and offset; a partition's markers."""
+    return (
+        F.when(
+            F.col("record") == "bad",
+            F.concat(
+                F.lit("\u0000bad:"), F.col("partition").cast("string"), F.lit(":"), F.col("offset").cast("string")
+            ),
+        )
+        # every partition's markers share one key: the latest marker of each partition counts
+        .when(F.col("record") == "truncate", F.concat(F.lit("\u0000truncate:"), F.col("partition").cast("string")))
+        .otherwise(F.col("key"))
+    )
+
+
+def latest_of_kept(env: DataFrame) -> DataFrame:
+    """``latest(env)`` of the envelopes of ``compacted`` records, persisted (``unpersist()`` when done).
+
+    ``compacted`` already kept one record per partition and key bytes, so ``latest`` changes nothing unless two
+    kept records share its group: a key's text in two partitions (a topic whose partition count changed), two
+    encodings of one key (Avro keys under two schema ids), a partition's truncate markers under two key shapes.
+    One aggregate of the groups alone (no envelope carried) checks that; where none is shared the envelopes are
+    the result, else ``latest`` runs over them (#39: its sort-based aggregate shuffled every kept envelope, its
+    ``after`` text included, only to find each alone in its group). The same rows and columns either way."""
+    env = env.persist(StorageLevel.MEMORY_AND_DISK)
+    group = _latest_group()
+    shared = (
+        env.groupBy(F.xxhash64("topic", group).alias("_hash"), "topic", group.alias("_group"))
+        .count()
+        .where(F.col("count") > 1)
+        .limit(1)
+        .collect()
+    )
+    if not shared:
+        return env
+    try:
+        reduced = latest(env).persist(StorageLevel.MEMORY_AND_DISK)
+        reduced.count()  # computed while ``env`` is still cached
+    finally:
+        env.unpersist()
+    return reduced
 
 
 # --------------------------------------------------------------------------- step 3
@@ -614,12 +648,11 @@ def reduce_records(
     superseded ones are neither decoded nor looked at). ``unpersist()`` when done."""
     kept = compacted(raw)
     if encoding.format != "avro":
-        return latest(envelopes(kept, encoding)).persist(StorageLevel.MEMORY_AND_DISK), None
+        return latest_of_kept(envelopes(kept, encoding)), None
     kept = kept.persist(StorageLevel.MEMORY_AND_DISK)  # read twice: its schema ids, then its envelopes
     try:
         avro = avro_schemas(kept, encoding, registry)
-        reduced = latest(envelopes(kept, encoding, avro)).persist(StorageLevel.MEMORY_AND_DISK)
-        reduced.count()  # computed while ``kept`` is still cached
+        reduced = latest_of_kept(envelopes(kept, encoding, avro))  # computed while ``kept`` is still cached
     finally:
         kept.unpersist()
     return reduced, avro

@@ -17,6 +17,7 @@ from cdc.event import ChangeEvent, Column, Op, PgType, TableSchema
 from cdc.lsn import Lsn
 from cdc.sink.json import JsonSerializer, JsonSettings
 from cdc.values import Interval
+from cdc_views import reader
 from cdc_views.decode import decode, failed
 from cdc_views.reader import envelopes
 from cdc_views.tables import ColumnShape, Encoding, Kind
@@ -231,3 +232,62 @@ def test_position_headers_absent_fall_back_to_the_envelope_and_malformed_make_th
     assert (got[2]["record"], got[2]["reason"]) == ("bad", "header cdc.lsn is not an integer")
     assert (got[3]["record"], got[3]["lsn"], got[3]["commit_lsn"], got[3]["ordinal"]) == ("row", 300, 250, None)
     assert (got[4]["record"], got[4]["lsn"], got[4]["commit_lsn"], got[4]["ordinal"]) == ("row", 300, 300, None)
+
+
+def test_reduce_records_is_latest_of_every_kept_envelope_whether_or_not_kept_records_share_a_key(
+    spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``reduce_records`` skips ``latest``'s aggregate when no two records ``compacted`` kept share its group,
+    and runs it when some do (a key's text in two partitions, a partition's truncate markers under two key
+    shapes): both give what ``latest`` of the kept envelopes gives, its reference."""
+
+    def envelope(op: str, after: dict[str, Any] | None, lsn: int) -> bytes:
+        return json.dumps({"op": op, "after": after, "source": {"lsn": lsn, "ts_ms": 1}}).encode()
+
+    topic = "p.public.t"
+    one_partition_per_key = [
+        (b'{"id":1}', envelope("c", {"id": 1, "v": "a"}, 100), topic, 0, 0, []),
+        (b'{"id":1}', envelope("u", {"id": 1, "v": "b"}, 110), topic, 0, 1, []),
+        (b'{"id":2}', envelope("c", {"id": 2, "v": "a"}, 120), topic, 1, 0, []),
+        (b'{"id":2}', envelope("d", None, 130), topic, 1, 1, []),
+        (b'{"id":2}', None, topic, 1, 2, []),  # the tombstone
+        (b'{"id":3}', b"{not json", topic, 2, 0, []),
+        (b'{"id":4}', b"{not json", topic, 2, 1, []),  # bad, and the last of its key
+        (b'{"id":3}', envelope("c", {"id": 3, "v": "a"}, 140), topic, 2, 2, [("cdc.lsn", b"140")]),
+        (b'{"id":null}', envelope("t", None, 150), topic, 0, 2, []),
+        (None, envelope("c", {"id": 5, "v": "a"}, 160), topic, 2, 3, []),  # no key: bad, on its own
+    ]
+    shared = [
+        *one_partition_per_key,
+        (b'{"id":1}', envelope("u", {"id": 1, "v": "c"}, 170), topic, 1, 3, []),  # id 1 in partition 1 too
+        (b'{"__cdc_truncate_partition":0}', envelope("t", None, 180), topic, 0, 3, []),  # a marker's old shape
+    ]
+    schema = (
+        "key binary, value binary, topic string, partition int, offset long, "
+        "headers array<struct<key:string,value:binary>>"
+    )
+    calls: list[int] = []
+    for records, aggregated in ((one_partition_per_key, False), (shared, True)):
+        raw = spark.createDataFrame(records, schema)
+        expected = sorted(
+            (r.asDict() for r in reader.latest(envelopes(reader.compacted(raw), Encoding())).collect()),
+            key=lambda r: (r["partition"], r["offset"]),
+        )
+        original = reader.latest
+
+        def counted(env: Any, original: Any = original) -> Any:
+            calls.append(1)
+            return original(env)
+
+        monkeypatch.setattr(reader, "latest", counted)
+        reduced, _ = reader.reduce_records(raw, Encoding())
+        monkeypatch.setattr(reader, "latest", original)
+        try:
+            got = sorted((r.asDict() for r in reduced.collect()), key=lambda r: (r["partition"], r["offset"]))
+        finally:
+            reduced.unpersist()
+
+        assert got == expected
+        assert len(calls) == int(aggregated)
+        calls.clear()
+    assert {r["record"] for r in expected} >= {"row", "delete", "truncate", "bad"}
