@@ -163,7 +163,7 @@ def unscaled_decimal_text(b64: Column) -> tuple[Column, Column]:
 def signed_unscaled_text(b64: Column) -> Column:
     """The signed digits (``-123``) of a base64 big-endian two's-complement integer of at most 16 bytes; null
     beyond. Up to 8 bytes (every unscaled value of a precision up to 18), one ``conv`` of the value sign-extended
-    to 64 bits and read as signed (#39: a third of ``unscaled_decimal_text``'s cost: no complement, no second
+    to 64 bits and read as signed (#39: less than half of ``unscaled_decimal_text``'s cost: no complement, no second
     half, no decimal arithmetic); longer, ``unscaled_decimal_text``, its reference."""
     hexed = F.hex(F.unbase64(b64))
     word = F.when(F.substring(hexed, 1, 1) >= F.lit("8"), F.lpad(hexed, 16, "F")).otherwise(F.lpad(hexed, 16, "0"))
