@@ -271,18 +271,25 @@ def latest_of_kept(env: DataFrame) -> DataFrame:
     ``after`` text included, only to find each alone in its group). The same rows and columns either way."""
     env = env.persist(StorageLevel.MEMORY_AND_DISK)
     group = _latest_group()
-    shared = (
-        env.groupBy(F.xxhash64("topic", group).alias("_hash"), "topic", group.alias("_group"))
-        .count()
-        .where(F.col("count") > 1)
-        .limit(1)
-        .collect()
-    )
+    try:
+        shared = (
+            env.groupBy(F.xxhash64("topic", group).alias("_hash"), "topic", group.alias("_group"))
+            .count()
+            .where(F.col("count") > 1)
+            .limit(1)
+            .collect()
+        )
+    except BaseException:
+        env.unpersist()  # the caller gets no frame to unpersist
+        raise
     if not shared:
         return env
+    reduced = latest(env).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        reduced = latest(env).persist(StorageLevel.MEMORY_AND_DISK)
         reduced.count()  # computed while ``env`` is still cached
+    except BaseException:
+        reduced.unpersist()
+        raise
     finally:
         env.unpersist()
     return reduced

@@ -291,3 +291,15 @@ def test_reduce_records_is_latest_of_every_kept_envelope_whether_or_not_kept_rec
         assert len(calls) == int(aggregated)
         calls.clear()
     assert {r["record"] for r in expected} >= {"row", "delete", "truncate", "bad"}
+
+
+def test_latest_of_kept_leaves_nothing_cached_when_its_check_fails(spark: Any) -> None:
+    """A failure inside ``latest_of_kept``'s check job reaches the caller, who has no frame to unpersist: the
+    envelopes it persisted are released before the error goes on."""
+    env = spark.createDataFrame(
+        [("p.public.t", 0, 0, "row", '{"id":1}')], "topic string, partition int, offset long, record string, key string"
+    ).withColumn("key", F.raise_error(F.lit("the check's job failed")).cast("string"))
+    with pytest.raises(Exception, match="the check's job failed"):
+        reader.latest_of_kept(env)
+    assert not env.is_cached
+    assert env.storageLevel.useMemory is False and env.storageLevel.useDisk is False
