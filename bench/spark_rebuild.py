@@ -28,6 +28,15 @@ later runs with the same ``--records`` (``--fresh-topic`` to produce it again).
 
 ``--phases rebuild`` or ``--phases refresh`` runs one of the two parts alone (both by default).
 
+``--phases floor`` (not run by default) measures what the rebuild would cost if finding each key's last record
+were free: the records ``compacted()`` keeps (what a complete run of Kafka's log cleaner leaves) are copied,
+partition for partition, to a second topic (``<prefix>kept.public.bench_orders``, written afresh each time),
+then ``--runs`` times: count the topic, rebuild from it, rebuild from the copy, count the copy (the last run
+checks that both rebuilds wrote the same rows). It prints
+``count + rebuild(kept) - count(kept)``, the rebuild with the compaction's work taken out but the full read kept,
+as a rate against the count (the most any compaction could give), and the rebuild's rate over the copy
+against its own count (the ratio a user sees once the cleaner has run).
+
 ``--format avro`` produces the topic with the connector's ``AvroSerializer`` instead (Confluent wire
 format; the local services then include the schema registry, or give ``--registry``) and runs the
 jobs with format avro.
@@ -236,12 +245,14 @@ def main(argv: list[str] | None = None) -> int:
         "--phases",
         default="rebuild,refresh",
         help="which phases to run, comma-separated: rebuild (count, rebuild, rebuild again), refresh (the "
-        "continuous job's catch-up and update batches)",
+        "continuous job's catch-up and update batches), floor (the rebuild of the compacted records alone)",
     )
     args = parser.parse_args(argv)
     phases = set(args.phases.split(","))
-    if not phases or phases - {"rebuild", "refresh"}:
-        raise SystemExit(f"error: --phases {args.phases!r}: give rebuild, refresh or both, comma-separated")
+    if not phases or phases - {"rebuild", "refresh", "floor"}:
+        raise SystemExit(f"error: --phases {args.phases!r}: give rebuild, refresh, floor or several, comma-separated")
+    if "floor" in phases and args.format == "avro":  # the copy's topic would need its own registry subjects
+        raise SystemExit("error: --phases floor measures format json only; run it without --format avro")
 
     from cdc_views.reader import KafkaSource, read_batch
     from cdc_views.session import build_session
@@ -295,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         rebuild_phase(spark, source, prefix, shape, topic, total, args, registry if avro else None)
     if args.refresh_fraction > 0 and "refresh" in phases:
         refresh(spark, source, prefix, shape, args, total, registry if avro else None, bootstrap)
+    if "floor" in phases:
+        floor_phase(spark, source, prefix, shape, topic, args, registry if avro else None, bootstrap)
     spark.stop()
     return 0
 
@@ -350,6 +363,105 @@ def rebuild_phase(
         )
     count_median = statistics.median(timings["count"])
     print(f"  rebuild / count: {count_median / statistics.median(timings['rebuild']):.2f} of the plain count's rate")
+
+
+def floor_phase(
+    spark: Any,
+    source: Any,
+    prefix: str,
+    shape: Any,
+    topic: str,
+    args: argparse.Namespace,
+    registry: str | None,
+    bootstrap: str,
+) -> None:
+    """The rebuild with the compaction's work taken out: over a copy of the records ``compacted()`` keeps, in
+    each partition in their order (a truncate marker applies to what comes before it); the table it writes is
+    checked equal to the rebuild's of the whole topic."""
+    from pyspark.sql import functions as F
+
+    from cdc.sink.registry import RegistrySettings
+    from cdc_views.jobs import JobConfig, rebuild
+    from cdc_views.reader import compacted, read_batch
+    from cdc_views.tables import Encoding
+
+    kept_prefix = f"{prefix}kept"
+    kept_topic = f"{kept_prefix}.public.bench_orders"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    if kept_topic in source.existing_topics():
+        admin.delete_topics([kept_topic])[kept_topic].result(60)
+        while kept_topic in source.existing_topics():
+            time.sleep(0.5)
+    partitions = len(admin.list_topics(topic, timeout=15).topics[topic].partitions)
+    admin.create_topics([NewTopic(kept_topic, partitions, 1, config={"cleanup.policy": "compact"})])[kept_topic].result(
+        60
+    )
+    publish_history(bootstrap, kept_prefix)
+    (
+        compacted(read_batch(spark, source, [topic]))
+        .repartition(partitions, "partition")  # one task writes each partition, in offset order:
+        .sortWithinPartitions("partition", "offset")  # the producer keeps a partition's order
+        .select("key", "value", "headers", "partition")
+        .write.format("kafka")
+        .options(**source.spark_options())
+        .option("topic", kept_topic)
+        .save()
+    )
+    timings: dict[str, list[float]] = {"count": [], "rebuild": [], "rebuild of the kept": [], "count of the kept": []}
+    kept = total = 0
+    for run in range(1, args.runs + 1):
+        work = Path(tempfile.mkdtemp(prefix="bench-warehouse-"))
+        try:
+            configs = {
+                name: JobConfig(
+                    source,
+                    name,
+                    {shape.qualified: shape},
+                    work / name,
+                    Encoding(format=args.format),
+                    registry=RegistrySettings(url=registry) if registry else None,
+                )
+                for name in (prefix, kept_prefix)
+            }
+            t = time.monotonic()
+            total = read_batch(spark, source, [topic]).count()
+            timings["count"].append(time.monotonic() - t)
+            t = time.monotonic()
+            rebuild(spark, configs[prefix], ["warehouse"])
+            timings["rebuild"].append(time.monotonic() - t)
+            t = time.monotonic()
+            rebuild(spark, configs[kept_prefix], ["warehouse"])
+            timings["rebuild of the kept"].append(time.monotonic() - t)
+            t = time.monotonic()
+            kept = read_batch(spark, source, [kept_topic]).count()
+            timings["count of the kept"].append(time.monotonic() - t)
+            log.info("bench.floor_run", run=run, of=args.runs, **{k: round(v[-1], 1) for k, v in timings.items()})
+            if run == args.runs:  # the copy rebuilds the same table, or its figure means nothing
+                whole, copy = (
+                    spark.read.format("delta").load(str(work / name / "tables" / shape.qualified))
+                    for name in (prefix, kept_prefix)
+                )
+                columns = [c.name for c in shape.columns]
+                differ = whole.select(columns).exceptAll(copy.select(columns)).count()
+                differ += copy.select(columns).exceptAll(whole.select(columns)).count()
+                rows = whole.count()
+                if differ or rows == 0:
+                    raise SystemExit(f"error: the rebuild of {kept_topic} differs from the topic's: {differ} rows")
+                log.info("bench.floor_checked", rows=rows, keys=whole.select(F.countDistinct("id")).first()[0])
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    medians = {name: statistics.median(values) for name, values in timings.items()}
+    print(f"\nfloor, medians of {args.runs} runs: {total} records, of which compacted() keeps {kept} ({kept_topic}):")
+    for name, values in timings.items():
+        print(f"  {name:<20} {medians[name]:8.1f} s   (runs: {', '.join(f'{v:.1f}' for v in values)})")
+    print(f"  rebuild / count: {medians['count'] / medians['rebuild']:.2f} of the plain count's rate")
+    floor = medians["count"] + medians["rebuild of the kept"] - medians["count of the kept"]
+    print(
+        f"  floor: count + rebuild(kept) - count(kept) = {floor:.1f} s: at most {medians['count'] / floor:.2f} "
+        "of the plain count's rate with a compaction that costs nothing"
+    )
+    ratio = medians["count of the kept"] / medians["rebuild of the kept"]
+    print(f"  rebuild / count over the compacted copy: {ratio:.2f}")
 
 
 def refresh(
