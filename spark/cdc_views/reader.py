@@ -284,12 +284,13 @@ def latest_of_kept(env: DataFrame) -> DataFrame:
         raise
     if not shared:
         return env
-    reduced = latest(env).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        reduced.count()  # computed while ``env`` is still cached
-    except BaseException:
-        reduced.unpersist()
-        raise
+        reduced = latest(env).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            reduced.count()  # computed while ``env`` is still cached
+        except BaseException:
+            reduced.unpersist()
+            raise
     finally:
         env.unpersist()
     return reduced
