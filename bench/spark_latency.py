@@ -28,6 +28,11 @@ a reader of the view could first see the row. Orders committed in the first ``--
 left out of the steady-state figures (the first micro-batches pay for the JVM's warm-up and build the
 views whole). Printed: p50, p90, p99 and max, the writer's achieved rate, the micro-batches'
 durations (Structured Streaming's own progress reports) and the machine's load.
+
+``--views`` measures what fewer Delta commits per micro-batch would give: ``keyed`` declares
+``orders_latest`` alone, ``none`` declares no view and measures commit to the row in the warehouse
+table itself (``tables/public.orders``, MERGEd by every micro-batch). The default, ``both``, is the
+configuration above, whose figures are comparable from run to run.
 """
 
 from __future__ import annotations
@@ -148,7 +153,7 @@ def write_load(dsn: str, rate: int, seconds: float, update_every: int, customers
 
 
 def first_versions(spark: Any, path: Path) -> dict[int, int]:
-    """For each id in the Delta view at ``path``: the first version that holds it."""
+    """For each id in the Delta table at ``path``: the first version that holds it."""
     from pyspark.sql import functions as F
 
     latest = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").agg(F.max("version")).first()[0]
@@ -183,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--drain-timeout", type=float, default=600.0, help="seconds after the load for the view to hold every order"
     )
+    parser.add_argument(
+        "--views",
+        choices=("both", "keyed", "none"),
+        default="both",
+        help="the views declared: both (default), orders_latest alone, or none (latency to the warehouse table)",
+    )
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--bootstrap", help="an existing Kafka (with --dsn; default: start the local dev services)")
     parser.add_argument("--dsn", help="an existing PostgreSQL (admin DSN; the benchmark makes its own database)")
@@ -196,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     from cdc_views.reader import KafkaSource
     from cdc_views.session import build_session
     from cdc_views.tables import read_shapes
+    from cdc_views.warehouse import table_path
 
     bootstrap, admin_dsn = args.bootstrap, args.dsn
     if bootstrap is None or admin_dsn is None:
@@ -230,20 +242,18 @@ def main(argv: list[str] | None = None) -> int:
             )
         wait_for(f"topic {topic}", lambda: topic in source.existing_topics(), 60, proc, out)
 
-        section = SparkSection(
-            views=[
-                DeclaredView(
-                    name=KEYED_VIEW, sql="SELECT id, customer_id, amount, note FROM public_orders", key=["id"]
-                ),
-                DeclaredView(
-                    name=GROUPED_VIEW,
-                    sql="SELECT customer_id, count(*) AS orders, sum(amount) AS total FROM public_orders "
-                    "GROUP BY customer_id",
-                    key=["customer_id"],
-                ),
-            ]
+        keyed = DeclaredView(name=KEYED_VIEW, sql="SELECT id, customer_id, amount, note FROM public_orders", key=["id"])
+        grouped = DeclaredView(
+            name=GROUPED_VIEW,
+            sql="SELECT customer_id, count(*) AS orders, sum(amount) AS total FROM public_orders GROUP BY customer_id",
+            key=["customer_id"],
         )
-        cfg = JobConfig(source, prefix, read_shapes(dsn, [TABLE]), warehouse, declared=section)
+        declared = {"both": [keyed, grouped], "keyed": [keyed], "none": []}[args.views]
+        shapes = read_shapes(dsn, [TABLE])
+        cfg = JobConfig(source, prefix, shapes, warehouse, declared=SparkSection(views=declared))
+        # where an order's latency is read: the keyed view, or the warehouse table when no view is declared
+        target = warehouse / "views" / KEYED_VIEW if declared else table_path(warehouse, shapes[TABLE])
+        target_name = KEYED_VIEW if declared else TABLE
         spark = build_session("bench-spark-latency", master=args.master)
         trigger = {} if args.interval is None else {"interval_s": args.interval}
         query = start_continuous(spark, cfg, **trigger)
@@ -264,23 +274,23 @@ def main(argv: list[str] | None = None) -> int:
             f"\nload: {transactions} transactions in {load['seconds']:.1f} s "
             f"({transactions / load['seconds']:,.0f}/s of "
             f"{args.rate}/s offered; {len(committed)} inserts, {load['updates']} updates), Spark {spark.version}, "
-            f"{args.master}, trigger {args.interval if args.interval is not None else 'default'}",
+            f"{args.master}, trigger {args.interval if args.interval is not None else 'default'}, "
+            f"views {args.views}",
             flush=True,
         )
         last = max(committed)
-        view = warehouse / "views" / KEYED_VIEW
         deadline = time.monotonic() + args.drain_timeout
-        while True:  # until the view holds the last order
+        while True:  # until the target holds the last order
             if query.exception() is not None or not query.isActive:
                 raise SystemExit(f"the continuous job stopped: {query.exception() or 'its log says why'}")
-            if DeltaTable.isDeltaTable(spark, str(view)) and (
-                spark.read.format("delta").load(str(view)).where(f"id = {last}").count() > 0
+            if DeltaTable.isDeltaTable(spark, str(target)) and (
+                spark.read.format("delta").load(str(target)).where(f"id = {last}").count() > 0
             ):
                 break
             if time.monotonic() > deadline:
                 done = [p for p in query.recentProgress if p.get("numInputRows")]
                 raise SystemExit(
-                    f"order {last} was not in {KEYED_VIEW} within {args.drain_timeout:.0f} s of the load's end "
+                    f"order {last} was not in {target_name} within {args.drain_timeout:.0f} s of the load's end "
                     f"({len(done)} micro-batches with input finished; load average {os.getloadavg()[0]:.1f})"
                 )
             time.sleep(1.0)
@@ -289,14 +299,14 @@ def main(argv: list[str] | None = None) -> int:
         query = None
         load_after = os.getloadavg()
 
-        versions = first_versions(spark, view)
-        times = version_times(view)
+        versions = first_versions(spark, target)
+        times = version_times(target)
         start = min(committed.values())
         all_ms = [(times[versions[i]] - t) * 1000 for i, t in committed.items()]
         steady_ms = [(times[versions[i]] - t) * 1000 for i, t in committed.items() if t - start >= args.warm_up]
         missing = [i for i in committed if i not in versions]
         if missing:
-            raise SystemExit(f"{len(missing)} committed orders never appeared in {KEYED_VIEW} (first: {missing[:5]})")
+            raise SystemExit(f"{len(missing)} committed orders never appeared in {target_name} (first: {missing[:5]})")
         batches = [p["durationMs"]["triggerExecution"] / 1000 for p in progress]
         rows = [p["numInputRows"] for p in progress]
         print(
@@ -305,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for name, values in (("after warm-up", steady_ms), ("all orders", all_ms)):
             print(
-                f"commit -> row in {KEYED_VIEW} ({name}, {len(values)} orders): p50 "
+                f"commit -> row in {target_name} ({name}, {len(values)} orders): p50 "
                 f"{percentile(values, 0.5) / 1000:.1f} s, "
                 f"p90 {percentile(values, 0.9) / 1000:.1f} s, p99 {percentile(values, 0.99) / 1000:.1f} s, "
                 f"max {max(values) / 1000:.1f} s"
